@@ -1,0 +1,33 @@
+"""losszoo: output heads and training losses beyond the softmax, for TensorFlow / Keras 3.
+
+Importing losszoo registers every loss and head by name, so that
+``model.compile(loss="sparsemax")`` works in Keras 3 (and in tf_keras when installed).
+
+Subpackages:
+  ops: pure TensorFlow kernels with hand-derived gradients (no Keras).
+  heads: Keras layers over the ops.
+  losses: Keras losses over the ops.
+  registry: names -> classes, Keras string lookup, entry-point plugins.
+"""
+
+from losszoo._backend import require_tensorflow_backend
+
+require_tensorflow_backend()
+
+from losszoo import ops  # noqa: E402
+from losszoo import heads, losses  # noqa: E402
+from losszoo.registry import entries, get, get_class, names, register, tf_keras_loss  # noqa: E402
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "entries",
+    "get",
+    "get_class",
+    "heads",
+    "losses",
+    "names",
+    "ops",
+    "register",
+    "tf_keras_loss",
+]

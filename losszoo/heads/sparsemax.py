@@ -1,0 +1,50 @@
+"""Keras layer: the sparsemax head."""
+
+from __future__ import annotations
+
+import keras
+
+from losszoo import ops
+from losszoo.registry import register
+
+
+@register(
+    "sparsemax",
+    kind="head",
+    description="Sparsemax: Euclidean projection of scores onto the simplex (sparse outputs)",
+)
+class Sparsemax(keras.layers.Layer):
+    """Sparsemax head: ``sparsemax(z) = argmin_{p in simplex} ||p - z||^2 = (z - tau)_+``.
+
+    A drop-in replacement for a softmax output layer whose probabilities can be exactly
+    zero. ``tau`` is the unique threshold making the output sum to 1; the Jacobian is
+    ``diag(s) - s s^T / |S|`` on the support ``S`` (``s`` its indicator). Computed in float32
+    (or float64) whatever the layer's compute dtype; by default the layer's dtype is
+    float32, which keeps probabilities in float32 under a mixed-precision policy, as Keras
+    recommends for output layers. Train it with :class:`losszoo.losses.SparsemaxLoss` on the
+    logits, not with cross-entropy on its output (log of an exact zero is -inf).
+
+    Args:
+      axis: the class axis.
+      **kwargs: ``keras.layers.Layer`` arguments (``name``, ``dtype``...).
+
+    Example:
+      >>> head = losszoo.heads.Sparsemax()
+      >>> head(np.array([[0.0, 0.5, 1.0]])).numpy()
+      array([[0.  , 0.25, 0.75]], dtype=float32)
+    """
+
+    def __init__(self, axis: int = -1, **kwargs):
+        kwargs.setdefault("dtype", "float32")
+        super().__init__(**kwargs)
+        self.axis = int(axis)
+        self.supports_masking = True
+
+    def call(self, inputs):
+        return ops.sparsemax(inputs, axis=self.axis)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return {**super().get_config(), "axis": self.axis}

@@ -1,0 +1,70 @@
+"""Keras loss: the sparsemax loss."""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from losszoo import ops
+from losszoo.losses._targets import target_distribution
+from losszoo.ops._common import to_compute_dtype
+from losszoo.registry import register
+
+
+@register(
+    "sparsemax",
+    kind="loss",
+    aliases=("sparsemax_loss",),
+    description="Sparsemax loss (Martins & Astudillo 2016): gradient sparsemax(z) - q",
+)
+class SparsemaxLoss(keras.losses.Loss):
+    """Sparsemax loss on logits, the sparse analogue of softmax cross-entropy.
+
+    For logits ``z``, ``p = sparsemax(z)`` with threshold ``tau``, and a target
+    distribution ``q``:
+
+        L(z; q) = 1/2 ||p||^2 + 1/2 ||q||^2 - <z - tau, q>,     dL/dz = p - q.
+
+    ``L >= 0``, convex in ``z``, and 0 exactly when ``p = q`` (for a one-hot target: the
+    true class leads every other logit by at least 1). Pair it with a
+    :class:`losszoo.heads.Sparsemax` head at inference; train on the raw logits.
+
+    Targets are read the way Keras users expect: integer class ids of shape ``[B]`` or
+    ``[B, 1]`` as in ``SparseCategoricalCrossentropy``, or dense targets ``[B, K]`` (one-hot,
+    soft, or multi-hot) as in ``CategoricalCrossentropy``. Dense rows are divided by their
+    sum when ``normalize_labels`` is true, so a multi-hot row means "uniform over these
+    classes"; a row with no target at all gets loss 0. Class ids out of range and NaN
+    targets raise an error. The loss is computed in float32 (or float64) even under a
+    mixed-precision policy.
+
+    Args:
+      normalize_labels: divide dense targets by their row sum (a no-op for one-hot/soft).
+      reduction: Keras reduction, e.g. ``"sum_over_batch_size"`` (default), ``"sum"``,
+        ``"mean"`` or ``None``.
+      name: loss name.
+      dtype: dtype of the loss computation (default: float32 via ``keras.config.floatx``).
+
+    Example:
+      >>> model.compile(optimizer="adam", loss="sparsemax")       # after `import losszoo`
+      >>> loss = losszoo.losses.SparsemaxLoss()
+      >>> float(loss([1], [[0.0, 2.0, 0.0]]))
+      0.0
+    """
+
+    def __init__(
+        self,
+        normalize_labels: bool = True,
+        reduction="sum_over_batch_size",
+        name: str = "sparsemax_loss",
+        dtype=None,
+    ):
+        super().__init__(reduction=reduction, name=name, dtype=dtype)
+        self.normalize_labels = bool(normalize_labels)
+
+    def call(self, y_true, y_pred):
+        y_pred, _ = to_compute_dtype(y_pred, "y_pred")
+        q, has_target = target_distribution(y_true, y_pred, self.normalize_labels)
+        return ops.sparsemax_loss(q, y_pred) * has_target
+
+    def get_config(self):
+        return {**super().get_config(), "normalize_labels": self.normalize_labels}

@@ -1,0 +1,9 @@
+"""Pure TensorFlow kernels. Each method's maths lives in one private module beside this file.
+
+Every op has a hand-derived ``tf.custom_gradient``, compiles under XLA
+(``tf.function(jit_compile=True)``), and computes in float32 or wider.
+"""
+
+from losszoo.ops._sparsemax import sparsemax, sparsemax_loss
+from losszoo.ops._dro import safe_kl_dro_risk, safe_kl_dro_risk_and_stats, safe_kl_dro_weights, safe_kl_dro_solve_alpha, kl_dro_batch_lse, kl_dro_sumexp, cvar_risk, kl_dro_exact_state_update, kl_dro_exact_state_result
+from losszoo.ops._rankmax import rankmax, rankmax_loss

@@ -1,0 +1,377 @@
+"""Safe-KL DRO risk (Gladin et al., "Improved Stochastic Optimization of LogSumExp") and
+its KL-DRO baselines.
+
+Spec: ``shared/specs/safe_kl_dro.md`` sections 1.5 (objective), 2.1 (baselines), 2.5
+(kernel), 3.1-3.4 (gradients, stability, dtype), 4 (CVaR link), 6 (edge inputs), 7 (C0).
+
+Notation: per-example losses ``l_i`` (any shape, flattened: every entry is one sample),
+sample weights ``s_i >= 0`` (default 1) and ``pi_i = s_i / sum_j s_j``, temperature
+``lam > 0``, accuracy ``rho in (0, 1)``, dual scalar ``alpha`` (loss units).
+
+* Safe-KL risk (spec 1.5, calibrated; ``calibrate=False`` drops the ``- lam``, paper's G)::
+
+      z_i = (l_i - alpha)/lam + ln rho
+      V   = sum_i pi_i [alpha - lam + (lam/rho) softplus(z_i)]
+      dV/dl_i = pi_i w_i,   w_i = sigmoid(z_i)/rho in (0, 1/rho)
+      dV/dalpha = 1 - sum_i pi_i w_i
+
+  ``min_alpha V`` over the full data is ``lam F_rho(l/lam)`` with
+  ``R - lam rho n max p* <= V* <= R``, ``R = lam log mean exp(l/lam)`` (spec section 4).
+  The mini-batch value and gradient are unbiased for fixed ``(theta, alpha)`` (spec 1.7).
+  Stable evaluation (spec 3.2): one ``e = exp(-|z|)`` gives ``softplus(z) = max(z,0) +
+  log1p(e)`` and ``sigmoid(z) = 1/(1+e)`` (z >= 0) or ``e/(1+e)``. No exponential of a
+  loss is ever formed, so losses of 1e4 and beyond are fine in float32; the value grows
+  linearly and every weight saturates at ``1/rho``.
+* Batch LogSumExp baseline (spec 2.1, biased): ``lam log sum_i pi_i exp(l_i/lam)``, gradient
+  ``softmax(l/lam + log pi)``; max-shifted.
+* Sum-of-exp baseline (spec 2.1, paper eq. 21): ``sum_i pi_i exp(l_i/lam)``, gradient
+  ``pi_i exp(l_i/lam)/lam``. Unbiased but overflows by design (no safe form exists).
+* CVaR at level rho (spec 4, Rockafellar-Uryasev eq. 9), the safe-KL risk's ``lam -> 0``
+  limit: ``min_a a + (1/rho) sum_i pi_i (l_i - a)_+`` = the mean of the upper ``rho`` tail
+  of the weighted empirical law. Computed exactly by a sort; gradient ``q_i/rho`` where
+  ``q_i`` is the mass of example i inside the tail.
+* Streaming exact KL-DRO risk ``lam log (sum s_i exp(l_i/lam) / sum s_i)`` over many
+  batches (spec 2.5): state ``(m, acc, n)`` with ``m`` the running max of ``l/lam``.
+* ``safe_kl_dro_solve_alpha``: the batch stationarity ``sum pi_i w_i = 1`` by bisection on
+  ``[min l + lam log(1-rho), max l]`` (spec 7 C0), fixed iteration count, XLA-compilable.
+
+Edge inputs (spec 6): entries with ``s_i = 0`` are ignored entirely (also NaN/inf there);
+an all-zero or empty batch gives value 0 and zero gradients; a ``+inf`` loss gives value
+``+inf`` with finite gradients; ``-inf`` gets weight 0; NaN with ``s_i > 0`` propagates.
+Negative sample weights raise ``ValueError`` when their value is known (eager); inside
+compiled graphs they are not checked (undefined). Half-precision inputs are computed in
+float32 and the result cast back; float64 stays float64.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import tensorflow as tf
+
+from losszoo.ops._common import static_value, to_compute_dtype
+
+__all__ = [
+    "safe_kl_dro_risk",
+    "safe_kl_dro_risk_and_stats",
+    "safe_kl_dro_weights",
+    "safe_kl_dro_solve_alpha",
+    "kl_dro_batch_lse",
+    "kl_dro_sumexp",
+    "cvar_risk",
+    "kl_dro_exact_state_update",
+    "kl_dro_exact_state_result",
+    "check_lam",
+    "check_rho",
+]
+
+
+# ----------------------------------------------------------------------------- validation
+def check_lam(lam) -> float:
+    """Return ``lam`` as a Python float; ValueError unless finite and > 0."""
+    if isinstance(lam, (tf.Tensor, tf.Variable)):
+        raise TypeError("`lam` must be a Python number, not a tensor.")
+    try:
+        value = float(lam)
+    except (TypeError, ValueError):
+        raise TypeError(f"`lam` must be a real number, got {lam!r}.") from None
+    if not (math.isfinite(value) and value > 0.0):
+        raise ValueError(f"`lam` must be finite and > 0, got {lam!r}.")
+    return value
+
+
+def check_rho(rho) -> float:
+    """Return ``rho`` as a Python float; ValueError unless 0 < rho < 1 (spec 1.6 item 4)."""
+    if isinstance(rho, (tf.Tensor, tf.Variable)):
+        raise TypeError("`rho` must be a Python number, not a tensor.")
+    try:
+        value = float(rho)
+    except (TypeError, ValueError):
+        raise TypeError(f"`rho` must be a real number, got {rho!r}.") from None
+    if not (0.0 < value < 1.0):
+        raise ValueError(
+            f"`rho` must lie in the open interval (0, 1), got {rho!r}; rho = 1 is "
+            "degenerate (alpha* = -inf) and rho > 1 makes the risk unbounded below."
+        )
+    return value
+
+
+def _prepare(losses, sample_weight):
+    """Flatten losses (compute dtype) and weights (same dtype, default ones).
+
+    Weights follow the Keras convention: a scalar, or a tensor whose shape is a prefix of
+    the losses' shape (e.g. ``[B]`` for losses ``[B, T]``), broadcast over trailing axes.
+    """
+    l, original = to_compute_dtype(losses, "losses")
+    if sample_weight is None:
+        return tf.reshape(l, [-1]), tf.ones_like(tf.reshape(l, [-1])), original
+    sw = tf.convert_to_tensor(sample_weight)
+    value = static_value(sw)
+    if value is not None and np.any(np.asarray(value) < 0):
+        raise ValueError("`sample_weight` must be >= 0 (it defines reference probabilities).")
+    s = tf.cast(sw, l.dtype)
+    if s.shape.rank is not None and l.shape.rank is not None:
+        while s.shape.rank > l.shape.rank and s.shape[-1] == 1:
+            s = tf.squeeze(s, -1)
+        for _ in range(l.shape.rank - s.shape.rank if s.shape.rank > 0 else 0):
+            s = s[..., None]
+    s = tf.broadcast_to(s, tf.shape(l))
+    return tf.reshape(l, [-1]), tf.reshape(s, [-1]), original
+
+
+def _const(x, dtype):
+    # tf.constant(python_float, float64) keeps full precision; tf.cast(float) would go via
+    # float32 (spec 3.4).
+    return tf.constant(x, dtype)
+
+
+# ----------------------------------------------------------------------------- safe-KL
+def _safe_kl_core(lam: float, rho: float, calibrate: bool):
+    inv_lam, log_rho, inv_rho = 1.0 / lam, math.log(rho), 1.0 / rho
+
+    @tf.custom_gradient
+    def core(l, alpha, s):
+        dt = l.dtype
+        z = (l - alpha) * _const(inv_lam, dt) + _const(log_rho, dt)
+        e = tf.exp(-tf.abs(z))
+        sp = tf.maximum(z, tf.zeros_like(z)) + tf.math.log1p(e)
+        sig = tf.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+        live = s > 0
+        zeros = tf.zeros_like(l)
+        s_sum = tf.reduce_sum(s)
+        num = tf.reduce_sum(tf.where(live, s * sp, zeros))
+        sw = tf.where(live, s * sig, zeros) * _const(inv_rho, dt)  # s_i w_i
+        sw_sum = tf.reduce_sum(sw)
+        nonempty = s_sum > 0
+        val = alpha + _const(lam / rho, dt) * tf.math.divide_no_nan(num, s_sum)
+        if calibrate:
+            val = val - _const(lam, dt)
+        val = tf.where(nonempty, val, tf.zeros_like(val))
+        mean_w = tf.math.divide_no_nan(sw_sum, s_sum)
+        # saturation rho * max_i w_i = max_i sigmoid(z_i) over live entries (0 if empty)
+        sat = tf.reduce_max(tf.concat([tf.where(live, sig, zeros), tf.zeros([1], dt)], 0))
+        grad_alpha = tf.where(nonempty, 1.0 - mean_w, tf.zeros_like(mean_w))
+
+        def grad(dv, d_mean_w, d_sat, d_galpha):
+            # Only the value is differentiable; the statistics are diagnostics
+            # (stop-gradient semantics, documented).
+            del d_mean_w, d_sat, d_galpha
+            g_l = dv * tf.math.divide_no_nan(sw, s_sum)
+            g_a = dv * grad_alpha
+            return g_l, g_a, tf.zeros_like(s)
+
+        return (val, mean_w, sat, grad_alpha), grad
+
+    return core
+
+
+def safe_kl_dro_risk_and_stats(losses, alpha, lam, rho, sample_weight=None, calibrate=True):
+    """Safe-KL risk with its diagnostics in one pass.
+
+    Returns:
+      ``(value, stats)`` where ``value`` is the risk (differentiable in ``losses`` and
+      ``alpha``) and ``stats`` is a dict of float tensors without gradient:
+      ``mean_w = sum pi_i w_i`` (1 at the optimal alpha), ``saturation = rho max_i w_i``
+      in [0, 1) (near 1: the weight cap binds, CVaR regime) and ``grad_alpha = 1 - mean_w``,
+      the exact gradient of the value in alpha.
+    """
+    lam, rho = check_lam(lam), check_rho(rho)
+    l, s, original = _prepare(losses, sample_weight)
+    a = tf.cast(tf.convert_to_tensor(alpha), l.dtype)
+    if a.shape.rank not in (None, 0):
+        a = tf.reshape(a, [])
+    val, mean_w, sat, g_a = _safe_kl_core(lam, rho, bool(calibrate))(l, a, s)
+    stats = {
+        "mean_w": tf.stop_gradient(mean_w),
+        "saturation": tf.stop_gradient(sat),
+        "grad_alpha": tf.stop_gradient(g_a),
+    }
+    if original != l.dtype:
+        val = tf.cast(val, original)
+    return val, stats
+
+
+def safe_kl_dro_risk(losses, alpha, lam, rho, sample_weight=None, calibrate=True):
+    """Safe-KL DRO risk ``V = sum_i pi_i [alpha - lam + (lam/rho) softplus((l_i-alpha)/lam + ln rho)]``.
+
+    Args:
+      losses: per-example losses, any shape (flattened; each entry is one sample).
+      alpha: scalar dual variable (tensor or variable); gets the gradient ``1 - sum pi w``.
+      lam: temperature, Python float, finite and > 0.
+      rho: accuracy, Python float in (0, 1); weights are capped at ``1/rho``.
+      sample_weight: optional non-negative weights broadcastable to ``losses``.
+      calibrate: subtract ``lam`` so that ``min_alpha V -> R_lam`` as rho -> 0 (spec 9.1).
+
+    Returns:
+      Scalar risk in the losses' dtype (half precision is computed in float32).
+    """
+    return safe_kl_dro_risk_and_stats(losses, alpha, lam, rho, sample_weight, calibrate)[0]
+
+
+def safe_kl_dro_weights(losses, alpha, lam, rho):
+    """Per-example weights ``w_i = sigmoid((l_i - alpha)/lam + ln rho)/rho`` (same shape)."""
+    lam, rho = check_lam(lam), check_rho(rho)
+    l, original = to_compute_dtype(losses, "losses")
+    a = tf.cast(alpha, l.dtype)
+    z = (l - a) * _const(1.0 / lam, l.dtype) + _const(math.log(rho), l.dtype)
+    w = tf.math.sigmoid(z) * _const(1.0 / rho, l.dtype)
+    return tf.cast(w, original) if original != l.dtype else w
+
+
+def safe_kl_dro_solve_alpha(losses, lam, rho, sample_weight=None, iterations=80):
+    """Batch optimal alpha: root of ``sum_i pi_i sigmoid((l_i-alpha)/lam + ln rho)/rho = 1``.
+
+    Bisection on the bracket ``[min l + lam log(1-rho), max l]`` (spec 7, C0) over entries
+    with positive weight, with a fixed number of iterations (XLA-compilable). Non-finite
+    live losses give a non-finite result; an empty batch gives 0. No gradient.
+    """
+    lam, rho = check_lam(lam), check_rho(rho)
+    l, s, _ = _prepare(losses, sample_weight)
+    l = tf.stop_gradient(l)
+    dt = l.dtype
+    live = s > 0
+    big = _const(np.finfo(dt.as_numpy_dtype).max, dt)
+    lo = tf.reduce_min(tf.where(live, l, tf.fill(tf.shape(l), big))) + _const(
+        lam * math.log1p(-rho), dt)
+    hi = tf.reduce_max(tf.where(live, l, tf.fill(tf.shape(l), -big)))
+    s_sum = tf.reduce_sum(s)
+    zeros = tf.zeros_like(l)
+    inv_lam, log_rho, inv_rho = _const(1.0 / lam, dt), _const(math.log(rho), dt), _const(1.0 / rho, dt)
+
+    def h(a):  # sum pi w - 1, strictly decreasing in a
+        w = tf.math.sigmoid((l - a) * inv_lam + log_rho) * inv_rho
+        return tf.math.divide_no_nan(tf.reduce_sum(tf.where(live, s * w, zeros)), s_sum) - 1.0
+
+    def body(i, lo, hi):
+        mid = 0.5 * (lo + hi)
+        pos = h(mid) > 0
+        return i + 1, tf.where(pos, mid, lo), tf.where(pos, hi, mid)
+
+    _, lo, hi = tf.while_loop(lambda i, lo, hi: i < iterations, body,
+                              (tf.constant(0), lo, hi), maximum_iterations=iterations)
+    return tf.where(s_sum > 0, 0.5 * (lo + hi), tf.zeros_like(lo))
+
+
+# ----------------------------------------------------------------------------- baselines
+def _normalised_weights(s):
+    return tf.math.divide_no_nan(s, tf.reduce_sum(s))
+
+
+def kl_dro_batch_lse(losses, lam, sample_weight=None):
+    """Naive mini-batch KL-DRO risk ``lam log sum_i pi_i exp(l_i/lam)`` (biased, spec 2.1).
+
+    Max-shifted (no overflow); gradient ``softmax_i(l/lam + log pi)``. Zero-weight entries
+    are ignored; an empty batch gives 0.
+    """
+    lam = check_lam(lam)
+    l, s, original = _prepare(losses, sample_weight)
+
+    @tf.custom_gradient
+    def core(l, s):
+        dt = l.dtype
+        live = s > 0
+        ninf = tf.fill(tf.shape(l), _const(-np.inf, dt))
+        a = tf.where(live, l * _const(1.0 / lam, dt) + tf.math.log(tf.where(live, s, tf.ones_like(s))), ninf)
+        m = tf.reduce_max(tf.concat([a, _const([-np.inf], dt)], 0))
+        m_safe = tf.where(tf.math.is_finite(m), m, tf.zeros_like(m))
+        ex = tf.where(live, tf.exp(a - m_safe), tf.zeros_like(a))
+        tot = tf.reduce_sum(ex)
+        s_sum = tf.reduce_sum(s)
+        val = _const(lam, dt) * (m_safe + tf.math.log(tot) - tf.math.log(s_sum))
+        val = tf.where(s_sum > 0, val, tf.zeros_like(val))
+
+        def grad(dv):
+            return dv * tf.math.divide_no_nan(ex, tot), tf.zeros_like(s)
+
+        return val, grad
+
+    val = core(l, s)
+    return tf.cast(val, original) if original != l.dtype else val
+
+
+def kl_dro_sumexp(losses, lam, sample_weight=None):
+    """Sum-of-exp objective ``sum_i pi_i exp(l_i/lam)`` (paper eq. 21, spec 2.1).
+
+    Same minimisers as the KL-DRO risk and unbiased, but it overflows for ``l/lam`` above
+    ~88.7 in float32 (by design: there is no safe form). Gradient ``pi_i exp(l_i/lam)/lam``.
+    """
+    lam = check_lam(lam)
+    l, s, original = _prepare(losses, sample_weight)
+
+    @tf.custom_gradient
+    def core(l, s):
+        dt = l.dtype
+        live = s > 0
+        pi = tf.where(live, _normalised_weights(s), tf.zeros_like(s))
+        ex = tf.where(live, tf.exp(l * _const(1.0 / lam, dt)), tf.zeros_like(l))
+        val = tf.reduce_sum(pi * ex)
+
+        def grad(dv):
+            return dv * pi * ex * _const(1.0 / lam, dt), tf.zeros_like(s)
+
+        return val, grad
+
+    val = core(l, s)
+    return tf.cast(val, original) if original != l.dtype else val
+
+
+def cvar_risk(losses, rho, sample_weight=None):
+    """CVaR at level rho: ``min_a a + (1/rho) sum_i pi_i (l_i - a)_+`` (exact, by sorting).
+
+    Equals the average of the upper-``rho`` tail of the weighted empirical law; the
+    gradient gives example i the weight ``q_i/rho`` with ``q_i`` its mass inside the tail.
+    """
+    rho = check_rho(rho)
+    l, s, original = _prepare(losses, sample_weight)
+
+    @tf.custom_gradient
+    def core(l, s):
+        dt = l.dtype
+        live = s > 0
+        pi = tf.where(live, _normalised_weights(s), tf.zeros_like(s))
+        key = tf.where(live, l, tf.fill(tf.shape(l), _const(-np.inf, dt)))
+        order = tf.argsort(key, direction="DESCENDING", stable=True)
+        pi_sorted = tf.gather(pi, order)
+        before = tf.cumsum(pi_sorted, exclusive=True)
+        q_sorted = tf.clip_by_value(_const(rho, dt) - before, tf.zeros_like(before), pi_sorted)
+        q = tf.scatter_nd(order[:, None], q_sorted, tf.shape(l, out_type=order.dtype))
+        contrib = tf.where(q > 0, q * l, tf.zeros_like(l))
+        val = tf.reduce_sum(contrib) * _const(1.0 / rho, dt)
+
+        def grad(dv):
+            return dv * q * _const(1.0 / rho, dt), tf.zeros_like(s)
+
+        return val, grad
+
+    val = core(l, s)
+    return tf.cast(val, original) if original != l.dtype else val
+
+
+# ----------------------------------------------------------------------------- streaming exact risk
+def kl_dro_exact_state_update(m, acc, n, losses, lam, sample_weight=None):
+    """One streaming step of ``R = lam log(sum s exp(l/lam) / sum s)``.
+
+    State: ``m`` running max of ``l/lam`` (start -inf), ``acc = sum s exp(l/lam - m)``
+    (start 0), ``n = sum s`` (start 0); all in the state's dtype. Returns the new state.
+    """
+    lam = check_lam(lam)
+    dt = tf.as_dtype(m.dtype)
+    l, s, _ = _prepare(losses, sample_weight)
+    l, s = tf.cast(l, dt), tf.cast(s, dt)
+    live = s > 0
+    a = tf.where(live, l * _const(1.0 / lam, dt), tf.fill(tf.shape(l), _const(-np.inf, dt)))
+    batch_max = tf.reduce_max(tf.concat([a, _const([-np.inf], dt)], 0))
+    m_new = tf.maximum(m, batch_max)
+    m_safe = tf.where(tf.math.is_finite(m_new), m_new, tf.zeros_like(m_new))
+    scale = tf.where(tf.math.is_inf(m) & (m < 0), tf.zeros_like(m), tf.exp(m - m_safe))
+    acc_new = acc * scale + tf.reduce_sum(tf.where(live, s * tf.exp(a - m_safe), tf.zeros_like(a)))
+    return m_new, acc_new, n + tf.reduce_sum(s)
+
+
+def kl_dro_exact_state_result(m, acc, n, lam):
+    """``lam (m + log acc - log n)``; 0 before any example was seen."""
+    lam = check_lam(lam)
+    dt = tf.as_dtype(m.dtype)
+    val = _const(lam, dt) * (m + tf.math.log(acc) - tf.math.log(n))
+    return tf.where(n > 0, val, tf.zeros_like(val))

@@ -1,0 +1,227 @@
+"""Name registry: names -> classes, Keras string lookup, entry-point plugins.
+
+A class joins the registry with the :func:`register` decorator::
+
+    @register("sparsemax", kind="loss", description="Sparsemax (Fenchel-Young) loss")
+    class SparsemaxLoss(keras.losses.Loss): ...
+
+Registering does three things:
+
+1. records the class under its name and aliases for :func:`get`, :func:`names` and
+   ``python -m losszoo list``;
+2. registers it for Keras serialization under the package ``"losszoo"``, so saved models
+   load without ``custom_objects``;
+3. for losses and metrics, makes the plain string usable in ``model.compile`` of Keras 3
+   and, when ``tf_keras`` is installed, of Keras 2 (see :mod:`losszoo.registry._keras`).
+
+Third-party packages add entries through the entry-point group ``losszoo.plugins``: each
+entry point names a module (or a callable) whose import registers classes. Plugins are
+discovered on the first lookup; one that fails to load is skipped with a warning naming it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib.metadata
+import threading
+import warnings
+from typing import Any, Callable
+
+import keras
+
+from losszoo.registry import _keras
+
+#: The kinds of object the registry holds. Keras integration exists for "loss" and "metric".
+KINDS = ("loss", "head", "metric")
+
+PLUGIN_GROUP = "losszoo.plugins"
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One registered class.
+
+    Attributes:
+      name: canonical name (what ``model.compile(loss=name)`` accepts).
+      kind: one of :data:`KINDS`.
+      cls: the registered class.
+      aliases: further names that resolve to the same class.
+      description: one line shown by ``python -m losszoo list``.
+      source: ``"losszoo"`` or the plugin (entry point) that registered it.
+    """
+
+    name: str
+    kind: str
+    cls: type
+    aliases: tuple[str, ...]
+    description: str
+    source: str
+
+
+_entries: dict[tuple[str, str], Entry] = {}  # (kind, canonical name) -> entry
+_lookup: dict[tuple[str, str], str] = {}  # (kind, name or alias) -> canonical name
+_lock = threading.RLock()
+_current_source = "losszoo"
+_plugins_loaded = False
+
+
+def register(
+    name: str,
+    kind: str = "loss",
+    aliases: tuple[str, ...] | list[str] = (),
+    description: str | None = None,
+) -> Callable[[type], type]:
+    """Class decorator that registers a loss, head or metric by name.
+
+    Args:
+      name: the canonical name, e.g. ``"sparsemax"``. Lower-case snake case by convention.
+      kind: one of ``"loss"``, ``"head"``, ``"metric"``.
+      aliases: other names for the same class.
+      description: a one-line description; defaults to the first docstring line.
+
+    Returns:
+      The decorator, which returns the class unchanged (apart from Keras registration).
+
+    Raises:
+      ValueError: if ``kind`` is unknown or a name or alias is already taken for that kind.
+
+    Example:
+      >>> @losszoo.register("my_loss", kind="loss", description="My loss")
+      ... class MyLoss(keras.losses.Loss):
+      ...     def call(self, y_true, y_pred): ...
+    """
+    if kind not in KINDS:
+        raise ValueError(f"`kind` must be one of {KINDS}, got {kind!r}.")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"`name` must be a non-empty string, got {name!r}.")
+    aliases = tuple(aliases)
+
+    def decorator(cls: type) -> type:
+        with _lock:
+            for key in (name, *aliases):
+                taken = _lookup.get((kind, key))
+                if taken is not None:
+                    owner = _entries[(kind, taken)]
+                    raise ValueError(
+                        f"Cannot register {cls.__module__}.{cls.__qualname__} as {kind} "
+                        f"`name`={key!r}: that name is already taken by "
+                        f"{owner.cls.__module__}.{owner.cls.__qualname__} "
+                        f"(registered by {owner.source!r}). Choose another name or alias."
+                    )
+            package = cls.__module__.split(".")[0]  # "losszoo", or the plugin's package
+            keras.saving.register_keras_serializable(package=package, name=cls.__name__)(cls)
+            doc = (cls.__doc__ or "").strip().splitlines()
+            entry = Entry(
+                name=name,
+                kind=kind,
+                cls=cls,
+                aliases=aliases,
+                description=description or (doc[0] if doc else ""),
+                source=_current_source,
+            )
+            _entries[(kind, name)] = entry
+            for key in (name, *aliases):
+                _lookup[(kind, key)] = name
+            _keras.install(entry)
+        return cls
+
+    return decorator
+
+
+def _resolve(name: str, kind: str) -> Entry:
+    if kind not in KINDS:
+        raise ValueError(f"`kind` must be one of {KINDS}, got {kind!r}.")
+    load_plugins()
+    canonical = _lookup.get((kind, name))
+    if canonical is None:
+        known = sorted(key for (k, key) in _lookup if k == kind)
+        close = difflib.get_close_matches(name, known, n=5, cutoff=0.5)
+        hint = f" Did you mean: {', '.join(close)}?" if close else ""
+        raise KeyError(
+            f"No {kind} named {name!r} in the losszoo registry.{hint} "
+            f"Known {kind} names: {', '.join(known) or '(none)'}."
+        )
+    return _entries[(kind, canonical)]
+
+
+def get_class(name: str, kind: str = "loss") -> type:
+    """Return the class registered as ``name`` (or an alias) for ``kind``.
+
+    Raises:
+      KeyError: the name is unknown; the message lists close matches.
+    """
+    return _resolve(name, kind).cls
+
+
+def get(name: str, kind: str = "loss", **config: Any):
+    """Return a configured instance of the class registered as ``name``.
+
+    Args:
+      name: a registered name or alias, e.g. ``"sparsemax"``.
+      kind: ``"loss"`` (default), ``"head"`` or ``"metric"``.
+      **config: constructor arguments.
+
+    Example:
+      >>> loss = losszoo.get("sparsemax", reduction="sum")
+    """
+    return get_class(name, kind)(**config)
+
+
+def entries(kind: str | None = None) -> list[Entry]:
+    """All registered entries (of one kind, or all), sorted by kind then name."""
+    if kind is not None and kind not in KINDS:
+        raise ValueError(f"`kind` must be one of {KINDS} or None, got {kind!r}.")
+    load_plugins()
+    with _lock:
+        selected = [e for (k, _), e in _entries.items() if kind is None or k == kind]
+    return sorted(selected, key=lambda e: (KINDS.index(e.kind), e.name))
+
+
+def names(kind: str | None = None) -> list[str]:
+    """Canonical registered names, optionally of one kind."""
+    return [e.name for e in entries(kind)]
+
+
+def load_plugins(force: bool = False) -> None:
+    """Import every entry point of the group ``losszoo.plugins`` (once).
+
+    An entry point may name a module (importing it registers its classes) or a callable
+    (called with no arguments). A plugin that raises while loading, including one that
+    tries to register a taken name, is skipped with a ``RuntimeWarning`` that names it;
+    whatever it registered before failing is removed, so the registry stays consistent.
+    """
+    global _plugins_loaded, _current_source
+    with _lock:
+        if _plugins_loaded and not force:
+            return
+        _plugins_loaded = True
+        for ep in importlib.metadata.entry_points(group=PLUGIN_GROUP):
+            dist = getattr(ep, "dist", None)
+            label = f"{ep.name} ({ep.value}" + (f", from {dist.name}" if dist else "") + ")"
+            if any(e.source == label for e in _entries.values()):
+                continue
+            before = set(_entries)
+            _current_source = label
+            try:
+                loaded = ep.load()
+                if callable(loaded) and not isinstance(loaded, type):
+                    loaded()
+            except Exception as err:  # noqa: BLE001 - a broken plugin must not break losszoo
+                for key in set(_entries) - before:
+                    _unregister(key)
+                warnings.warn(
+                    f"losszoo plugin {label} failed to load and was skipped: "
+                    f"{type(err).__name__}: {err}",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            finally:
+                _current_source = "losszoo"
+
+
+def _unregister(key: tuple[str, str]) -> None:
+    entry = _entries.pop(key)
+    for alias in (entry.name, *entry.aliases):
+        _lookup.pop((entry.kind, alias), None)
+    _keras.uninstall(entry)

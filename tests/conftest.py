@@ -1,0 +1,29 @@
+"""Test session setup; runs before TensorFlow is imported by any test module."""
+
+import os
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# tensorflow-recommenders 0.7 needs tf.keras to be tf_keras (Keras 2). `import keras`
+# stays Keras 3, which is what losszoo uses.
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+# Two logical CPUs, so MirroredStrategy tests run on any machine.
+_cpus = tf.config.list_physical_devices("CPU")
+tf.config.set_logical_device_configuration(
+    _cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2
+)
+
+import keras  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _fresh_keras_state():
+    """Each test starts with float32 policy and seeded RNGs."""
+    keras.mixed_precision.set_global_policy("float32")
+    keras.utils.set_random_seed(0)
+    yield
+    keras.mixed_precision.set_global_policy("float32")

@@ -1,0 +1,242 @@
+"""Checks shared by every method's tests: references, gradients, XLA, config, training."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import losszoo
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SPECS_DIR = Path(os.environ.get("LOSSZOO_SHARED", REPO_ROOT.parent / "shared")) / "specs"
+
+
+@functools.cache
+def load_reference(name: str):
+    """Import ``../shared/specs/<name>_reference.py`` (a float64 numpy oracle) as a module."""
+    path = SPECS_DIR / f"{name}_reference.py"
+    if not path.exists():
+        raise FileNotFoundError(
+            f"Reference {path} not found; the tests need ../shared beside the repository "
+            "(or LOSSZOO_SHARED pointing at it)."
+        )
+    spec = importlib.util.spec_from_file_location(f"_losszoo_reference_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _as_float64(args):
+    out = []
+    for a in args:
+        if isinstance(a, (tf.Tensor, tf.Variable)) and not a.dtype.is_floating:
+            out.append(a)
+        elif isinstance(a, np.ndarray) and not np.issubdtype(a.dtype, np.floating):
+            out.append(tf.constant(a))
+        elif isinstance(a, (int, bool)) or a is None:
+            out.append(a)
+        else:
+            out.append(tf.constant(np.asarray(a, np.float64)))
+    return out
+
+
+def _weights_like(outputs, seed):
+    rng = np.random.default_rng(seed)
+    return [rng.normal(size=o.shape) for o in outputs]
+
+
+def _float_outputs(out):
+    return [o for o in tf.nest.flatten(out) if o is not None and o.dtype.is_floating]
+
+
+def assert_grad_matches_fd(f, args, wrt=(0,), eps=1e-6, atol=1e-6, rtol=1e-5, seed=0):
+    """The tape gradient of ``sum(w * f(*args))`` matches central finite differences.
+
+    ``f`` is evaluated on float64 tensors; ``w`` is a fixed random weighting of every
+    floating output, so the check covers the whole vector-Jacobian product.
+    """
+    args = _as_float64(args)
+    weights = _weights_like(_float_outputs(f(*args)), seed)
+
+    def scalar(*a):
+        return sum(
+            tf.reduce_sum(tf.constant(w) * tf.cast(o, tf.float64))
+            for w, o in zip(weights, _float_outputs(f(*a)))
+        )
+
+    watched = [args[i] for i in wrt]
+    with tf.GradientTape() as tape:
+        tape.watch(watched)
+        value = scalar(*args)
+    grads = tape.gradient(value, watched)
+    for i, grad in zip(wrt, grads):
+        x = args[i].numpy()
+        numeric = np.zeros_like(x)
+        for j in np.ndindex(x.shape):
+            plus, minus = x.copy(), x.copy()
+            plus[j] += eps
+            minus[j] -= eps
+            a_plus, a_minus = list(args), list(args)
+            a_plus[i], a_minus[i] = tf.constant(plus), tf.constant(minus)
+            numeric[j] = (scalar(*a_plus).numpy() - scalar(*a_minus).numpy()) / (2 * eps)
+        analytic = np.zeros_like(x) if grad is None else tf.convert_to_tensor(grad).numpy()
+        np.testing.assert_allclose(
+            analytic, numeric, atol=atol, rtol=rtol,
+            err_msg=f"gradient w.r.t. argument {i} differs from finite differences",
+        )
+
+
+def assert_grad_matches_reference(f, f_ref, args, wrt=(0,), atol=1e-6, rtol=1e-6, seed=0):
+    """The custom gradient of ``f`` matches autodiff through a plain-TF reference ``f_ref``."""
+    args = _as_float64(args)
+    weights = _weights_like(_float_outputs(f(*args)), seed)
+
+    def grads_of(fn):
+        watched = [args[i] for i in wrt]
+        with tf.GradientTape() as tape:
+            tape.watch(watched)
+            outs = _float_outputs(fn(*args))
+            value = sum(tf.reduce_sum(tf.constant(w) * tf.cast(o, tf.float64))
+                        for w, o in zip(weights, outs))
+        return tape.gradient(value, watched)
+
+    for i, got, want in zip(wrt, grads_of(f), grads_of(f_ref)):
+        np.testing.assert_allclose(
+            np.asarray(got), np.asarray(want), atol=atol, rtol=rtol,
+            err_msg=f"gradient w.r.t. argument {i} differs from the reference's autodiff",
+        )
+
+
+def assert_xla_matches_eager(f, *args, atol=1e-6, rtol=1e-6, grad_wrt=(0,)):
+    """Outputs (any nest) and gradients of ``f`` agree eagerly and under ``jit_compile=True``."""
+    args = [tf.convert_to_tensor(a) if isinstance(a, (np.ndarray, list)) else a for a in args]
+
+    def run(*a):
+        watched = [a[i] for i in grad_wrt]
+        with tf.GradientTape() as tape:
+            tape.watch(watched)
+            out = f(*a)
+            value = tf.constant(0.0, tf.float64)
+            for o in _float_outputs(out):
+                flat = tf.cast(tf.reshape(o, [-1]), tf.float64)
+                w = 1.0 + 0.5 * tf.sin(tf.range(tf.size(flat), dtype=tf.float64))
+                value += tf.reduce_sum(tf.where(tf.math.is_finite(flat), w * flat, 0.0))
+        grads = tape.gradient(value, watched) if grad_wrt else []
+        return out, grads
+
+    eager = run(*args)
+    compiled = tf.function(run, jit_compile=True)(*args)
+    for got, want in zip(tf.nest.flatten(compiled), tf.nest.flatten(eager)):
+        if want is None:
+            assert got is None
+            continue
+        want, got = np.asarray(want), np.asarray(got)
+        if np.issubdtype(want.dtype, np.floating):
+            np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64),
+                                       atol=atol, rtol=rtol, err_msg="XLA differs from eager")
+        else:
+            np.testing.assert_array_equal(got, want, err_msg="XLA differs from eager")
+
+
+def _registered_entry(obj):
+    for entry in losszoo.entries():
+        if entry.cls is type(obj):
+            return entry
+    return None
+
+
+def assert_config_roundtrip(obj):
+    """``get_config``/``from_config``, Keras (de)serialization via JSON, and the registry name."""
+    config = obj.get_config()
+    clone = type(obj).from_config(config)
+    assert clone.get_config() == config, "from_config(get_config()) changed the config"
+
+    serialized = json.loads(json.dumps(keras.saving.serialize_keras_object(obj)))
+    restored = keras.saving.deserialize_keras_object(serialized)
+    assert type(restored) is type(obj), f"deserialized as {type(restored)}"
+    assert restored.get_config() == config, "Keras serialization changed the config"
+
+    entry = _registered_entry(obj)
+    assert entry is not None, f"{type(obj).__name__} is not registered in losszoo"
+    by_name = losszoo.get_class(entry.name, entry.kind).from_config(config)
+    assert by_name.get_config() == config
+    return restored
+
+
+def assert_fit_smoke(model, x, y, epochs=3, **fit_kwargs):
+    """``model.fit`` runs with finite losses that go down; returns the History."""
+    fit_kwargs.setdefault("verbose", 0)
+    history = model.fit(x, y, epochs=epochs, **fit_kwargs)
+    losses = np.asarray(history.history["loss"])
+    assert np.all(np.isfinite(losses)), f"non-finite training loss: {losses}"
+    assert losses[-1] < losses[0], f"training loss did not decrease: {losses}"
+    return history
+
+
+def _fresh_loss(loss):
+    if isinstance(loss, keras.losses.Loss):
+        return type(loss).from_config(loss.get_config())
+    return loss
+
+
+def assert_mixed_precision(build_model, x, y, loss, epochs=2, batch_size=32):
+    """Under ``mixed_float16`` the model trains with finite losses; float32 where it matters.
+
+    Returns ``(model, history)``. Checks that the loss value is float32 and that the
+    model's outputs are float32 when its last layer is a losszoo head.
+    """
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = build_model()
+        compiled_loss = _fresh_loss(loss)
+        model.compile(optimizer=keras.optimizers.Adam(1e-2), loss=compiled_loss)
+        history = model.fit(x, y, epochs=epochs, batch_size=batch_size, verbose=0)
+        assert np.all(np.isfinite(history.history["loss"])), history.history
+        loss_obj = keras.losses.get(compiled_loss) if not callable(compiled_loss) else compiled_loss
+        preds = model(x[:8])
+        value = loss_obj(y[:8], preds) if isinstance(loss_obj, keras.losses.Loss) else None
+        if value is not None:
+            assert value.dtype == tf.float32, f"loss computed in {value.dtype}"
+        if type(model.layers[-1]).__module__.startswith("losszoo."):
+            assert preds.dtype == tf.float32, f"head output in {preds.dtype}"
+        return model, history
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
+
+
+def assert_mirrored_matches_single(build_model, x, y, loss, steps=3, atol=1e-5, rtol=1e-4,
+                                   learning_rate=0.1):
+    """MirroredStrategy over 2 logical CPUs trains exactly like one device.
+
+    Both runs start from the same weights and take ``steps`` full-batch SGD steps on the
+    same global batch; the final weights must agree.
+    """
+    devices = [d.name for d in tf.config.list_logical_devices("CPU")][:2]
+    assert len(devices) == 2, "tests/conftest.py should have created 2 logical CPUs"
+    keras.utils.set_random_seed(0)
+    single = build_model()
+    initial = single.get_weights()
+    single.compile(optimizer=keras.optimizers.SGD(learning_rate), loss=_fresh_loss(loss))
+    single.fit(x, y, batch_size=len(x), epochs=steps, shuffle=False, verbose=0)
+
+    strategy = tf.distribute.MirroredStrategy(devices)
+    with strategy.scope():
+        mirrored = build_model()
+        mirrored.set_weights(initial)
+        mirrored.compile(optimizer=keras.optimizers.SGD(learning_rate), loss=_fresh_loss(loss))
+    mirrored.fit(x, y, batch_size=len(x), epochs=steps, shuffle=False, verbose=0)
+
+    for a, b in zip(single.get_weights(), mirrored.get_weights()):
+        np.testing.assert_allclose(b, a, atol=atol, rtol=rtol,
+                                   err_msg="MirroredStrategy training differs from one device")
+    moved = max(np.max(np.abs(a - b)) for a, b in zip(single.get_weights(), initial))
+    assert moved > 1e-4, "training did not change the weights; the comparison is vacuous"
+    return single, mirrored
