@@ -212,6 +212,15 @@ def assert_mixed_precision(build_model, x, y, loss, epochs=2, batch_size=32):
         keras.mixed_precision.set_global_policy(previous)
 
 
+@functools.cache
+def _mirrored_strategy(devices):
+    # One strategy per process: several MirroredStrategy instances in one process can mix up
+    # their collective-op instance keys. Reducing through one device avoids collectives.
+    return tf.distribute.MirroredStrategy(
+        list(devices), cross_device_ops=tf.distribute.ReductionToOneDevice()
+    )
+
+
 def assert_mirrored_matches_single(build_model, x, y, loss, steps=3, atol=1e-5, rtol=1e-4,
                                    learning_rate=0.1):
     """MirroredStrategy over 2 logical CPUs trains exactly like one device.
@@ -227,7 +236,7 @@ def assert_mirrored_matches_single(build_model, x, y, loss, steps=3, atol=1e-5, 
     single.compile(optimizer=keras.optimizers.SGD(learning_rate), loss=_fresh_loss(loss))
     single.fit(x, y, batch_size=len(x), epochs=steps, shuffle=False, verbose=0)
 
-    strategy = tf.distribute.MirroredStrategy(devices)
+    strategy = _mirrored_strategy(tuple(devices))
     with strategy.scope():
         mirrored = build_model()
         mirrored.set_weights(initial)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import keras
 
 from losszoo import ops
+from losszoo._logits import attach_logits
 from losszoo.registry import register
 
 
@@ -21,8 +22,10 @@ class Sparsemax(keras.layers.Layer):
     ``diag(s) - s s^T / |S|`` on the support ``S`` (``s`` its indicator). Computed in float32
     (or float64) whatever the layer's compute dtype; by default the layer's dtype is
     float32, which keeps probabilities in float32 under a mixed-precision policy, as Keras
-    recommends for output layers. Train it with :class:`losszoo.losses.SparsemaxLoss` on the
-    logits, not with cross-entropy on its output (log of an exact zero is -inf).
+    recommends for output layers. Train it with :class:`losszoo.losses.SparsemaxLoss`: the
+    output carries the head's logits, so ``model.compile(loss="sparsemax")`` on a model ending
+    in this head trains on the logits (cross-entropy on its output would take the log of
+    exact zeros).
 
     Args:
       axis: the class axis.
@@ -41,7 +44,7 @@ class Sparsemax(keras.layers.Layer):
         self.supports_masking = True
 
     def call(self, inputs):
-        return ops.sparsemax(inputs, axis=self.axis)
+        return attach_logits(ops.sparsemax(inputs, axis=self.axis), inputs)
 
     def compute_output_shape(self, input_shape):
         return input_shape

@@ -6,6 +6,7 @@ import keras
 import tensorflow as tf
 
 from losszoo import ops
+from losszoo._logits import attached_logits
 from losszoo.losses._targets import target_distribution
 from losszoo.ops._common import to_compute_dtype
 from losszoo.registry import register
@@ -37,7 +38,16 @@ class SparsemaxLoss(keras.losses.Loss):
     targets raise an error. The loss is computed in float32 (or float64) even under a
     mixed-precision policy.
 
+    The loss is defined on scores. ``y_pred`` is taken as logits, except when it is the
+    output of a :class:`losszoo.heads.Sparsemax` head: the head attaches its logits to its
+    output, and the loss uses them. So a model ending in the head can be compiled with
+    ``loss="sparsemax"`` and still predicts probabilities.
+
     Args:
+      from_logits: ``None`` (default): use the logits a Sparsemax head attached to ``y_pred``
+        when present, else treat ``y_pred`` as logits. ``True``: same. ``False``: require
+        the head's logits and raise if ``y_pred`` carries none (guards against silently
+        treating probabilities as scores).
       normalize_labels: divide dense targets by their row sum (a no-op for one-hot/soft).
       reduction: Keras reduction, e.g. ``"sum_over_batch_size"`` (default), ``"sum"``,
         ``"mean"`` or ``None``.
@@ -53,18 +63,31 @@ class SparsemaxLoss(keras.losses.Loss):
 
     def __init__(
         self,
+        from_logits: bool | None = None,
         normalize_labels: bool = True,
         reduction="sum_over_batch_size",
         name: str = "sparsemax_loss",
         dtype=None,
     ):
         super().__init__(reduction=reduction, name=name, dtype=dtype)
+        self.from_logits = None if from_logits is None else bool(from_logits)
         self.normalize_labels = bool(normalize_labels)
 
     def call(self, y_true, y_pred):
-        y_pred, _ = to_compute_dtype(y_pred, "y_pred")
+        logits = attached_logits(y_pred)
+        if logits is None and self.from_logits is False:
+            raise ValueError(
+                "SparsemaxLoss(from_logits=False) needs `y_pred` to be the output of a "
+                "losszoo Sparsemax head (which carries its logits); this `y_pred` has no "
+                "logits attached. Pass logits with from_logits=True instead."
+            )
+        y_pred, _ = to_compute_dtype(y_pred if logits is None else logits, "y_pred")
         q, has_target = target_distribution(y_true, y_pred, self.normalize_labels)
         return ops.sparsemax_loss(q, y_pred) * has_target
 
     def get_config(self):
-        return {**super().get_config(), "normalize_labels": self.normalize_labels}
+        return {
+            **super().get_config(),
+            "from_logits": self.from_logits,
+            "normalize_labels": self.normalize_labels,
+        }

@@ -40,23 +40,29 @@ def _keras3_table(kind: str) -> dict | None:
     return table
 
 
+def _keys(entry) -> tuple[str, ...]:
+    # The registered name, its aliases, and the class name (as Keras accepts
+    # "CategoricalCrossentropy" beside "categorical_crossentropy").
+    return (entry.name, *entry.aliases, entry.cls.__name__)
+
+
 def install(entry) -> None:
     """Expose one registry entry to the string lookups of Keras 3 and tf_keras."""
     table = _keras3_table(entry.kind)
     if table is not None:
-        for key in (entry.name, *entry.aliases):
+        for key in _keys(entry):
             table.setdefault(key, entry.cls)
     if entry.kind == "loss" and tf_keras_available():
         custom = _tf_keras().utils.get_custom_objects()
         adapter = _tf_keras_adapter(entry.cls)
-        for key in (entry.name, *entry.aliases):
+        for key in _keys(entry):
             custom.setdefault(key, adapter)
 
 
 def uninstall(entry) -> None:
     """Undo :func:`install` (used when a plugin fails half-way)."""
     table = _keras3_table(entry.kind)
-    for key in (entry.name, *entry.aliases):
+    for key in _keys(entry):
         if table is not None and table.get(key) is entry.cls:
             del table[key]
         if entry.kind == "loss" and tf_keras_available():

@@ -1,0 +1,119 @@
+"""SparsemaxLoss: label formats, reductions, sample weights, compile by name, training."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import losszoo
+from losszoo.losses import SparsemaxLoss
+from tests.helpers import (
+    assert_config_roundtrip,
+    assert_fit_smoke,
+    assert_mirrored_matches_single,
+    assert_mixed_precision,
+    load_reference,
+)
+
+ref = load_reference("rankmax_sparsemax")
+rng = np.random.default_rng(0)
+Z = rng.normal(size=(6, 5)).astype(np.float32)
+IDS = np.array([0, 4, 2, 2, 1, 3])
+
+
+def ref_losses(z, q):
+    return np.array([ref.sparsemax_loss(a.astype(np.float64), b) for a, b in zip(z, q)])
+
+
+def test_integer_ids_and_one_hot_agree_with_reference():
+    want = ref_losses(Z, np.eye(5)[IDS])
+    loss = SparsemaxLoss(reduction=None)
+    for labels in (IDS, IDS[:, None], IDS.astype(np.float32), np.eye(5)[IDS]):
+        np.testing.assert_allclose(loss(labels, Z).numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_multi_hot_targets_are_normalised():
+    multi = np.array([[1, 1, 0, 0, 0], [0, 0, 0, 0, 1]], np.float32)
+    want = ref_losses(Z[:2], multi / multi.sum(1, keepdims=True))
+    np.testing.assert_allclose(SparsemaxLoss(reduction=None)(multi, Z[:2]).numpy(), want, rtol=1e-5)
+    raw = SparsemaxLoss(reduction=None, normalize_labels=False)(multi[1:], Z[1:2]).numpy()
+    np.testing.assert_allclose(raw, ref_losses(Z[1:2], multi[1:]), rtol=1e-5)
+
+
+def test_rows_without_target_get_zero_loss_and_gradient():
+    targets = np.array([[0, 0, 0, 0, 0], [0, 1, 0, 0, 0]], np.float32)
+    z = tf.constant(Z[:2])
+    with tf.GradientTape() as tape:
+        tape.watch(z)
+        values = SparsemaxLoss(reduction=None)(targets, z)
+        total = tf.reduce_sum(values)
+    grad = tape.gradient(total, z).numpy()
+    assert values.numpy()[0] == 0 and np.all(grad[0] == 0) and np.any(grad[1] != 0)
+
+
+def test_reductions_and_sample_weights():
+    per_example = ref_losses(Z, np.eye(5)[IDS])
+    w = np.array([1.0, 0.0, 2.0, 0.5, 1.0, 3.0], np.float32)
+    np.testing.assert_allclose(SparsemaxLoss()(IDS, Z), per_example.mean(), rtol=1e-5)
+    np.testing.assert_allclose(SparsemaxLoss(reduction="sum")(IDS, Z), per_example.sum(), rtol=1e-5)
+    np.testing.assert_allclose(SparsemaxLoss()(IDS, Z, sample_weight=w), (w * per_example).mean(), rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "labels, match",
+    [
+        (np.array([0, 5, 1, 1, 1, 1]), r"y_true.*\[0, 5\)"),
+        (np.array([0, -1, 1, 1, 1, 1]), r"y_true.*\[0, 5\)"),
+        (np.array([0.0, np.nan, 1, 1, 1, 1]), "y_true.*NaN"),
+        (np.full((6, 5), np.nan), "y_true.*NaN"),
+        (np.ones((6, 4)), "y_true.*shape"),
+        (-np.eye(5)[IDS], "y_true.*non-negative"),
+    ],
+)
+def test_bad_labels_raise_clear_errors(labels, match):
+    with pytest.raises(ValueError, match=match):
+        SparsemaxLoss()(labels, Z)
+
+
+def test_bad_labels_raise_inside_compiled_graphs():
+    loss = SparsemaxLoss()
+    fn = tf.function(lambda y, z: loss(y, z))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="y_true"):
+        fn(tf.constant([0, 7, 1, 1, 1, 1]), tf.constant(Z))
+
+
+def test_config_roundtrip_and_registry():
+    assert_config_roundtrip(SparsemaxLoss(normalize_labels=False, reduction="sum", name="sm"))
+    assert isinstance(losszoo.get("sparsemax"), SparsemaxLoss)
+    assert isinstance(losszoo.get("sparsemax_loss"), SparsemaxLoss)
+    assert losszoo.get("sparsemax", kind="head").__class__ is losszoo.heads.Sparsemax
+
+
+def make_data(n=256, k=6, d=10, seed=0):
+    r = np.random.default_rng(seed)
+    x = r.normal(size=(n, d)).astype(np.float32)
+    y = np.argmax(x @ r.normal(size=(d, k)), axis=1)
+    return x, y
+
+
+def build_model(k=6, d=10):
+    return keras.Sequential([keras.Input((d,)), keras.layers.Dense(16, activation="relu"),
+                             keras.layers.Dense(k)])
+
+
+def test_trains_with_compile_by_name_and_xla():
+    x, y = make_data()
+    for jit in (False, True):
+        model = build_model()
+        model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="sparsemax", jit_compile=jit)
+        assert_fit_smoke(model, x, y, epochs=4, batch_size=64)
+
+
+def test_mixed_precision():
+    x, y = make_data()
+    assert_mixed_precision(build_model, x, y, "sparsemax")
+
+
+def test_mirrored_strategy_matches_single_device():
+    x, y = make_data(n=64)
+    assert_mirrored_matches_single(build_model, x, y, SparsemaxLoss())

@@ -1,0 +1,214 @@
+"""Sparsemax and the sparsemax loss against the spec's numpy reference, scipy and FD."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from scipy.optimize import minimize
+
+from losszoo import ops
+from tests.helpers import (
+    assert_grad_matches_fd,
+    assert_grad_matches_reference,
+    assert_xla_matches_eager,
+    load_reference,
+)
+
+ref = load_reference("rankmax_sparsemax")
+
+
+def ref_sparsemax(z):
+    return np.stack([ref.sparsemax(row)[0] for row in np.asarray(z, np.float64)])
+
+
+def away_from_kinks(z, gap=1e-3):
+    """True when no score sits within `gap` of the threshold or of another score."""
+    _, tau = ref.sparsemax(z)
+    s = np.sort(z)
+    return np.min(np.abs(z - tau)) > gap and np.min(np.diff(s)) > gap
+
+
+def test_known_values_with_several_nonzeros():
+    # keras.ops.sparsemax (Keras 3.15) returns [0, 0, 0.25] here; the right answer:
+    np.testing.assert_allclose(ops.sparsemax([0.0, 0.5, 1.0]).numpy(), [0, 0.25, 0.75], atol=1e-7)
+    np.testing.assert_allclose(
+        ops.sparsemax([[1.0, 1.2, 0.9, -3.0]]).numpy(), [[0.3, 0.5, 0.2, 0.0]], atol=1e-6
+    )
+
+
+@pytest.mark.parametrize("t", [-3.0, -1.0, -0.4, 0.0, 0.3, 0.99, 1.0, 5.0])
+def test_two_classes_is_hard_sigmoid(t):
+    p = ops.sparsemax(tf.constant([t, 0.0], tf.float64)).numpy()
+    np.testing.assert_allclose(p[0], np.clip((t + 1) / 2, 0, 1), atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_matches_reference_on_random_rows(dtype):
+    rng = np.random.default_rng(1)
+    for n, scale in [(1, 1.0), (2, 1.0), (7, 0.3), (30, 1.0), (300, 3.0), (5000, 0.1)]:
+        z = (scale * rng.normal(size=(16, n))).astype(dtype)
+        got = ops.sparsemax(z).numpy()
+        assert got.dtype == dtype
+        np.testing.assert_allclose(got, ref_sparsemax(z), atol=1e-6 if dtype == np.float32 else 1e-12)
+
+
+def test_matches_generic_qp_solver():
+    rng = np.random.default_rng(2)
+    for _ in range(20):
+        z = rng.normal(size=int(rng.integers(2, 12)))
+        qp = minimize(lambda p: 0.5 * np.sum((p - z) ** 2), np.full(z.size, 1 / z.size),
+                      jac=lambda p: p - z, method="SLSQP", bounds=[(0, None)] * z.size,
+                      constraints=[{"type": "eq", "fun": lambda p: p.sum() - 1}],
+                      options={"ftol": 1e-14, "maxiter": 500})
+        np.testing.assert_allclose(ops.sparsemax(z).numpy(), qp.x, atol=1e-6)
+
+
+def test_edge_inputs():
+    inf = np.inf
+    # ties, constant rows, K = 1, -inf masks, huge logits
+    np.testing.assert_allclose(ops.sparsemax([2.0, 2.0, 2.0, 2.0]).numpy(), [0.25] * 4)
+    np.testing.assert_allclose(ops.sparsemax([[1.0, 1.0, -5.0]]).numpy(), [[0.5, 0.5, 0.0]])
+    np.testing.assert_allclose(ops.sparsemax([[-7.0]]).numpy(), [[1.0]])
+    np.testing.assert_allclose(ops.sparsemax([0.0, -inf, 0.5, -inf]).numpy(), [0.25, 0, 0.75, 0])
+    np.testing.assert_allclose(ops.sparsemax([1e30, -1e30, 1e30]).numpy(), [0.5, 0, 0.5])
+    np.testing.assert_allclose(ops.sparsemax([3e38, 0.0]).numpy(), [1.0, 0.0])
+    # margin >= 1 gives a one-hot output
+    np.testing.assert_allclose(ops.sparsemax([5.0, 4.0, 1.0]).numpy(), [1.0, 0.0, 0.0])
+    # a row that is all -inf has no distribution: NaN, as softmax gives
+    assert np.all(np.isnan(ops.sparsemax([-inf, -inf]).numpy()))
+
+
+def test_shift_invariance_and_axis():
+    rng = np.random.default_rng(3)
+    z = rng.normal(size=(4, 9)).astype(np.float32)
+    base = ops.sparsemax(z).numpy()
+    for c in (-100.0, -3.5, 42.0, 100.0):
+        np.testing.assert_allclose(ops.sparsemax(z + c).numpy(), base, atol=1e-5)
+    z3 = rng.normal(size=(3, 5, 4))
+    np.testing.assert_allclose(
+        ops.sparsemax(z3, axis=1).numpy(),
+        np.moveaxis(ref_sparsemax(np.moveaxis(z3, 1, -1).reshape(-1, 5)).reshape(3, 4, 5), -1, 1),
+        atol=1e-12,
+    )
+
+
+def test_large_k_float32_regression():
+    # spec oracle 6: without the max shift float32 loses the support entirely here
+    rng = np.random.default_rng(4)
+    z = 100 + 0.01 * rng.normal(size=(2, 200_000))
+    p = ops.sparsemax(z.astype(np.float32)).numpy()
+    p64 = ref_sparsemax(z)
+    assert np.array_equal(p > 0, p64 > 0)
+    assert np.max(np.abs(p - p64)) <= 1e-4
+    np.testing.assert_allclose(p.sum(-1), 1.0, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_computed_in_float32(dtype):
+    z = np.array([[0.0, 0.5, 1.0, 0.9]])
+    p = ops.sparsemax(tf.constant(z, dtype))
+    assert p.dtype.name == dtype
+    np.testing.assert_allclose(p.numpy().astype(np.float64), ref_sparsemax(z), atol=1e-2)
+
+
+def test_gradient_matches_finite_differences_and_jacobian_properties():
+    rng = np.random.default_rng(5)
+    tested = 0
+    while tested < 6:
+        z = rng.normal(size=(1, int(rng.integers(2, 12))))
+        if not away_from_kinks(z[0]):
+            continue
+        tested += 1
+        assert_grad_matches_fd(ops.sparsemax, [z], atol=1e-6)
+        with tf.GradientTape() as tape:
+            x = tf.constant(z)
+            tape.watch(x)
+            p = ops.sparsemax(x)
+        J = tape.jacobian(p, x).numpy()[0, :, 0, :]
+        np.testing.assert_allclose(J, J.T, atol=1e-12)
+        np.testing.assert_allclose(J.sum(1), 0, atol=1e-12)
+
+
+def plain_tf_sparsemax(z):
+    """Spec A1 in differentiable plain TF (sort, cumsum, gather): the autodiff reference."""
+    z = z - tf.reduce_max(z, -1, keepdims=True)
+    zs = tf.sort(z, direction="DESCENDING")
+    cs = tf.cumsum(zs, axis=-1)
+    r = tf.range(1, z.shape[-1] + 1, dtype=z.dtype)
+    k = tf.reduce_sum(tf.cast(1 + r * zs > cs, tf.int32), -1, keepdims=True)
+    tau = (tf.gather(cs, k - 1, batch_dims=1) - 1) / tf.cast(k, z.dtype)
+    return tf.nn.relu(z - tau)
+
+
+def test_gradient_matches_autodiff_of_sort_based_reference():
+    z = np.random.default_rng(6).normal(size=(8, 20))
+    assert_grad_matches_reference(ops.sparsemax, plain_tf_sparsemax, [z], atol=1e-10)
+
+
+def test_xla_matches_eager():
+    rng = np.random.default_rng(7)
+    z = rng.normal(size=(32, 100)).astype(np.float32)
+    z[0, 3] = -np.inf
+    assert_xla_matches_eager(ops.sparsemax, tf.constant(z), atol=1e-6)
+    q = tf.one_hot(rng.integers(0, 100, 32), 100)
+    assert_xla_matches_eager(lambda z: ops.sparsemax_loss(q, z), tf.constant(rng.normal(size=(32, 100)), tf.float32))
+
+
+# ------------------------------------------------------------------------ sparsemax loss
+def test_loss_three_forms_agree():
+    rng = np.random.default_rng(8)
+    for _ in range(50):
+        n = int(rng.integers(1, 15))
+        z = rng.normal(size=n) * rng.uniform(0.1, 3)
+        q = rng.dirichlet(np.ones(n)) if rng.uniform() < 0.5 else np.eye(n)[rng.integers(n)]
+        p, tau = ref.sparsemax(z)
+        fenchel_young = 0.5 * np.sum((z - q) ** 2) - 0.5 * np.sum((z - p) ** 2)
+        support = p > 0
+        martins = -q @ z + 0.5 * np.sum(z[support] ** 2 - tau**2) + 0.5 * q @ q
+        got = ops.sparsemax_loss(q[None], z[None]).numpy()[0]
+        np.testing.assert_allclose(got, ref.sparsemax_loss(z, q), atol=1e-10)
+        np.testing.assert_allclose(got, fenchel_young, atol=1e-10)
+        np.testing.assert_allclose(got, martins, atol=1e-10)
+
+
+def test_loss_exact_values():
+    for n in (1, 2, 5, 100):
+        q = np.eye(n)[:1]
+        np.testing.assert_allclose(ops.sparsemax_loss(q, np.zeros((1, n))).numpy(), [0.5 - 0.5 / n], atol=1e-12)
+    # margin of 1 -> zero loss; -inf logits on classes without target mass are fine
+    np.testing.assert_allclose(ops.sparsemax_loss([[0, 1.0, 0]], [[0.0, 1.0, -np.inf]]).numpy(), [0.0])
+    # p == q -> zero loss
+    z = np.array([[0.1, 0.6, -2.0]])
+    np.testing.assert_allclose(ops.sparsemax_loss(ref_sparsemax(z), z).numpy(), [0.0], atol=1e-12)
+
+
+def test_loss_gradient_is_p_minus_q_and_matches_fd():
+    rng = np.random.default_rng(9)
+    z = rng.normal(size=(3, 6))
+    q = rng.dirichlet(np.ones(6), size=3)
+    assert_grad_matches_fd(lambda x: ops.sparsemax_loss(q, x), [z], atol=1e-6)
+    x = tf.constant(z)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        loss = tf.reduce_sum(ops.sparsemax_loss(q, x))
+    np.testing.assert_allclose(tape.gradient(loss, x).numpy(), ref_sparsemax(z) - q, atol=1e-12)
+
+
+def test_loss_is_nonnegative_and_convex_on_chords():
+    rng = np.random.default_rng(10)
+    a, b = rng.normal(size=(2, 200, 8)) * 2
+    q = rng.dirichlet(np.ones(8), size=200)
+    la, lb = ops.sparsemax_loss(q, a).numpy(), ops.sparsemax_loss(q, b).numpy()
+    assert la.min() >= 0 and lb.min() >= 0
+    for t in (0.25, 0.5, 0.75):
+        mid = ops.sparsemax_loss(q, t * a + (1 - t) * b).numpy()
+        assert np.all(mid <= t * la + (1 - t) * lb + 1e-10)
+
+
+def test_loss_rejects_shape_mismatch():
+    with pytest.raises(ValueError, match="labels"):
+        ops.sparsemax_loss(tf.ones((2, 3)), tf.ones((2, 4)))
+
+
+def test_rank_zero_logits_rejected():
+    with pytest.raises(ValueError, match="logits.*rank"):
+        ops.sparsemax(tf.constant(1.0))
