@@ -49,6 +49,7 @@ def test_model_with_head_trains_saves_and_loads_without_custom_objects(tmp_path)
     assert isinstance(loaded.layers[-1], Sparsemax)
     assert isinstance(loaded.loss, losszoo.losses.SparsemaxLoss) or loaded.loss == "sparsemax"
     np.testing.assert_allclose(loaded.predict(x, verbose=0), model.predict(x, verbose=0), atol=1e-6)
+    np.testing.assert_allclose(loaded.evaluate(x, y, verbose=0), want, rtol=1e-4)
     probs = loaded.predict(x, verbose=0)
     np.testing.assert_allclose(probs.sum(1), 1, atol=1e-5)
     assert (probs == 0).mean() > 0.2, "a trained sparsemax head should give exact zeros"

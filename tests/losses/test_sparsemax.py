@@ -75,6 +75,13 @@ def test_bad_labels_raise_clear_errors(labels, match):
         SparsemaxLoss()(labels, Z)
 
 
+def test_from_logits_false_requires_a_head_output():
+    with pytest.raises(ValueError, match="from_logits=False"):
+        SparsemaxLoss(from_logits=False)(IDS, Z)
+    probs = losszoo.heads.Sparsemax()(Z)
+    np.testing.assert_allclose(SparsemaxLoss(from_logits=False)(IDS, probs), SparsemaxLoss()(IDS, Z), rtol=1e-6)
+
+
 def test_bad_labels_raise_inside_compiled_graphs():
     loss = SparsemaxLoss()
     fn = tf.function(lambda y, z: loss(y, z))

@@ -1,0 +1,324 @@
+"""Safe-KL DRO risk ops against the float64 numpy reference (spec safe_kl_dro.md section 7)."""
+
+import math
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from losszoo import ops
+from tests.helpers import (assert_grad_matches_fd, assert_grad_matches_reference,
+                           assert_xla_matches_eager, load_reference)
+
+R = load_reference("safe_kl_dro")
+
+
+def _risk_grads(l, a, lam, rho, s=None, calibrate=True):
+    lt = tf.constant(l)
+    at = tf.constant(a, lt.dtype)
+    with tf.GradientTape() as tape:
+        tape.watch([lt, at])
+        v, stats = ops.safe_kl_dro_risk_and_stats(lt, at, lam, rho, s, calibrate=calibrate)
+    gl, ga = tape.gradient(v, [lt, at])
+    return v.numpy(), gl.numpy(), ga.numpy(), {k: x.numpy() for k, x in stats.items()}
+
+
+# ----------------------------------------------------------------------------- C8 value/grad
+def test_value_and_gradients_match_reference_weighted():
+    rng = np.random.default_rng(1)
+    for _ in range(25):
+        n = int(rng.integers(1, 60))
+        l = rng.gamma(2.0, size=n) * rng.uniform(0.1, 5) - 1.0
+        s = rng.uniform(0.0, 2.0, size=n)
+        s[0] = max(s[0], 0.1)
+        lam, rho = rng.uniform(0.1, 5), 10 ** rng.uniform(-4, -0.05)
+        a = float(rng.normal() * 3)
+        v, gl, ga, st = _risk_grads(l, a, lam, rho, s)
+        vr, glr, gar = R.safe_risk(l, a, lam, rho, p_hat=s)
+        np.testing.assert_allclose(v, vr, rtol=1e-13, atol=1e-12)
+        np.testing.assert_allclose(gl, glr, rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(ga, gar, rtol=1e-12, atol=1e-13)
+        np.testing.assert_allclose(st["grad_alpha"], gar, rtol=1e-12, atol=1e-13)
+        np.testing.assert_allclose(st["mean_w"], 1.0 - gar, rtol=1e-12, atol=1e-13)
+        w = R.safe_terms(l, a, lam, rho)[1]
+        np.testing.assert_allclose(st["saturation"], rho * w[s > 0].max(), rtol=1e-12)
+    # calibrate=False is the paper's G = V + lam; same gradients
+    v2, gl2, ga2, _ = _risk_grads(l, a, lam, rho, s, calibrate=False)
+    np.testing.assert_allclose(v2, vr + lam, rtol=1e-13)
+    np.testing.assert_allclose(gl2, glr, rtol=1e-12, atol=1e-15)
+
+
+def test_gradients_match_finite_differences_and_autodiff():
+    rng = np.random.default_rng(2)
+    l, s = rng.gamma(2.0, size=12) * 2, rng.uniform(0.1, 2, size=12)
+    # alpha as a [1] array (the FD helper perturbs array entries)
+    f = lambda l, a: ops.safe_kl_dro_risk(l, a[0], 1.3, 0.05, s)  # noqa: E731
+
+    def plain(l, a):  # autodiff through the plain formula
+        a = a[0]
+        z = (l - a) / 1.3 + math.log(0.05)
+        return a - 1.3 + 1.3 / 0.05 * tf.reduce_sum(s * tf.math.softplus(z)) / s.sum()
+
+    assert_grad_matches_fd(f, [l, np.array([2.0])], wrt=(0, 1), rtol=1e-4, atol=1e-7)
+    assert_grad_matches_reference(f, plain, [l, np.array([2.0])], wrt=(0, 1), atol=1e-12,
+                                  rtol=1e-12)
+    for fn in (lambda l: ops.kl_dro_batch_lse(l, 0.7, s), lambda l: ops.kl_dro_sumexp(l, 3.0, s)):
+        assert_grad_matches_fd(fn, [l], rtol=1e-4, atol=1e-7)
+    # CVaR: gradient q/rho, checked away from kinks (distinct losses, rho*n not integer)
+    assert_grad_matches_fd(lambda l: ops.cvar_risk(l, 0.23, s), [l], rtol=1e-4, atol=1e-7)
+
+
+def test_xla_matches_eager_all_ops():
+    rng = np.random.default_rng(3)
+    l = tf.constant(rng.gamma(2.0, size=33).astype(np.float32))
+    s = tf.constant(rng.uniform(0, 2, size=33).astype(np.float32))
+    a = tf.constant(1.5)
+    assert_xla_matches_eager(
+        lambda l, a, s: (ops.safe_kl_dro_risk_and_stats(l, a, 1.0, 0.1, s),
+                         ops.kl_dro_batch_lse(l, 2.0, s), ops.kl_dro_sumexp(l, 2.0, s),
+                         ops.cvar_risk(l, 0.2, s),
+                         tf.stop_gradient(ops.safe_kl_dro_solve_alpha(l, 1.0, 0.1, s))),
+        l, a, s, grad_wrt=(0, 1), rtol=1e-5)
+
+
+def test_float32_matches_float64():  # C9
+    rng = np.random.default_rng(4)
+    for _ in range(20):
+        l = rng.gamma(2.0, size=40) * 3
+        lam, rho, a = rng.uniform(0.2, 5), 10 ** rng.uniform(-4, -0.1), rng.normal() * 2 + 5
+        v64, g64, ga64, _ = _risk_grads(l, a, lam, rho)
+        v32, g32, ga32, _ = _risk_grads(l.astype(np.float32), a, lam, rho)
+        assert abs(v32 - v64) <= 1e-5 * max(1.0, abs(v64))
+        assert np.max(np.abs(g32 - g64)) <= 1e-5 * np.max(np.abs(g64)) + 1e-7
+
+
+# ----------------------------------------------------------------------------- C10 overflow
+@pytest.mark.parametrize("big", [95.0, 1e4, 1e6])
+def test_overflow_safe_float32(big):
+    l = tf.constant([big, big, 1.0, 2.0], tf.float32)
+    naive = tf.math.log(tf.reduce_mean(tf.exp(l)))
+    assert not np.isfinite(naive.numpy())
+    v, gl, ga, st = _risk_grads(l.numpy(), 0.0, 1.0, 0.1)
+    assert np.isfinite(v) and np.all(np.isfinite(gl)) and np.isfinite(ga)
+    np.testing.assert_allclose(gl[:2] * 4, 1 / 0.1, rtol=1e-6)  # w = 1/rho, pi = 1/4
+    # value grows linearly: (lam/rho) * mean(z) for the saturated entries
+    want = R.safe_risk(l.numpy().astype(np.float64), 0.0, 1.0, 0.1)[0]
+    np.testing.assert_allclose(v, want, rtol=1e-6)
+    np.testing.assert_allclose(st["saturation"], 1.0, rtol=1e-6)
+    assert np.isfinite(ops.kl_dro_batch_lse(l, 1.0).numpy())
+
+
+# ----------------------------------------------------------------------------- bounds, alpha*
+def test_solve_alpha_and_stationarity():
+    rng = np.random.default_rng(5)
+    for _ in range(20):
+        n = int(rng.integers(1, 150))
+        l = rng.gamma(2.0, size=n) * rng.uniform(0.1, 5)
+        s = rng.uniform(0.1, 2, size=n)
+        lam, rho = rng.uniform(0.1, 5), 10 ** rng.uniform(-5, -0.05)
+        a = ops.safe_kl_dro_solve_alpha(tf.constant(l), lam, rho, s).numpy()
+        np.testing.assert_allclose(a, R.solve_alpha(l, lam, rho, s), atol=1e-9 * max(1, abs(a)))
+        _, _, ga, st = _risk_grads(l, float(a), lam, rho, s)
+        assert abs(ga) < 1e-8 and abs(st["mean_w"] - 1) < 1e-8  # sum pi w = 1 at alpha*
+    # C2 closed forms for constant losses
+    for rho in (1e-3, 0.1, 0.5):
+        a = ops.safe_kl_dro_solve_alpha(tf.fill([7], tf.constant(1.3, tf.float64)), 2.0, rho).numpy()
+        np.testing.assert_allclose(a, 1.3 + 2.0 * math.log1p(-rho), atol=1e-9)
+        v = ops.safe_kl_dro_risk(tf.fill([7], tf.constant(1.3, tf.float64)), a, 2.0, rho).numpy()
+        np.testing.assert_allclose(v, 1.3 - 2.0 * R.f_rho(1.0, rho), atol=1e-12)
+
+
+def test_min_over_alpha_sandwich_and_rho_limit():
+    """R - lam rho n max p* <= min_alpha V <= R, min V -> R as rho -> 0 (spec 4, C3, C4)."""
+    rng = np.random.default_rng(6)
+    for _ in range(40):
+        n = int(rng.integers(1, 200))
+        lam = rng.uniform(0.1, 5)
+        l = rng.gamma(2.0, size=n) * rng.uniform(0.1, 5)
+        rho = 10 ** rng.uniform(-6, -0.01)
+        lt = tf.constant(l)
+        a = ops.safe_kl_dro_solve_alpha(lt, lam, rho)
+        v = ops.safe_kl_dro_risk(lt, a, lam, rho).numpy()
+        # a grid of other alphas never goes below the minimum (convex in alpha)
+        others = [ops.safe_kl_dro_risk(lt, a + d, lam, rho).numpy() for d in (-1.0, -1e-3, 1e-3, 1.0)]
+        assert min(others) >= v - 1e-12 * max(1, abs(v))
+        r = R.exact_risk(l, lam)
+        p = R.gibbs_weights(l, lam)
+        assert v <= r + 1e-9
+        if rho * n * p.max() < 1:
+            assert r - lam * rho * n * p.max() - 1e-9 <= v
+    # rho -> 0: (R - V*)/rho -> (lam/2) n sum p*^2 (C4), and V* increases to R
+    l = rng.gamma(2.0, size=1000)
+    p = R.gibbs_weights(l, 1.0)
+    slope = 0.5 * l.size * np.sum(p ** 2)
+    gaps = []
+    for rho in (1e-2, 1e-4, 1e-6):
+        a = ops.safe_kl_dro_solve_alpha(tf.constant(l), 1.0, rho)
+        gaps.append(R.exact_risk(l, 1.0) - ops.safe_kl_dro_risk(tf.constant(l), a, 1.0, rho).numpy())
+    assert gaps[0] > gaps[1] > gaps[2] > 0
+    assert abs(gaps[2] / 1e-6 - slope) / slope < 1e-3
+
+
+def test_cvar_matches_rockafellar_uryasev_and_is_the_lam_to_zero_limit():  # C5
+    rng = np.random.default_rng(7)
+    for _ in range(20):
+        n = int(rng.integers(1, 80))
+        l = rng.normal(size=n) * 3
+        s = rng.uniform(0.1, 2, size=n)
+        rho = rng.uniform(0.01, 0.99)
+        pi = s / s.sum()
+        brute = min(a + np.sum(pi * np.maximum(l - a, 0)) / rho for a in l)  # eq. 9
+        np.testing.assert_allclose(ops.cvar_risk(tf.constant(l), rho, s).numpy(), brute, rtol=1e-12)
+        np.testing.assert_allclose(ops.cvar_risk(tf.constant(l), rho).numpy(), R.cvar(l, rho),
+                                   rtol=1e-12)
+        lam = 10 ** rng.uniform(-3, 1)
+        lt = tf.constant(l)
+        v = ops.safe_kl_dro_risk(lt, ops.safe_kl_dro_solve_alpha(lt, lam, rho), lam, rho).numpy()
+        c = R.cvar(l, rho)
+        assert c + lam * (math.log(rho) - 1) - 1e-8 <= v <= c + lam * (math.log(rho) - 1 + 1 / rho) + 1e-8
+    l = rng.normal(size=300)
+    lt = tf.constant(l)
+    lam = 1e-4
+    v = ops.safe_kl_dro_risk(lt, ops.safe_kl_dro_solve_alpha(lt, lam, 0.05), lam, 0.05).numpy()
+    assert abs(v - R.cvar(l, 0.05)) < 2e-3
+
+
+def test_baselines_match_reference():
+    rng = np.random.default_rng(8)
+    l, s = rng.gamma(2.0, size=30) * 4, rng.uniform(0.1, 2, size=30)
+    lt = tf.constant(l)
+    np.testing.assert_allclose(ops.kl_dro_batch_lse(lt, 0.8, s).numpy(),
+                               R.exact_risk(l, 0.8, s), rtol=1e-13)
+    with tf.GradientTape() as tape:
+        tape.watch(lt)
+        v = ops.kl_dro_batch_lse(lt, 0.8, s)
+    np.testing.assert_allclose(tape.gradient(v, lt).numpy(), R.gibbs_weights(l, 0.8, s), rtol=1e-12)
+    pi = s / s.sum()
+    np.testing.assert_allclose(ops.kl_dro_sumexp(lt, 3.0, s).numpy(), np.sum(pi * np.exp(l / 3.0)),
+                               rtol=1e-13)
+    # huge losses: batch LSE finite (max-shift), sum-of-exp overflows by design
+    big = tf.constant([500.0, 1.0])
+    assert np.isfinite(ops.kl_dro_batch_lse(big, 1.0).numpy())
+    assert np.isinf(ops.kl_dro_sumexp(big, 1.0).numpy())
+
+
+# ----------------------------------------------------------------------------- C6 Monte Carlo
+def test_minibatch_gradient_unbiased_naive_biased():
+    """Fixed theta, alpha: the safe-KL batch gradient (from the op) averages to the full-data
+    gradient; the naive batch-LSE gradient is far off on the same batches (spec C6)."""
+    rng = np.random.default_rng(0)
+    n, d, lam, rho, B, K = 2000, 5, 2.0, 1e-3, 10, 6000
+    X = rng.normal(size=(n, d))
+    y = X @ rng.normal(size=d) + rng.standard_t(3, size=n)
+    th = rng.normal(size=d) * 0.3
+    alpha = R.solve_alpha((y - X @ th) ** 2, lam, rho) + 0.3
+    idx = np.stack([rng.choice(n, B, replace=False) for _ in range(K)])
+    Xb, yb = tf.constant(X[idx]), tf.constant(y[idx])
+    theta = tf.constant(th)
+
+    @tf.function
+    def grads(op):
+        def one(args):
+            xb, ybb = args
+            a = tf.constant(alpha, tf.float64)
+            with tf.GradientTape() as tape:
+                tape.watch([theta, a])
+                losses = (ybb - tf.linalg.matvec(xb, theta)) ** 2
+                v = op(losses, a)
+            g_t, g_a = tape.gradient(v, [theta, a], unconnected_gradients="zero")
+            return tf.concat([g_t, [g_a]], 0), v
+        return tf.map_fn(one, (Xb, yb), fn_output_signature=(tf.float64, tf.float64),
+                         parallel_iterations=64)
+
+    gs, vs = grads(lambda l, a: ops.safe_kl_dro_risk(l, a, lam, rho))
+    gs, vs = gs.numpy(), vs.numpy()
+    res = y - X @ th
+    w = R.safe_terms(res ** 2, alpha, lam, rho)[1]
+    full = np.append(np.mean((w * -2 * res)[:, None] * X, 0), 1 - w.mean())
+    zs = (gs.mean(0) - full) / (gs.std(0) / math.sqrt(K))
+    assert np.max(np.abs(zs)) < 4.5, zs
+    v_full = R.safe_risk(res ** 2, alpha, lam, rho)[0]
+    assert abs(vs.mean() - v_full) < 4.5 * vs.std() / math.sqrt(K)
+
+    gn, vn = grads(lambda l, a: ops.kl_dro_batch_lse(l, lam) + 0.0 * a)
+    gn, vn = gn.numpy()[:, :d], vn.numpy()
+    full_r = np.sum((R.gibbs_weights(res ** 2, lam) * -2 * res)[:, None] * X, 0)
+    zn = (gn.mean(0) - full_r) / (gn.std(0) / math.sqrt(K))
+    assert np.max(np.abs(zn)) > 10, zn
+    assert vn.mean() < R.exact_risk(res ** 2, lam)  # Jensen: the naive value is biased low
+
+
+# ----------------------------------------------------------------------------- streaming exact
+def test_streaming_exact_risk_matches_full_data():
+    rng = np.random.default_rng(9)
+    l = np.concatenate([rng.gamma(2.0, size=100), [3e4]])  # one huge loss: no overflow
+    s = rng.uniform(0, 2, size=l.size)
+    s[-1] = 1.0
+    state = (tf.constant(-np.inf, tf.float64), tf.constant(0.0, tf.float64),
+             tf.constant(0.0, tf.float64))
+    for chunk in np.array_split(np.arange(l.size), 7):
+        state = ops.kl_dro_exact_state_update(*state, tf.constant(l[chunk], tf.float32), 2.0,
+                                              s[chunk])
+    got = ops.kl_dro_exact_state_result(*state, 2.0).numpy()
+    np.testing.assert_allclose(got, R.exact_risk(l, 2.0, s), rtol=1e-6)
+    empty = ops.kl_dro_exact_state_result(tf.constant(-np.inf, tf.float64),
+                                          tf.constant(0.0, tf.float64),
+                                          tf.constant(0.0, tf.float64), 2.0)
+    assert empty.numpy() == 0.0
+
+
+# ----------------------------------------------------------------------------- C11 edge table
+def test_bad_hyperparameters_raise():
+    l = tf.constant([1.0, 2.0])
+    for lam in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="lam"):
+            ops.safe_kl_dro_risk(l, 0.0, lam, 0.1)
+    for rho in (0.0, 1.0, 1.5, -0.1, float("nan")):
+        with pytest.raises(ValueError, match="rho"):
+            ops.safe_kl_dro_risk(l, 0.0, 1.0, rho)
+    with pytest.raises(ValueError, match="sample_weight"):
+        ops.safe_kl_dro_risk(l, 0.0, 1.0, 0.1, [1.0, -1.0])
+    with pytest.raises(TypeError, match="lam"):
+        ops.safe_kl_dro_risk(l, 0.0, tf.constant(1.0), 0.1)
+
+
+def test_edge_inputs():
+    inf, nan = np.inf, np.nan
+    # +inf loss: value +inf, gradient pi/rho for it, alpha gradient finite
+    v, gl, ga, _ = _risk_grads(np.array([inf, 1.0]), 0.0, 1.0, 0.1)
+    assert v == inf and np.all(np.isfinite(gl)) and np.isfinite(ga)
+    np.testing.assert_allclose(gl[0], 0.5 / 0.1)
+    # -inf loss: weight 0, finite value
+    v, gl, ga, _ = _risk_grads(np.array([-inf, 1.0]), 0.0, 1.0, 0.1)
+    assert np.isfinite(v) and gl[0] == 0.0 and np.isfinite(ga)
+    np.testing.assert_allclose(v, R.safe_risk(np.array([-1e300, 1.0]), 0.0, 1.0, 0.1)[0])
+    # NaN/inf with weight 0: ignored entirely (padding)
+    v, gl, ga, _ = _risk_grads(np.array([nan, inf, 1.0]), 0.5, 1.0, 0.1, np.array([0.0, 0.0, 1.0]))
+    vr, glr, gar = R.safe_risk(np.array([1.0]), 0.5, 1.0, 0.1)
+    np.testing.assert_allclose([v, gl[2], ga], [vr, glr[0], gar])
+    assert gl[0] == 0 and gl[1] == 0
+    # NaN with positive weight: propagates (no silent masking), other entries finite
+    v, gl, ga, _ = _risk_grads(np.array([nan, 1.0]), 0.0, 1.0, 0.1)
+    assert np.isnan(v) and np.isnan(gl[0]) and np.isfinite(gl[1]) and np.isnan(ga)
+    # empty batch and all-zero weights: 0 value, zero gradients, also under XLA
+    for l, s in ((np.zeros([0]), None), (np.array([1.0, 2.0]), np.zeros(2))):
+        v, gl, ga, _ = _risk_grads(l, 1.0, 1.0, 0.1, s)
+        assert v == 0 and np.all(gl == 0) and ga == 0
+    f = tf.function(lambda l: ops.safe_kl_dro_risk(l, 1.0, 1.0, 0.1), jit_compile=True)
+    assert f(tf.zeros([0])).numpy() == 0.0
+    # batch of one: valid; rank > 1 is flattened; integers become float32
+    v, gl, ga, _ = _risk_grads(np.array([2.0]), 0.0, 1.0, 0.1)
+    np.testing.assert_allclose(v, R.safe_risk(np.array([2.0]), 0.0, 1.0, 0.1)[0])
+    m = np.arange(6.0).reshape(2, 3)
+    np.testing.assert_allclose(ops.safe_kl_dro_risk(tf.constant(m), 1.0, 1.0, 0.1).numpy(),
+                               R.safe_risk(m.ravel(), 1.0, 1.0, 0.1)[0])
+    # per-example weights [2] broadcast over the trailing axis of losses [2, 3]
+    np.testing.assert_allclose(
+        ops.safe_kl_dro_risk(tf.constant(m), 1.0, 1.0, 0.1, np.array([1.0, 3.0])).numpy(),
+        R.safe_risk(m.ravel(), 1.0, 1.0, 0.1, np.repeat([1.0, 3.0], 3))[0])
+    assert ops.safe_kl_dro_risk(tf.constant([1, 2]), 0.0, 1.0, 0.1).dtype == tf.float32
+    # half precision in, computed in float32, cast back
+    h = ops.safe_kl_dro_risk(tf.constant([300.0, 1.0], tf.float16), 0.0, 1.0, 0.1)
+    assert h.dtype == tf.float16
+    np.testing.assert_allclose(float(h), R.safe_risk(np.array([300.0, 1.0]), 0.0, 1.0, 0.1)[0],
+                               rtol=1e-3)
