@@ -7,6 +7,7 @@ Subpackages:
   ops: pure TensorFlow kernels with hand-derived gradients (no Keras).
   heads: Keras layers over the ops.
   losses: Keras losses over the ops.
+  metrics: Keras metrics (e.g. the exact full-data KL-DRO risk).
   registry: names -> classes, Keras string lookup, entry-point plugins.
 """
 
@@ -15,7 +16,7 @@ from losszoo._backend import require_tensorflow_backend
 require_tensorflow_backend()
 
 from losszoo import ops  # noqa: E402
-from losszoo import heads, losses  # noqa: E402
+from losszoo import heads, losses, metrics  # noqa: E402
 from losszoo.registry import entries, get, get_class, names, register, tf_keras_loss  # noqa: E402
 
 __version__ = "0.1.0"
@@ -26,6 +27,7 @@ __all__ = [
     "get_class",
     "heads",
     "losses",
+    "metrics",
     "names",
     "ops",
     "register",

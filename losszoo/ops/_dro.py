@@ -60,6 +60,7 @@ __all__ = [
     "kl_dro_batch_lse",
     "kl_dro_sumexp",
     "cvar_risk",
+    "kl_dro_exact_batch_max",
     "kl_dro_exact_state_update",
     "kl_dro_exact_state_result",
     "check_lam",
@@ -235,9 +236,18 @@ def safe_kl_dro_solve_alpha(losses, lam, rho, sample_weight=None, iterations=80)
     lo = tf.reduce_min(tf.where(live, l, tf.fill(tf.shape(l), big))) + _const(
         lam * math.log1p(-rho), dt)
     hi = tf.reduce_max(tf.where(live, l, tf.fill(tf.shape(l), -big)))
+    c = tf.constant([1.0 / lam, math.log(rho), 1.0 / rho], dt)
+    return _bisect(l, s, lo, hi, c, tf.constant(int(iterations)))
+
+
+@tf.function(reduce_retracing=True, autograph=False)
+def _bisect(l, s, lo, hi, c, iterations):
+    # A tf.function so that eager calls run the loop as one graph (fast); inside graphs
+    # and XLA it is inlined. c = [1/lam, log rho, 1/rho] as a tensor: no retracing per value.
+    live = s > 0
     s_sum = tf.reduce_sum(s)
     zeros = tf.zeros_like(l)
-    inv_lam, log_rho, inv_rho = _const(1.0 / lam, dt), _const(math.log(rho), dt), _const(1.0 / rho, dt)
+    inv_lam, log_rho, inv_rho = c[0], c[1], c[2]
 
     def h(a):  # sum pi w - 1, strictly decreasing in a
         w = tf.math.sigmoid((l - a) * inv_lam + log_rho) * inv_rho
@@ -249,7 +259,7 @@ def safe_kl_dro_solve_alpha(losses, lam, rho, sample_weight=None, iterations=80)
         return i + 1, tf.where(pos, mid, lo), tf.where(pos, hi, mid)
 
     _, lo, hi = tf.while_loop(lambda i, lo, hi: i < iterations, body,
-                              (tf.constant(0), lo, hi), maximum_iterations=iterations)
+                              (tf.constant(0), lo, hi))
     return tf.where(s_sum > 0, 0.5 * (lo + hi), tf.zeros_like(lo))
 
 
@@ -349,11 +359,22 @@ def cvar_risk(losses, rho, sample_weight=None):
 
 
 # ----------------------------------------------------------------------------- streaming exact risk
-def kl_dro_exact_state_update(m, acc, n, losses, lam, sample_weight=None):
+def kl_dro_exact_batch_max(losses, lam, sample_weight=None, dtype=tf.float64):
+    """``max_i l_i/lam`` over entries with positive weight (``-inf`` if none), in ``dtype``."""
+    lam = check_lam(lam)
+    l, s, _ = _prepare(losses, sample_weight)
+    l, s = tf.cast(l, dtype), tf.cast(s, dtype)
+    a = tf.where(s > 0, l * _const(1.0 / lam, dtype), tf.fill(tf.shape(l), _const(-np.inf, dtype)))
+    return tf.reduce_max(tf.concat([a, _const([-np.inf], dtype)], 0))
+
+
+def kl_dro_exact_state_update(m, acc, n, losses, lam, sample_weight=None, batch_max=None):
     """One streaming step of ``R = lam log(sum s exp(l/lam) / sum s)``.
 
     State: ``m`` running max of ``l/lam`` (start -inf), ``acc = sum s exp(l/lam - m)``
-    (start 0), ``n = sum s`` (start 0); all in the state's dtype. Returns the new state.
+    (start 0), ``n = sum s`` (start 0); all in the state's dtype. ``batch_max`` overrides
+    the batch's own maximum (any value >= it works; replicas pass a shared one so that
+    their ``acc`` share the shift and can be summed). Returns the new state.
     """
     lam = check_lam(lam)
     dt = tf.as_dtype(m.dtype)
@@ -361,8 +382,9 @@ def kl_dro_exact_state_update(m, acc, n, losses, lam, sample_weight=None):
     l, s = tf.cast(l, dt), tf.cast(s, dt)
     live = s > 0
     a = tf.where(live, l * _const(1.0 / lam, dt), tf.fill(tf.shape(l), _const(-np.inf, dt)))
-    batch_max = tf.reduce_max(tf.concat([a, _const([-np.inf], dt)], 0))
-    m_new = tf.maximum(m, batch_max)
+    if batch_max is None:
+        batch_max = tf.reduce_max(tf.concat([a, _const([-np.inf], dt)], 0))
+    m_new = tf.maximum(m, tf.cast(batch_max, dt))
     m_safe = tf.where(tf.math.is_finite(m_new), m_new, tf.zeros_like(m_new))
     scale = tf.where(tf.math.is_inf(m) & (m < 0), tf.zeros_like(m), tf.exp(m - m_safe))
     acc_new = acc * scale + tf.reduce_sum(tf.where(live, s * tf.exp(a - m_safe), tf.zeros_like(a)))

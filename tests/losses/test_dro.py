@@ -238,7 +238,10 @@ def test_validation_errors_and_nan_policy():
         with pytest.raises(ValueError, match=match):
             SafeKLDRORisk("mse", **kwargs)
     y, p = np.ones((4, 2), "float32"), np.zeros((4, 2), "float32")
-    scalar = SafeKLDRORisk(lambda a, b: tf.reduce_mean((a - b) ** 2))
+    def batch_mse(a, b):
+        return tf.reduce_mean((a - b) ** 2)
+
+    scalar = SafeKLDRORisk(batch_mse)
     with pytest.raises(ValueError, match="scalar"):
         scalar(y, p)
     # NaN loss with positive weight propagates (pair with keras.callbacks.TerminateOnNaN)

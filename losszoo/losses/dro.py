@@ -1,0 +1,654 @@
+"""Keras losses: the safe-KL DRO risk (trains its own dual scalar alpha) and its baselines.
+
+Maths: :mod:`losszoo.ops._dro` (spec ``shared/specs/safe_kl_dro.md``). This module only
+handles configuration, the base loss, sample weights, and the state of alpha.
+
+How alpha is trained under ``model.compile(loss="safe_kl_dro")`` + plain ``model.fit``
+----------------------------------------------------------------------------------------
+Keras 3 does not track variables owned by a loss passed to ``compile`` (they are never in
+``model.trainable_variables``), so the optimiser cannot train alpha. Instead the loss owns
+alpha as a **non-trainable float32 variable** and moves it itself, inside the training
+step, with its **exact** gradient ``dV/dalpha = 1 - sum_i pi_i w_i`` (computed in the same
+fused pass as the risk) and its own optimiser state:
+
+* ``alpha_optimizer="auto"`` mirrors the model's optimiser family: SGD (with the model's
+  momentum / Nesterov flag) when the compiled optimiser is ``keras.optimizers.SGD``, else
+  Adam (beta 0.9 / 0.999). Explicit ``"sgd"`` / ``"adam"`` are accepted.
+* The step size is ``alpha_lr_multiplier * lr`` where ``lr`` is the compiled optimiser's
+  *current* learning rate (schedules included) when ``alpha_learning_rate is None``
+  (default), or ``alpha_learning_rate``. This is the spec's reparametrisation
+  ``alpha = kappa * alpha_raw`` made explicit (spec 2.6): under Adam a multiplier kappa gives
+  about ``kappa * lr`` per step.
+* ``init_alpha_from_batch=True`` (default) sets alpha on the first training batch to the
+  batch's optimal alpha (bisection of ``sum pi w = 1``, spec 7 C0), inside the compiled
+  step behind a ``tf.cond`` on a flag variable; until then evaluation uses the batch
+  solution without storing it.
+
+**When does alpha move?** Only in a training step. ``import losszoo`` wraps Keras 3's
+``Trainer._compute_loss`` (the single entry point that ``train_step`` and ``test_step``
+call, with ``training=True`` / ``False``) so that it publishes ``(model, training)`` to a
+thread-local context during the call; the loss reads it at trace time. Hence
+``fit`` moves alpha; ``evaluate``, the validation pass of ``fit``, ``predict`` and the
+symbolic build never do. Outside a Keras trainer (custom loops, tf_keras) the loss falls
+back to "a GradientTape is recording", i.e. alpha moves exactly when you are computing
+gradients of the loss. ``update_alpha=True`` / ``False`` overrides both rules, and the
+context manager :func:`alpha_updates` overrides them temporarily.
+
+**Distribution.** Under ``MirroredStrategy`` the variables are mirrored with
+``ONLY_FIRST_REPLICA`` aggregation and every replica applies the identical update computed
+from all-reduced sums (``sum s w``, ``sum s``), so alpha is one value across replicas and the
+update uses the exact global-batch gradient. The value is normalised by the global ``sum s``
+so that Keras' sum over replicas gives the exact global-batch risk. Create (or compile with
+the string name) inside ``strategy.scope()``; an instance created outside the scope raises
+a clear error when used under a multi-replica strategy.
+
+**Diagnostics in the logs.** The loss owns three ``keras.metrics.Mean`` trackers,
+``<name>_alpha``, ``<name>_mean_w`` (-> 1 at equilibrium) and ``<name>_saturation``
+(``rho * max w``; near 1 means the weight cap binds, CVaR regime). On its first call inside a
+Keras train/test step it appends them to the model's metrics, so they appear in ``fit`` /
+``evaluate`` logs (epoch averages, reset with the other metrics; ``val_`` versions in
+validation). The current alpha is also ``loss.alpha`` (a ``tf.Variable``).
+
+**Saving.** ``get_config`` stores the *current* alpha as ``alpha_init`` (and turns off the
+first-batch init once alpha has been initialised), so a model compiled with a loss
+*instance*, saved and loaded, resumes with the same alpha (optimiser state of alpha is
+reset). A model compiled with the *string* ``"safe_kl_dro"`` saves the string: after loading,
+alpha is re-initialised from the first training batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+
+import keras
+import tensorflow as tf
+from tensorflow.python.eager import record as _tf_record
+
+from losszoo import ops
+from losszoo.ops._dro import _prepare, check_lam, check_rho
+from losszoo.registry import register
+
+__all__ = [
+    "SafeKLDRORisk",
+    "KLDROBatchLSE",
+    "KLDROSumExp",
+    "CVaRLoss",
+    "alpha_updates",
+    "find_dro_losses",
+]
+
+# ----------------------------------------------------------------------------- training flag
+_state = threading.local()
+
+
+def _stack(name):
+    if not hasattr(_state, name):
+        setattr(_state, name, [])
+    return getattr(_state, name)
+
+
+@contextlib.contextmanager
+def alpha_updates(enabled: bool):
+    """Force (``True``) or forbid (``False``) alpha updates of safe-KL losses in this block.
+
+    The decision is taken when a step is traced, so use it around the first call of a
+    ``tf.function`` (or around eager code).
+    """
+    _stack("override").append(bool(enabled))
+    try:
+        yield
+    finally:
+        _stack("override").pop()
+
+
+def _install_trainer_hook():
+    """Wrap ``keras.src.trainers.trainer.Trainer._compute_loss`` to publish the training flag.
+
+    Idempotent. The wrapper only pushes ``(model, training)`` to a thread-local stack around
+    the original call; behaviour is otherwise unchanged.
+    """
+    try:
+        from keras.src.trainers import trainer as trainer_module
+    except ImportError:  # pragma: no cover - Keras layout changed: fall back to tape rule
+        return False
+    cls = trainer_module.Trainer
+    original = cls.__dict__.get("_compute_loss")
+    if original is None or getattr(original, "_losszoo_dro_hook", False):
+        return original is not None
+
+    def _compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        _stack("trainer").append((self, bool(training)))
+        try:
+            return original(self, x, y, y_pred, sample_weight=sample_weight, training=training)
+        finally:
+            _stack("trainer").pop()
+
+    _compute_loss._losszoo_dro_hook = True
+    _compute_loss.__wrapped__ = original
+    _compute_loss.__doc__ = original.__doc__
+    cls._compute_loss = _compute_loss
+    return True
+
+
+_HOOKED = _install_trainer_hook()
+
+
+def _current_trainer():
+    st = _stack("trainer")
+    return st[-1] if st else (None, None)
+
+
+# ----------------------------------------------------------------------------- helpers
+def _resolve_base_loss(base_loss):
+    """Return ``(fn, config)`` where ``fn(y_true, y_pred)`` gives per-example losses."""
+    if isinstance(base_loss, dict):
+        base_loss = keras.losses.deserialize(base_loss)
+    obj = keras.losses.get(base_loss) if isinstance(base_loss, str) else base_loss
+    if obj is None:
+        raise ValueError("`base_loss` must be a Keras loss (name, instance or function), got None.")
+    if isinstance(obj, keras.losses.Loss):
+        config = keras.losses.serialize(obj)
+        cfg = obj.get_config()
+        if "reduction" in cfg:
+            cfg["reduction"] = None
+            obj = obj.__class__.from_config(cfg)
+        else:  # pragma: no cover - exotic losses without reduction in their config
+            inner = obj
+            obj = lambda y_true, y_pred: inner.call(y_true, y_pred)  # noqa: E731
+        return obj, (base_loss if isinstance(base_loss, str) else config)
+    if callable(obj):
+        if isinstance(base_loss, str):
+            return obj, base_loss
+        return obj, keras.losses.serialize(obj)
+    raise TypeError(f"`base_loss` must be a Keras loss name, instance or callable, got {base_loss!r}.")
+
+
+def _per_example(fn, y_true, y_pred):
+    values = fn(y_true, y_pred)
+    values = tf.convert_to_tensor(values)
+    if values.shape.rank == 0:
+        raise ValueError(
+            "`base_loss` returned a scalar; the DRO risk needs per-example losses. Pass a "
+            "Keras loss that reduces over the batch only via its `reduction` (instances are "
+            "re-created with reduction=None) or a function returning shape [batch, ...]."
+        )
+    return tf.cast(values, tf.float32) if values.dtype != tf.float64 else values
+
+
+def _keras_mask(y_pred):
+    return getattr(y_pred, "_keras_mask", None)
+
+
+def _weights_with_mask(sample_weight, y_pred, shape_ref):
+    mask = _keras_mask(y_pred)
+    if mask is None:
+        return sample_weight
+    mask = tf.cast(mask, shape_ref.dtype)
+    if sample_weight is None:
+        return mask
+    sw = tf.cast(sample_weight, shape_ref.dtype)
+    while sw.shape.rank is not None and sw.shape.rank < mask.shape.rank:
+        sw = sw[..., None]
+    return sw * mask
+
+
+def _num_replicas():
+    return tf.distribute.get_strategy().num_replicas_in_sync
+
+
+def _replica_sum(values):
+    """All-reduce SUM a list of scalars across replicas (identity without distribution)."""
+    if _num_replicas() == 1:
+        return values
+    ctx = tf.distribute.get_replica_context()
+    if ctx is None:  # cross-replica context (e.g. symbolic build): nothing to reduce
+        return values
+    return ctx.all_reduce(tf.distribute.ReduceOp.SUM, values)
+
+
+def _replica_gather(values):
+    ctx = tf.distribute.get_replica_context()
+    if _num_replicas() == 1 or ctx is None:
+        return values
+    return ctx.all_gather(values, axis=0)
+
+
+def _replica_max(value):
+    if _num_replicas() == 1:
+        return value
+    ctx = tf.distribute.get_replica_context()
+    if ctx is None:
+        return value
+    return tf.reduce_max(ctx.all_gather(tf.reshape(value, [1]), axis=0))
+
+
+# ----------------------------------------------------------------------------- base class
+class _BatchRiskLoss(keras.losses.Loss):
+    """A risk over the per-example values of ``base_loss`` on the whole batch.
+
+    ``__call__(y_true, y_pred, sample_weight)`` returns the scalar risk with the sample
+    weights as reference probabilities ``pi_i = s_i / sum s`` (Keras masks multiply them).
+    The ``reduction`` argument is accepted for API compatibility and ignored: the risk is
+    not a per-example mean.
+    """
+
+    def __init__(self, base_loss="sparse_categorical_crossentropy", name=None,
+                 reduction="sum_over_batch_size", dtype=None):
+        super().__init__(name=name, reduction=reduction, dtype=dtype)
+        self._base_fn, self._base_config = _resolve_base_loss(base_loss)
+
+    def per_example_losses(self, y_true, y_pred):
+        """The base loss per example (float32 or float64), shape ``[batch, ...]``."""
+        return _per_example(self._base_fn, y_true, y_pred)
+
+    def __call__(self, y_true, y_pred, sample_weight=None):
+        with tf.name_scope(self.name):
+            l = self.per_example_losses(y_true, y_pred)
+            s = _weights_with_mask(sample_weight, y_pred, l)
+            value = self._risk(l, s)
+            return keras.ops.cast(value, self.dtype)
+
+    def call(self, y_true, y_pred):
+        """Per-example base losses (Keras' ``Loss.call`` contract; the risk is ``__call__``)."""
+        return self.per_example_losses(y_true, y_pred)
+
+    def _risk(self, l, s):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def get_config(self):
+        return {**super().get_config(), "base_loss": self._base_config}
+
+
+def _scale_for_replicas(value):
+    n = _num_replicas()
+    if n > 1:
+        value = value * tf.constant(1.0 / n, value.dtype)
+    return value
+
+
+# ----------------------------------------------------------------------------- safe-KL
+@register(
+    "safe_kl_dro",
+    kind="loss",
+    aliases=("safe_kl_dro_risk",),
+    description="Safe-KL DRO risk (Gladin et al.): unbiased stochastic KL-DRO, trains its dual alpha",
+)
+class SafeKLDRORisk(_BatchRiskLoss):
+    """Safe-KL distributionally robust risk of any per-example Keras loss.
+
+    For per-example base losses ``l_i``, sample weights ``pi_i = s_i / sum s``, temperature
+    ``lam`` and accuracy ``rho``::
+
+        V = sum_i pi_i [alpha - lam + (lam/rho) softplus((l_i - alpha)/lam + log rho)]
+
+    The model gets the reweighted ERM gradient ``sum_i pi_i w_i grad l_i`` with
+    ``w_i = sigmoid(.)/rho in (0, 1/rho)``, an unbiased estimate of the gradient of the
+    full-data objective, whose minimum over alpha is within ``lam rho n max p*`` of the
+    KL-DRO risk ``R = lam log mean exp(l/lam)`` (and tends to CVaR_rho as lam -> 0). alpha is
+    trained by the loss itself during ``fit`` (see the module docstring for the design);
+    evaluation and prediction never move it.
+
+    Args:
+      base_loss: Keras loss (name, instance or function) computed per example; instances
+        are re-created with ``reduction=None``. Default sparse categorical cross-entropy.
+      lam: temperature (> 0, finite). Large lam -> ERM, small lam -> worst case.
+      rho: accuracy in (0, 1); weights are capped at 1/rho. Smaller rho is closer to KL-DRO
+        but stiffer (the model's step size should scale roughly with rho).
+      alpha_init: initial alpha (loss units).
+      init_alpha_from_batch: set alpha to the optimal value of the first training batch.
+      alpha_learning_rate: fixed step size for alpha, or None to follow the compiled
+        optimiser's current learning rate (fallback 1e-3 outside a Keras trainer).
+      alpha_lr_multiplier: multiplies the step size above.
+      alpha_optimizer: ``"auto"`` (SGD if the model's optimiser is SGD, else Adam),
+        ``"sgd"`` or ``"adam"``.
+      update_alpha: ``"auto"`` (train step / recording tape), ``True`` or ``False``.
+      calibrate: report ``V`` (True) or the paper's ``G = V + lam`` (False).
+      name, reduction, dtype: as for Keras losses (``reduction`` is ignored).
+
+    Example:
+      >>> model.compile(optimizer="adam", loss="safe_kl_dro")     # after `import losszoo`
+      >>> loss = losszoo.losses.SafeKLDRORisk("mse", lam=2.0, rho=0.01)
+      >>> model.compile(optimizer=keras.optimizers.Adam(1e-2), loss=loss)
+      >>> model.fit(x, y)            # logs safe_kl_dro_alpha / _mean_w / _saturation
+      >>> float(loss.alpha)
+    """
+
+    def __init__(
+        self,
+        base_loss="sparse_categorical_crossentropy",
+        lam: float = 1.0,
+        rho: float = 0.1,
+        alpha_init: float = 0.0,
+        init_alpha_from_batch: bool = True,
+        alpha_learning_rate=None,
+        alpha_lr_multiplier: float = 1.0,
+        alpha_optimizer: str = "auto",
+        update_alpha="auto",
+        calibrate: bool = True,
+        name: str = "safe_kl_dro",
+        reduction="sum_over_batch_size",
+        dtype=None,
+    ):
+        super().__init__(base_loss=base_loss, name=name, reduction=reduction, dtype=dtype)
+        self.lam = check_lam(lam)
+        self.rho = check_rho(rho)
+        self.alpha_init = float(alpha_init)
+        if not math.isfinite(self.alpha_init):
+            raise ValueError(f"`alpha_init` must be finite, got {alpha_init!r}.")
+        self.init_alpha_from_batch = bool(init_alpha_from_batch)
+        if alpha_learning_rate is not None:
+            alpha_learning_rate = float(alpha_learning_rate)
+            if not (alpha_learning_rate >= 0.0 and math.isfinite(alpha_learning_rate)):
+                raise ValueError(f"`alpha_learning_rate` must be finite and >= 0, got {alpha_learning_rate!r}.")
+        self.alpha_learning_rate = alpha_learning_rate
+        self.alpha_lr_multiplier = float(alpha_lr_multiplier)
+        if not (self.alpha_lr_multiplier >= 0.0 and math.isfinite(self.alpha_lr_multiplier)):
+            raise ValueError(f"`alpha_lr_multiplier` must be finite and >= 0, got {alpha_lr_multiplier!r}.")
+        if alpha_optimizer not in ("auto", "sgd", "adam"):
+            raise ValueError(f"`alpha_optimizer` must be 'auto', 'sgd' or 'adam', got {alpha_optimizer!r}.")
+        self.alpha_optimizer = alpha_optimizer
+        if update_alpha not in ("auto", True, False):
+            raise ValueError(f"`update_alpha` must be 'auto', True or False, got {update_alpha!r}.")
+        self.update_alpha = update_alpha
+        self.calibrate = bool(calibrate)
+        self._strategy = tf.distribute.get_strategy()
+        with tf.init_scope():
+            kw = dict(trainable=False, dtype=tf.float32,
+                      synchronization=tf.VariableSynchronization.ON_WRITE,
+                      aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+            self.alpha = tf.Variable(self.alpha_init, name=f"{name}_alpha", **kw)
+            self.initialized = tf.Variable(not self.init_alpha_from_batch,
+                                           name=f"{name}_initialized",
+                                           **{**kw, "dtype": tf.bool})
+            self._m = tf.Variable(0.0, name=f"{name}_alpha_m", **kw)
+            self._v = tf.Variable(0.0, name=f"{name}_alpha_v", **kw)
+            self._t = tf.Variable(0.0, name=f"{name}_alpha_t", **kw)
+            self.metric_alpha = keras.metrics.Mean(name=f"{name}_alpha")
+            self.metric_mean_w = keras.metrics.Mean(name=f"{name}_mean_w")
+            self.metric_saturation = keras.metrics.Mean(name=f"{name}_saturation")
+
+    # ---------------------------------------------------------------- public helpers
+    @property
+    def metrics(self):
+        """The diagnostic metrics (alpha, mean weight, saturation)."""
+        return [self.metric_alpha, self.metric_mean_w, self.metric_saturation]
+
+    def reset_alpha(self, value=None):
+        """Set alpha (default ``alpha_init``), clear its optimiser state and the init flag."""
+        self.alpha.assign(self.alpha_init if value is None else float(value))
+        self.initialized.assign(value is not None or not self.init_alpha_from_batch)
+        for var in (self._m, self._v, self._t):
+            var.assign(0.0)
+
+    def weights_of(self, y_true, y_pred):
+        """Per-example weights ``w_i`` at the current alpha (no update)."""
+        return ops.safe_kl_dro_weights(self.per_example_losses(y_true, y_pred), self.alpha,
+                                       self.lam, self.rho)
+
+    # ---------------------------------------------------------------- training logic
+    def _is_training(self):
+        override = _stack("override")
+        if override:
+            return override[-1], None
+        trainer, training = _current_trainer()
+        if self.update_alpha is not True and self.update_alpha is not False:
+            if trainer is not None:
+                return training, trainer
+            return bool(_tf_record.could_possibly_record()), None
+        return bool(self.update_alpha), trainer
+
+    def _attach_metrics(self, trainer):
+        if trainer is None:
+            return
+        own = getattr(trainer, "_metrics", None)
+        if own is None:
+            return
+        for m in self.metrics:
+            if not any(x is m for x in own):
+                own.append(m)
+
+    def _learning_rate(self, trainer):
+        if self.alpha_learning_rate is not None:
+            lr = tf.constant(self.alpha_learning_rate, tf.float32)
+        else:
+            opt = getattr(trainer, "optimizer", None) if trainer is not None else None
+            if opt is not None:
+                lr = tf.cast(tf.convert_to_tensor(opt.learning_rate), tf.float32)
+            else:
+                lr = tf.constant(1e-3, tf.float32)
+        return lr * tf.constant(self.alpha_lr_multiplier, tf.float32)
+
+    def _optimizer_kind(self, trainer):
+        if self.alpha_optimizer != "auto":
+            return self.alpha_optimizer, 0.0, False
+        opt = getattr(trainer, "optimizer", None) if trainer is not None else None
+        opt = getattr(opt, "inner_optimizer", opt)
+        if isinstance(opt, keras.optimizers.SGD):
+            return "sgd", float(opt.momentum), bool(opt.nesterov)
+        return "adam", 0.0, False
+
+    def _apply_update(self, alpha_used, grad, trainer):
+        lr = self._learning_rate(trainer)
+        kind, momentum, nesterov = self._optimizer_kind(trainer)
+        if kind == "sgd":
+            if momentum > 0.0:
+                vel = momentum * self._m - lr * grad
+                step = momentum * vel - lr * grad if nesterov else vel
+                updates = [self._m.assign(vel)]
+            else:
+                step, updates = -lr * grad, []
+        else:
+            b1, b2, eps = 0.9, 0.999, 1e-7
+            t = self._t + 1.0
+            m = b1 * self._m + (1.0 - b1) * grad
+            v = b2 * self._v + (1.0 - b2) * grad * grad
+            m_hat = m / (1.0 - tf.pow(b1, t))
+            v_hat = v / (1.0 - tf.pow(b2, t))
+            step = -lr * m_hat / (tf.sqrt(v_hat) + eps)
+            updates = [self._t.assign(t), self._m.assign(m), self._v.assign(v)]
+        new_alpha = alpha_used + step
+        return updates + [self.alpha.assign(new_alpha), self.initialized.assign(True)]
+
+    def _check_distribution(self):
+        if _num_replicas() > 1 and not isinstance(self.alpha, tf.distribute.DistributedValues):
+            raise ValueError(
+                "SafeKLDRORisk was created outside the active tf.distribute strategy's scope, "
+                "so its alpha cannot be kept in sync across replicas. Create the loss (or "
+                "compile with loss='safe_kl_dro') inside `strategy.scope()`."
+            )
+
+    def _risk(self, l, s):
+        self._check_distribution()
+        training, trainer = self._is_training()
+        if trainer is not None:
+            self._attach_metrics(trainer)
+        l32, s32, _ = _prepare(l, s)
+        alpha_var = tf.cast(self.alpha.read_value(), l32.dtype)
+        if self.init_alpha_from_batch:
+            # Bisection only runs (tf.cond) until alpha has been initialised. No cross-replica
+            # synchronisation is allowed inside the cond, so under a multi-replica strategy
+            # the global batch is all-gathered before it (every replica then solves the same
+            # global problem, exactly as one device would).
+            init = self.initialized.read_value()
+            l_all, s_all = tf.stop_gradient(l32), s32
+            if _num_replicas() > 1:
+                # exact global-batch solution: gather the (few) losses of all replicas
+                l_all, s_all = _replica_gather(l32), _replica_gather(s32)
+            with _tf_record.stop_recording():  # no gradient: keeps XLA free of cond grads
+                solved = tf.cond(
+                    init, lambda: tf.zeros([], tf.float32),
+                    lambda: tf.cast(ops.safe_kl_dro_solve_alpha(l_all, self.lam, self.rho, s_all),
+                                    tf.float32))
+            alpha_used = tf.where(init, self.alpha.read_value(), solved)
+            alpha_used = tf.cast(alpha_used, l32.dtype)
+        else:
+            alpha_used = alpha_var
+        value, stats = ops.safe_kl_dro_risk_and_stats(l32, alpha_used, self.lam, self.rho, s32,
+                                                      calibrate=self.calibrate)
+        s_local = tf.reduce_sum(s32)
+        sw_local = stats["mean_w"] * s_local
+        sat = stats["saturation"]
+        if _num_replicas() > 1:
+            sw_glob, s_glob = _replica_sum([sw_local, s_local])
+            sat = _replica_max(sat)
+            # share of the global weighted mean; Keras sums the replicas' losses
+            value = value * tf.math.divide_no_nan(s_local, s_glob)
+        else:
+            sw_glob, s_glob = sw_local, s_local
+            value = _scale_for_replicas(value)
+        mean_w = tf.math.divide_no_nan(sw_glob, s_glob)
+        grad_alpha = tf.where(s_glob > 0, 1.0 - mean_w, tf.zeros_like(mean_w))
+        deps = [
+            self.metric_alpha.update_state(tf.cast(alpha_used, tf.float32)),
+            self.metric_mean_w.update_state(tf.cast(mean_w, tf.float32)),
+            self.metric_saturation.update_state(tf.cast(sat, tf.float32)),
+        ]
+        if training:
+            deps += self._apply_update(tf.cast(alpha_used, tf.float32),
+                                       tf.cast(tf.stop_gradient(grad_alpha), tf.float32), trainer)
+        deps = [d for d in deps if d is not None]
+        with tf.control_dependencies(deps):
+            return tf.identity(value)
+
+    def call(self, y_true, y_pred):
+        """Per-example terms ``alpha - lam + (lam/rho) softplus(z_i)`` at the current alpha.
+
+        Their mean is the risk; this is the path tf_keras' adapter uses (alpha is frozen
+        there, see the module docstring). ``__call__`` is the full Keras 3 path.
+        """
+        l = self.per_example_losses(y_true, y_pred)
+        a = tf.cast(self.alpha, l.dtype)
+        z = (l - a) / self.lam + tf.math.log(tf.constant(self.rho, l.dtype))
+        terms = a + (self.lam / self.rho) * tf.math.softplus(z)
+        return terms - self.lam if self.calibrate else terms
+
+    def get_config(self):
+        alpha = float(self.alpha.numpy()) if tf.executing_eagerly() else self.alpha_init
+        initialized = bool(self.initialized.numpy()) if tf.executing_eagerly() else False
+        return {
+            **super().get_config(),
+            "lam": self.lam,
+            "rho": self.rho,
+            "alpha_init": alpha,
+            "init_alpha_from_batch": self.init_alpha_from_batch and not initialized,
+            "alpha_learning_rate": self.alpha_learning_rate,
+            "alpha_lr_multiplier": self.alpha_lr_multiplier,
+            "alpha_optimizer": self.alpha_optimizer,
+            "update_alpha": self.update_alpha,
+            "calibrate": self.calibrate,
+        }
+
+
+# ----------------------------------------------------------------------------- baselines
+@register(
+    "kl_dro_batch_lse",
+    kind="loss",
+    description="Naive mini-batch KL-DRO risk lam*log mean exp(l/lam) over the batch (biased baseline)",
+)
+class KLDROBatchLSE(_BatchRiskLoss):
+    """Mini-batch LogSumExp KL-DRO risk ``lam log sum_i pi_i exp(l_i/lam)`` (biased baseline).
+
+    The exact KL-DRO risk of the batch (Levy et al. 2020); its expectation underestimates the
+    full-data risk and its gradient is biased unless the batch is the whole data set. Under a
+    multi-replica strategy each replica uses its local batch (the replicas' risks are
+    averaged).
+
+    Args:
+      base_loss: Keras loss computed per example.
+      lam: temperature (> 0).
+
+    Example:
+      >>> model.compile("sgd", loss=losszoo.losses.KLDROBatchLSE("mse", lam=2.0))
+    """
+
+    def __init__(self, base_loss="sparse_categorical_crossentropy", lam: float = 1.0,
+                 name: str = "kl_dro_batch_lse", reduction="sum_over_batch_size", dtype=None):
+        super().__init__(base_loss=base_loss, name=name, reduction=reduction, dtype=dtype)
+        self.lam = check_lam(lam)
+
+    def _risk(self, l, s):
+        return _scale_for_replicas(ops.kl_dro_batch_lse(l, self.lam, s))
+
+    def get_config(self):
+        return {**super().get_config(), "lam": self.lam}
+
+
+@register(
+    "kl_dro_sumexp",
+    kind="loss",
+    description="Sum-of-exp KL-DRO objective mean exp(l/lam) (unbiased, overflow-prone baseline)",
+)
+class KLDROSumExp(_BatchRiskLoss):
+    """Sum-of-exp KL-DRO objective ``sum_i pi_i exp(l_i/lam)`` (paper eq. 21 baseline).
+
+    Same minimisers as the KL-DRO risk and unbiased, but overflows for ``l/lam > 88`` in
+    float32 and has large gradient variance; use small step sizes.
+
+    Args:
+      base_loss: Keras loss computed per example.
+      lam: temperature (> 0).
+
+    Example:
+      >>> model.compile("sgd", loss=losszoo.losses.KLDROSumExp(lam=1.0))
+    """
+
+    def __init__(self, base_loss="sparse_categorical_crossentropy", lam: float = 1.0,
+                 name: str = "kl_dro_sumexp", reduction="sum_over_batch_size", dtype=None):
+        super().__init__(base_loss=base_loss, name=name, reduction=reduction, dtype=dtype)
+        self.lam = check_lam(lam)
+
+    def _risk(self, l, s):
+        return _scale_for_replicas(ops.kl_dro_sumexp(l, self.lam, s))
+
+    def get_config(self):
+        return {**super().get_config(), "lam": self.lam}
+
+
+@register(
+    "cvar",
+    kind="loss",
+    aliases=("cvar_risk",),
+    description="CVaR at level rho of the per-example losses (mean of the worst rho fraction)",
+)
+class CVaRLoss(_BatchRiskLoss):
+    """Conditional value at risk at level rho of the batch's per-example losses.
+
+    ``CVaR_rho = min_a a + (1/rho) sum_i pi_i (l_i - a)_+``, the mean of the worst ``rho``
+    fraction (computed exactly); the limit of the safe-KL risk as ``lam -> 0``.
+
+    Args:
+      base_loss: Keras loss computed per example.
+      rho: level in (0, 1).
+
+    Example:
+      >>> model.compile("adam", loss=losszoo.losses.CVaRLoss(rho=0.2))
+    """
+
+    def __init__(self, base_loss="sparse_categorical_crossentropy", rho: float = 0.1,
+                 name: str = "cvar", reduction="sum_over_batch_size", dtype=None):
+        super().__init__(base_loss=base_loss, name=name, reduction=reduction, dtype=dtype)
+        self.rho = check_rho(rho)
+
+    def _risk(self, l, s):
+        return _scale_for_replicas(ops.cvar_risk(l, self.rho, s))
+
+    def get_config(self):
+        return {**super().get_config(), "rho": self.rho}
+
+
+def find_dro_losses(model):
+    """The :class:`SafeKLDRORisk` instances a compiled Keras 3 model uses (after its first
+    train/evaluate call when compiled by name)."""
+    found = []
+    cl = getattr(model, "_compile_loss", None)
+    for entry in getattr(cl, "_flat_losses", None) or []:
+        if isinstance(entry.loss, SafeKLDRORisk):
+            found.append(entry.loss)
+    if not found:
+        user = getattr(model, "loss", None)
+        for obj in tf.nest.flatten(user) if user is not None else []:
+            if isinstance(obj, SafeKLDRORisk):
+                found.append(obj)
+    return found

@@ -1,0 +1,77 @@
+"""Streaming exact KL-DRO risk over a whole evaluation pass (spec safe_kl_dro.md 2.5)."""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from losszoo import ops
+from losszoo.losses.dro import _per_example, _resolve_base_loss
+from losszoo.ops._dro import check_lam
+from losszoo.registry import register
+
+
+@register(
+    "exact_kl_dro_risk",
+    kind="metric",
+    aliases=("kl_dro_risk",),
+    description="Streaming exact full-data KL-DRO risk lam*log mean exp(l/lam)",
+)
+class ExactKLDRORisk(keras.metrics.Metric):
+    """Exact KL-DRO risk of all examples seen since the last reset.
+
+        R = lam * log( sum_i s_i exp(l_i/lam) / sum_i s_i )
+
+    over every batch of the pass (train epoch or evaluation), with the base loss computed
+    per example. This is the objective KL-DRO training is meant to minimise (the mini-batch
+    risks only estimate it). Accumulated stably in float64 as a running max ``m`` of
+    ``l/lam``, ``acc = sum s exp(l/lam - m)`` and ``n = sum s``. Under a multi-replica
+    strategy the replicas share the shift ``m`` (all-gathered batch maxima), so the
+    per-replica sums add up exactly.
+
+    Args:
+      base_loss: Keras loss computed per example (name, instance or function).
+      lam: temperature (> 0).
+      name, dtype: as for Keras metrics.
+
+    Example:
+      >>> model.compile("adam", loss="safe_kl_dro",
+      ...               metrics=[losszoo.metrics.ExactKLDRORisk("sparse_categorical_crossentropy")])
+    """
+
+    def __init__(self, base_loss="sparse_categorical_crossentropy", lam: float = 1.0,
+                 name: str = "exact_kl_dro_risk", dtype=None):
+        super().__init__(name=name, dtype=dtype)
+        self.lam = check_lam(lam)
+        self._base_fn, self._base_config = _resolve_base_loss(base_loss)
+        # Under a multi-replica strategy every replica uses the same shift m (the
+        # all-gathered batch maximum), so m is identical across replicas
+        # ("only_first_replica") and acc, n are plain sums ("sum").
+        self.m = self.add_variable(shape=(), initializer=keras.initializers.Constant(-float("inf")),
+                                   dtype="float64", name="max", aggregation="only_first_replica")
+        self.acc = self.add_variable(shape=(), initializer="zeros", dtype="float64",
+                                     name="acc", aggregation="sum")
+        self.n = self.add_variable(shape=(), initializer="zeros", dtype="float64", name="n",
+                                   aggregation="sum")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        l = _per_example(self._base_fn, y_true, y_pred)
+        batch_max = ops.kl_dro_exact_batch_max(l, self.lam, sample_weight)
+        ctx = tf.distribute.get_replica_context()
+        if tf.distribute.get_strategy().num_replicas_in_sync > 1 and ctx is not None:
+            batch_max = tf.reduce_max(ctx.all_gather(tf.reshape(batch_max, [1]), axis=0))
+        m, acc, n = ops.kl_dro_exact_state_update(
+            tf.convert_to_tensor(self.m), tf.convert_to_tensor(self.acc),
+            tf.convert_to_tensor(self.n), l, self.lam, sample_weight, batch_max=batch_max)
+        self.m.assign(m)
+        self.acc.assign(acc)
+        self.n.assign(n)
+
+    def result(self):
+        val = ops.kl_dro_exact_state_result(
+            tf.convert_to_tensor(self.m), tf.convert_to_tensor(self.acc),
+            tf.convert_to_tensor(self.n), self.lam)
+        return tf.cast(val, self.dtype)
+
+    def get_config(self):
+        return {**super().get_config(), "base_loss": self._base_config, "lam": self.lam}
