@@ -33,8 +33,9 @@ positives, ``-1`` pads) are handled by broadcasting each positive against the ro
 O(M n) time and memory per row, O(n) for a single positive. Dense non-negative labels
 ``[..., n]`` (multi-hot, or per-positive weights such as TFRS's identity matrix) are handled
 exactly for any number of positives by sorting each row once with the thresholds merged in
-(spec A6 (ii), O(n log n); general k also needs O(n k) memory per row); pass
-``max_positives=M`` to turn dense rows into their top-M ids instead (O(M n), no sort). Rows
+(spec A6 (ii), O(n log n); general k also needs O(n k) memory per row). When every row of
+the batch has at most ``max_positives`` positives (default 1), dense labels are turned into
+ids instead (O(M n), no sort), chosen at run time with ``tf.cond``. Rows
 without a positive (all ids -1, or all-zero dense labels) contribute loss 0 and gradient 0.
 
 Numerics: ties ``z_i = mu_y`` are outside the support (strict ``>``); ``z_y = z_[k]`` is case
@@ -83,11 +84,26 @@ def _prepare_scores(scores):
     z, dtype = to_compute_dtype(scores, "scores")
     if z.shape.rank is None or z.shape.rank < 1:
         raise ValueError(f"`scores` must have rank >= 1 with known rank, got shape {z.shape}.")
-    n = z.shape[-1]
-    if n is None:
-        raise ValueError("The last dimension of `scores` (number of candidates) must be static.")
     z = check_not_nan(z, "scores")
+    n = z.shape[-1]
+    if n is None:  # e.g. in-batch scores [B, B] with an unknown batch size
+        n = tf.shape(z)[-1]
     return z, dtype, n
+
+
+def _static(n):
+    return n if isinstance(n, int) else None
+
+
+def _check_k_against(z, k, n):
+    """k < n when n is only known at run time (graph assertion)."""
+    if _static(n) is not None:
+        return z
+    with tf.control_dependencies(
+        [tf.debugging.Assert(k < n, ["`k` must be smaller than the number of candidates n;",
+                                     "k =", k, "n =", n])]
+    ):
+        return tf.identity(z)
 
 
 def _ids_to_positives(labels, z, n):
@@ -109,7 +125,7 @@ def _ids_to_positives(labels, z, n):
             f"Leading dimensions of `labels` {labels.shape} do not match `scores` {z.shape}."
         )
     value = static_value(labels)
-    if value is not None:
+    if value is not None and _static(n) is not None:
         if value.size and (value.min() < -1 or value.max() >= n):
             raise ValueError(
                 f"Integer `labels` must lie in [0, {n}) (or be -1 for padding); got values in "
@@ -118,7 +134,7 @@ def _ids_to_positives(labels, z, n):
     else:
         labels = _assert_ids_in_range(labels, n)
     labels = tf.cast(labels, tf.int32)
-    m = labels.shape[-1]
+    m = labels.shape[-1] if labels.shape[-1] is not None else tf.shape(labels)[-1]
     ids = tf.reshape(labels, [-1, m])
     valid = ids >= 0
     w = tf.cast(valid, z.dtype)
@@ -128,8 +144,10 @@ def _ids_to_positives(labels, z, n):
 
 def _assert_ids_in_range(labels, n):
     ok = tf.logical_and(tf.reduce_all(labels >= -1), tf.reduce_all(labels < n))
+    bound = n if _static(n) is not None else "n"
     with tf.control_dependencies(
-        [tf.debugging.Assert(ok, [f"Integer `labels` must lie in [0, {n}) or be -1 (padding)."])]
+        [tf.debugging.Assert(ok, [f"Integer `labels` must lie in [0, {bound}) or be -1 "
+                                  "(padding); n =", n])]
     ):
         return tf.identity(labels)
 
@@ -170,7 +188,9 @@ def _thresholds(zy, top_v, k, eta):
     """mu [N, P] and case-B mask (y strictly inside the top k) -- eq. 11."""
     if k == 1:
         return zy - eta, None
-    zk = top_v[:, k - 1 : k]
+    # reduce_min rather than top_v[:, k-1]: XLA:CPU lowers top_k to its fast kernel only when
+    # the sorted values are consumed whole; a slice at k-1 turns it into a full sort (~100x).
+    zk = tf.reduce_min(top_v, axis=-1, keepdims=True)
     # minimum(zy, zk) in this order: a tie z_y = z_[k] is case A (spec 2, TF/XLA notes).
     return tf.minimum(zy, zk) - eta, zy > zk
 
@@ -203,9 +223,9 @@ def _grad_coefficients(v, zy, mu, s, k, ts, Rs, case_b):
     """
     safe_R = tf.where(v != 0, Rs, tf.ones_like(Rs))
     a = v / safe_R
-    c = s - tf.cast(ts, v.dtype)  # |U|
     if k == 1:
-        return a, None, -a * c, None
+        return a, None, -a * s, None
+    c = s - tf.cast(ts, v.dtype)  # |U|
     t = tf.range(k)
     cap = tf.reduce_sum(
         a[:, :, None] * tf.cast(t[None, None, :] < ts[:, :, None], v.dtype), axis=1
@@ -219,10 +239,12 @@ def _grad_coefficients(v, zy, mu, s, k, ts, Rs, case_b):
 
 
 def _add_topk_terms(g, top_i, cap, gk, k):
+    """g -= cap at the top-k indices; g += gk at the k-th largest index (one scatter over the
+    whole top_i, see the note in _thresholds)."""
     if k == 1:
         return g
-    g = _scatter_add(g, top_i, -cap)
-    return _scatter_add(g, top_i[:, k - 1 : k], gk[:, None])
+    last = tf.range(k) == k - 1
+    return _scatter_add(g, top_i, tf.where(last[None, :], gk[:, None] - cap, -cap))
 
 
 # --------------------------------------------------------------------------- ids path
@@ -268,7 +290,7 @@ def _merged_order(z, mu):
 
     Returns sorted values, permutation, z-indicator (all [N, 2n]).
     """
-    n = z.shape[-1]
+    n = tf.shape(z)[-1]
     vals, perm = tf.math.top_k(tf.concat([mu, z], axis=-1), 2 * n)  # ties: lower index first
     return vals, perm, perm >= n
 
@@ -281,7 +303,7 @@ def _unsort(sorted_vals, perm):
 
 def _dense_D_s(z, mu):
     """D_i = sum_j (z_j - mu_i)_+ and s_i = #{j : z_j > mu_i} for every column i. [N, n] each."""
-    n = z.shape[-1]
+    n = tf.shape(z)[-1]
     vals, perm, is_z = _merged_order(z, mu)
     zero = tf.zeros_like(vals)
     count = tf.math.cumsum(tf.cast(is_z, z.dtype), axis=-1)
@@ -293,8 +315,11 @@ def _dense_D_s(z, mu):
     return both[:, :n, 0], both[:, :n, 1], perm, is_z
 
 
-def _dense_indicator_sum(a, perm, is_z, n):
+def _dense_indicator_sum(a, perm, is_z):
     """sum_i a_i 1[z_j > mu_i] for every column j, via the merged order. a [N, n]."""
+    # n from a local tensor: a shape captured from the forward pass of a tf.cond branch is
+    # not a compile-time constant in the XLA-compiled gradient of that branch.
+    n = tf.shape(a)[-1]
     a_sorted = tf.gather(a, tf.where(is_z, tf.zeros_like(perm), perm), batch_dims=1)
     a_sorted = tf.where(is_z, tf.zeros_like(a_sorted), a_sorted)
     after = tf.reduce_sum(a_sorted, axis=-1, keepdims=True) - tf.math.cumsum(a_sorted, axis=-1)
@@ -303,7 +328,6 @@ def _dense_indicator_sum(a, perm, is_z, n):
 
 def _rankmax_loss_dense(z, w, k, eta):
     """Loss per row for dense non-negative label weights w [N, n]."""
-    n = z.shape[-1]
 
     @tf.custom_gradient
     def f(z):
@@ -325,7 +349,7 @@ def _rankmax_loss_dense(z, w, k, eta):
         def grad(upstream):
             v = tf.where(has & (terms > 0), w * upstream[:, None], tf.zeros_like(w))
             a, cap, gy, gk = _grad_coefficients(v, zy, mu, s, k, ts, Rs, case_b)
-            g = _dense_indicator_sum(a, perm, is_z, n) + gy
+            g = _dense_indicator_sum(a, perm, is_z) + gy
             return _add_topk_terms(g, top_i, cap, gk, k)
 
         return loss, grad
@@ -336,7 +360,24 @@ def _rankmax_loss_dense(z, w, k, eta):
 # --------------------------------------------------------------------------- public ops
 
 
-def rankmax_loss(labels, scores, k: int = 1, margin: float = 1.0, max_positives=None):
+def _check_max_positives(max_positives, n):
+    if isinstance(max_positives, bool) or not isinstance(max_positives, numbers.Integral):
+        raise TypeError(f"`max_positives` must be None or a Python int, got {max_positives!r}.")
+    if max_positives < 1 or (_static(n) is not None and max_positives > n):
+        raise ValueError(f"`max_positives` must be in [1, n={n}], got {max_positives}.")
+    return int(max_positives)
+
+
+def _dense_to_ids(w, m):
+    """Dense weights [N, n] with <= m positives per row -> (ids [N, m], weights [N, m])."""
+    if m == 1:  # argmax is cheaper than top_k(w, 1) under XLA
+        return tf.argmax(w, axis=-1, output_type=tf.int32)[:, None], tf.reduce_max(w, -1)[:, None]
+    wv, ids = tf.math.top_k(w, m)
+    return ids, wv
+
+
+
+def rankmax_loss(labels, scores, k: int = 1, margin: float = 1.0, max_positives=1):
     """Rankmax loss, ``-sum_{y in positives} log min(1, alpha_y (z_y - mu_y))`` per row.
 
     Args:
@@ -346,13 +387,14 @@ def rankmax_loss(labels, scores, k: int = 1, margin: float = 1.0, max_positives=
         with the shape of ``scores`` holding non-negative weights (multi-hot 0/1, or e.g.
         TFRS's identity matrix): each positive's loss is multiplied by its weight. A row
         without positives has loss 0.
-      scores: ``[..., n]`` logits over n candidates (static n).
+      scores: ``[..., n]`` logits over n candidates (n may be dynamic, e.g. in-batch [B, B]).
       k: static int, ``1 <= k < n``; the projection puts mass k on the (n, k)-simplex.
       margin: ``eta > 0``; the threshold is ``min(z_y, z_[k]) - margin``. The paper uses 1.
-      max_positives: only for dense labels. ``None`` (default) handles any number of positives
-        per row exactly by one merged sort per row (O(n log n)); an int ``M`` takes the top-M
-        label entries of each row as ids (O(M n), no sort); rows with more than M positives
-        then lose the extra ones, which a graph assertion reports outside XLA.
+      max_positives: only for dense labels; the result is exact either way. When every row
+        of the batch has at most this many positives (default 1, e.g. TFRS's identity labels),
+        the top entries of each row are taken as ids (O(M n), no sort); otherwise, and always
+        when ``None``, one merged sort per row handles any number of positives (O(n log n),
+        slow under XLA on CPU). Both branches are compiled (``tf.cond``).
 
     Returns:
       Per-row loss with shape ``scores.shape[:-1]`` and the dtype of ``scores``.
@@ -362,7 +404,8 @@ def rankmax_loss(labels, scores, k: int = 1, margin: float = 1.0, max_positives=
       array([0.4054651], dtype=float32)
     """
     z, dtype, n = _prepare_scores(scores)
-    k, eta = _check_k_margin(k, margin, n)
+    k, eta = _check_k_margin(k, margin, _static(n))
+    z = _check_k_against(z, k, n)
     lead = tf.shape(z)[:-1]
     z2 = tf.reshape(z, [-1, n])
     labels = tf.convert_to_tensor(labels)
@@ -375,17 +418,13 @@ def rankmax_loss(labels, scores, k: int = 1, margin: float = 1.0, max_positives=
         if max_positives is None:
             loss = _rankmax_loss_dense(z2, w, k, eta)
         else:
-            m = int(max_positives)
-            if not 1 <= m <= n:
-                raise ValueError(f"`max_positives` must be in [1, n={n}], got {max_positives}.")
-            count = tf.reduce_sum(tf.cast(w > 0, tf.int32), axis=-1)
-            with tf.control_dependencies(
-                [tf.debugging.Assert(tf.reduce_all(count <= m),
-                                     [f"A row of `labels` has more than max_positives={m} "
-                                      "positives."])]
-            ):
-                wv, ids = tf.math.top_k(w, m)
-            loss = _rankmax_loss_ids(z2, ids, wv, k, eta)
+            m = _check_max_positives(max_positives, n)
+            fits = tf.reduce_all(tf.reduce_sum(tf.cast(w > 0, tf.int32), axis=-1) <= m)
+            loss = tf.cond(
+                fits,
+                lambda: _rankmax_loss_ids(z2, *_dense_to_ids(w, m), k, eta),
+                lambda: _rankmax_loss_dense(z2, w, k, eta),
+            )
     else:
         raise TypeError(f"`labels` must be integer ids or floating weights, got {labels.dtype}.")
     return tf.cast(tf.reshape(loss, lead), dtype)
@@ -393,7 +432,6 @@ def rankmax_loss(labels, scores, k: int = 1, margin: float = 1.0, max_positives=
 
 def _rankmax_projection_ids(z, ids, w, k, eta):
     """Projection [N, P, n] for ids [N, P]; padded positives give zero rows."""
-    n = z.shape[-1]
 
     @tf.custom_gradient
     def f(z):
@@ -433,7 +471,7 @@ def _rankmax_projection_ids(z, ids, w, k, eta):
                 return _scatter_add(g, ids, at_j)
             g = _scatter_add(g, ids, tf.where(case_b, tf.zeros_like(at_j), at_j))
             gk = tf.reduce_sum(tf.where(case_b, at_j, tf.zeros_like(at_j)), axis=1)
-            return _scatter_add(g, top_i[:, k - 1 : k], gk[:, None])
+            return _add_topk_terms(g, top_i, tf.zeros_like(top_i, z.dtype), gk, k)
 
         return p, grad
 
@@ -444,7 +482,7 @@ def rankmax(scores, labels, k: int = 1, margin: float = 1.0):
     """Rankmax projection ``min(1, alpha_y (z - mu_y)_+)`` of the scores, for each positive.
 
     Args:
-      scores: ``[..., n]`` logits (static n).
+      scores: ``[..., n]`` logits.
       labels: integer ids, shape ``scores.shape[:-1]`` (one positive per row; output
         ``[..., n]``) or ``scores.shape[:-1] + [M]`` (output ``[..., M, n]``, one projection per
         positive; ``-1`` pads and gives a zero row).
@@ -461,7 +499,8 @@ def rankmax(scores, labels, k: int = 1, margin: float = 1.0):
       array([[0.6666667, 0.33333334, 0.       ]], dtype=float32)
     """
     z, dtype, n = _prepare_scores(scores)
-    k, eta = _check_k_margin(k, margin, n)
+    k, eta = _check_k_margin(k, margin, _static(n))
+    z = _check_k_against(z, k, n)
     labels = tf.convert_to_tensor(labels)
     if not labels.dtype.is_integer:
         raise TypeError(
@@ -472,7 +511,7 @@ def rankmax(scores, labels, k: int = 1, margin: float = 1.0):
     p = _rankmax_projection_ids(tf.reshape(z, [-1, n]), ids, w, k, eta)
     lead = tf.shape(z)[:-1]
     if multi:
-        shape = tf.concat([lead, [ids.shape[-1], n]], 0)
+        shape = tf.concat([lead, tf.shape(ids)[-1:], tf.shape(z)[-1:]], 0)
     else:
-        shape = tf.concat([lead, [n]], 0)
+        shape = tf.shape(z)
     return tf.cast(tf.reshape(p, shape), dtype)

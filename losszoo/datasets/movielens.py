@@ -1,0 +1,334 @@
+"""MovieLens 100K: loader (two file layouts, several sources), the 80/10/10 split, metrics.
+
+The data is never shipped with losszoo (the GroupLens licence forbids redistribution). Sources,
+tried in order by :func:`load_100k`:
+
+1. an explicit ``data_dir`` (either layout, or a folder holding ``ml-100k.zip``);
+2. the cache, ``$LOSSZOO_CACHE_DIR/movielens/ml-100k`` (default ``~/.cache/losszoo``);
+3. the GroupLens download, https://files.grouplens.org/datasets/movielens/ml-100k.zip;
+4. the ``recbole==1.2.1`` wheel from PyPI, which ships ``recbole/dataset_example/ml-100k/``:
+   ``pip download --no-deps`` into a temporary folder, then only those files are extracted
+   into the cache (recbole is never installed).
+
+Layouts: GroupLens (``u.data`` tab-separated ``user item rating timestamp``; ``u.item``
+``|``-separated, latin-1, 19 genre flags) and RecBole atomic files (``ml-100k.inter``,
+``ml-100k.item`` with typed headers such as ``item_id:token``). Ids are kept as in the files
+(1-based); :class:`MovieLens100K` also gives 0-based contiguous indices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import urllib.request
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+GROUPLENS_URL = "https://files.grouplens.org/datasets/movielens/ml-100k.zip"
+RECBOLE_REQUIREMENT = "recbole==1.2.1"
+RECBOLE_PREFIX = "recbole/dataset_example/ml-100k/"
+CACHE_ENV = "LOSSZOO_CACHE_DIR"
+
+GENRES = (
+    "unknown", "Action", "Adventure", "Animation", "Children's", "Comedy", "Crime",
+    "Documentary", "Drama", "Fantasy", "Film-Noir", "Horror", "Musical", "Mystery", "Romance",
+    "Sci-Fi", "Thriller", "War", "Western",
+)
+
+
+@dataclasses.dataclass
+class MovieLens100K:
+    """Ratings and item metadata.
+
+    Attributes:
+      user, item: int64 arrays of the raw (file) ids, one entry per rating.
+      rating: float32 ratings (1-5). timestamp: int64 unix seconds.
+      item_ids: int64 raw ids of the items in the metadata; titles: their titles;
+        genres: a tuple of genre names per item.
+      source: where the data was read from (a path).
+    """
+
+    user: np.ndarray
+    item: np.ndarray
+    rating: np.ndarray
+    timestamp: np.ndarray
+    item_ids: np.ndarray
+    titles: list
+    genres: list
+    source: str = ""
+
+    @property
+    def num_ratings(self) -> int:
+        return int(self.user.size)
+
+    def indexed(self):
+        """0-based contiguous ``(user_index, item_index, num_users, num_items)``.
+
+        Items are indexed over the union of rated items and the metadata, sorted by raw id.
+        """
+        users = np.unique(self.user)
+        items = np.unique(np.concatenate([self.item, self.item_ids]))
+        return (np.searchsorted(users, self.user), np.searchsorted(items, self.item),
+                users.size, items.size)
+
+
+# --------------------------------------------------------------------------- readers
+
+
+def _read_grouplens(folder: Path) -> MovieLens100K:
+    data = np.loadtxt(folder / "u.data", dtype=np.int64, ndmin=2)
+    if data.shape[1] != 4:
+        raise ValueError(f"{folder / 'u.data'}: expected 4 tab-separated columns.")
+    item_ids, titles, genres = [], [], []
+    text = (folder / "u.item").read_bytes().decode("latin-1")
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        parts = line.split("|")
+        flags = parts[-len(GENRES):]
+        item_ids.append(int(parts[0]))
+        titles.append(parts[1])
+        genres.append(tuple(g for g, f in zip(GENRES, flags) if f.strip() == "1"))
+    return MovieLens100K(
+        user=data[:, 0], item=data[:, 1], rating=data[:, 2].astype(np.float32),
+        timestamp=data[:, 3], item_ids=np.asarray(item_ids, np.int64), titles=titles,
+        genres=genres, source=str(folder),
+    )
+
+
+def _atomic_table(path: Path):
+    lines = path.read_bytes().decode("utf-8", errors="replace").splitlines()
+    header = [h.split(":")[0] for h in lines[0].split("\t")]
+    rows = [line.split("\t") for line in lines[1:] if line.strip()]
+    return header, rows
+
+
+def _read_recbole(folder: Path) -> MovieLens100K:
+    header, rows = _atomic_table(folder / "ml-100k.inter")
+    col = {name: i for i, name in enumerate(header)}
+    for name in ("user_id", "item_id", "rating", "timestamp"):
+        if name not in col:
+            raise ValueError(f"{folder / 'ml-100k.inter'}: missing column {name!r} in header.")
+    table = np.asarray([[r[col["user_id"]], r[col["item_id"]], r[col["rating"]],
+                         r[col["timestamp"]]] for r in rows], dtype=np.float64).reshape(-1, 4)
+    header, rows = _atomic_table(folder / "ml-100k.item")
+    col = {name: i for i, name in enumerate(header)}
+    item_ids = np.asarray([int(r[col["item_id"]]) for r in rows], np.int64)
+    titles = [r[col["movie_title"]] if "movie_title" in col else "" for r in rows]
+    genres = [tuple(r[col["class"]].split()) if "class" in col and len(r) > col["class"] else ()
+              for r in rows]
+    return MovieLens100K(
+        user=table[:, 0].astype(np.int64), item=table[:, 1].astype(np.int64),
+        rating=table[:, 2].astype(np.float32), timestamp=table[:, 3].astype(np.int64),
+        item_ids=item_ids, titles=titles, genres=genres, source=str(folder),
+    )
+
+
+def _find_layout(folder: Path):
+    """The folder (itself or an ``ml-100k`` child) holding either layout, and a reader."""
+    for candidate in (folder, folder / "ml-100k"):
+        if (candidate / "u.data").is_file() and (candidate / "u.item").is_file():
+            return candidate, _read_grouplens
+        if (candidate / "ml-100k.inter").is_file() and (candidate / "ml-100k.item").is_file():
+            return candidate, _read_recbole
+    return None, None
+
+
+def read_folder(folder) -> MovieLens100K:
+    """Read MovieLens 100K from a folder in the GroupLens or RecBole layout (or a zip in it)."""
+    folder = Path(folder).expanduser()
+    if not folder.exists():
+        raise FileNotFoundError(f"{folder} does not exist")
+    found, reader = _find_layout(folder)
+    if found is None and (folder / "ml-100k.zip").is_file():
+        with zipfile.ZipFile(folder / "ml-100k.zip") as archive:
+            _extract_members(archive, "ml-100k/", folder / "ml-100k",
+                             ("u.data", "u.item", "u.user", "u.genre", "README"))
+        found, reader = _find_layout(folder)
+    if found is None:
+        raise FileNotFoundError(
+            f"{folder} holds neither u.data + u.item (GroupLens) nor ml-100k.inter + "
+            "ml-100k.item (RecBole), nor ml-100k.zip"
+        )
+    return reader(found)
+
+
+# --------------------------------------------------------------------------- sources
+
+
+def cache_dir() -> Path:
+    """``$LOSSZOO_CACHE_DIR/movielens/ml-100k`` (default ``~/.cache/losszoo/...``)."""
+    root = os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "losszoo"
+    return Path(root).expanduser() / "movielens" / "ml-100k"
+
+
+def _extract_members(archive: zipfile.ZipFile, prefix: str, target: Path, names=None):
+    target.mkdir(parents=True, exist_ok=True)
+    count = 0
+    for member in archive.namelist():
+        if not member.startswith(prefix) or member.endswith("/"):
+            continue
+        name = member[len(prefix):]
+        if "/" in name or (names is not None and name not in names):
+            continue
+        with archive.open(member) as src, open(target / name, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        count += 1
+    if count == 0:
+        raise FileNotFoundError(f"no files under {prefix} in the archive")
+
+
+def _from_grouplens(target: Path, timeout: float = 30.0) -> None:
+    with urllib.request.urlopen(GROUPLENS_URL, timeout=timeout) as response:
+        payload = response.read()
+    with zipfile.ZipFile(io.BytesIO(payload)) as archive:
+        _extract_members(archive, "ml-100k/", target,
+                         ("u.data", "u.item", "u.user", "u.genre", "README"))
+
+
+def _from_recbole_wheel(target: Path, timeout: float = 300.0) -> None:
+    with tempfile.TemporaryDirectory(prefix="losszoo-recbole-") as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+               "--quiet", RECBOLE_REQUIREMENT, "-d", tmp]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        wheels = list(Path(tmp).glob("recbole-*.whl"))
+        if proc.returncode != 0 or not wheels:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no wheel"]
+            raise RuntimeError(f"`{' '.join(cmd[2:])}` failed: {tail[0]}")
+        with zipfile.ZipFile(wheels[0]) as archive:
+            _extract_members(archive, RECBOLE_PREFIX, target,
+                             ("ml-100k.inter", "ml-100k.item", "ml-100k.user"))
+
+
+def load_100k(data_dir=None, download: bool = True, verbose: bool = False) -> MovieLens100K:
+    """Load MovieLens 100K (943 users, 1682 movies, 100,000 ratings).
+
+    Args:
+      data_dir: a folder with the data in the GroupLens layout (``u.data``, ``u.item``; or the
+        ``ml-100k.zip``) or the RecBole layout (``ml-100k.inter``, ``ml-100k.item``). Tried first.
+      download: when the data is neither in ``data_dir`` nor in the cache, fetch it: from
+        GroupLens, else from the ``recbole==1.2.1`` wheel on PyPI (only the data files are
+        extracted; recbole is not installed). Downloads go to :func:`cache_dir`.
+      verbose: print which source was used.
+
+    Returns:
+      :class:`MovieLens100K`.
+
+    Raises:
+      FileNotFoundError: listing every source tried and why it failed.
+    """
+    failures = []
+    if data_dir is not None:
+        try:
+            return _report(read_folder(data_dir), verbose)
+        except (OSError, ValueError) as err:
+            failures.append(f"data_dir={data_dir}: {err}")
+    cached = cache_dir()
+    try:
+        return _report(read_folder(cached), verbose)
+    except (OSError, ValueError) as err:
+        failures.append(f"cache {cached} (set ${CACHE_ENV} to move it): {err}")
+    if download:
+        for label, fetch in (("GroupLens download " + GROUPLENS_URL, _from_grouplens),
+                             (f"PyPI wheel {RECBOLE_REQUIREMENT} (pip download --no-deps)",
+                              _from_recbole_wheel)):
+            try:
+                if verbose:
+                    print(f"MovieLens 100K: trying {label} ...", flush=True)
+                fetch(cached)
+                return _report(read_folder(cached), verbose)
+            except Exception as err:  # noqa: BLE001 - every failure is reported below
+                failures.append(f"{label}: {type(err).__name__}: {err}")
+    else:
+        failures.append("downloads disabled (download=False)")
+    raise FileNotFoundError(
+        "Could not load MovieLens 100K. Tried, in order:\n  - " + "\n  - ".join(failures)
+        + "\nPut u.data and u.item (GroupLens) or ml-100k.inter and ml-100k.item (RecBole) in "
+        "a folder and pass it as data_dir."
+    )
+
+
+def _report(data: MovieLens100K, verbose: bool) -> MovieLens100K:
+    if verbose:
+        print(f"MovieLens 100K: {data.num_ratings} ratings from {data.source}", flush=True)
+    return data
+
+
+# --------------------------------------------------------------------------- split + metrics
+
+
+@dataclasses.dataclass
+class Split:
+    """(user, item) index pairs of each part; indices are 0-based (see ``indexed``)."""
+
+    train: np.ndarray  # [P, 2]
+    validation: np.ndarray
+    test: np.ndarray
+    num_users: int
+    num_items: int
+
+
+def split_pairs(data: MovieLens100K, seed: int = 0, fractions=(0.8, 0.1, 0.1)) -> Split:
+    """The Rankmax paper's protocol: a random 80/10/10 split of the distinct (user, item) pairs.
+
+    Every rating counts as an implicit positive. The split is over pairs (not users), so a
+    user's items are spread over the three parts.
+    """
+    if len(fractions) != 3 or not np.isclose(sum(fractions), 1.0) or min(fractions) < 0:
+        raise ValueError(f"`fractions` must be three non-negative numbers summing to 1, got "
+                         f"{fractions}.")
+    u, i, nu, ni = data.indexed()
+    pairs = np.unique(np.stack([u, i], 1), axis=0)
+    order = np.random.default_rng(seed).permutation(len(pairs))
+    a = int(round(fractions[0] * len(pairs)))
+    b = a + int(round(fractions[1] * len(pairs)))
+    return Split(pairs[order[:a]], pairs[order[a:b]], pairs[order[b:]], nu, ni)
+
+
+def pairs_to_mask(pairs: np.ndarray, num_users: int, num_items: int) -> np.ndarray:
+    mask = np.zeros((num_users, num_items), bool)
+    mask[pairs[:, 0], pairs[:, 1]] = True
+    return mask
+
+
+def ranking_metrics(scores, heldout, exclude=None, ks=(1, 5, 10, 50, 100), ap_k=10):
+    """Rank all items per user and score against the user's held-out items.
+
+    Args:
+      scores: ``[U, I]`` scores (higher is better).
+      heldout: ``[U, I]`` bool, the items to find (e.g. the test pairs).
+      exclude: ``[U, I]`` bool, items removed from the ranking (e.g. the user's training items).
+      ks: cut-offs for Recall@K. ap_k: the cut-off of AP.
+
+    Returns:
+      dict with ``AP@{ap_k}``, ``Accuracy`` (top-1 hit = Precision@1) and ``R@K`` for each K,
+      averaged over users with at least one held-out item (spec section 5 definitions), and
+      ``users`` (how many were averaged).
+    """
+    scores = np.asarray(scores, np.float64)
+    heldout = np.asarray(heldout, bool)
+    if exclude is not None:
+        scores = np.where(exclude, -np.inf, scores)
+    users = heldout.sum(1) > 0
+    scores, heldout = scores[users], heldout[users]
+    kmax = min(max(max(ks), ap_k), scores.shape[1])
+    top = np.argpartition(-scores, kmax - 1, axis=1)[:, :kmax]
+    top = np.take_along_axis(top, np.argsort(-np.take_along_axis(scores, top, 1), 1,
+                                             kind="stable"), 1)
+    rel = np.take_along_axis(heldout, top, 1).astype(np.float64)
+    count = heldout.sum(1).astype(np.float64)
+    out = {}
+    prec = np.cumsum(rel[:, :ap_k], 1) / np.arange(1, ap_k + 1)
+    out[f"AP@{ap_k}"] = float(np.mean((rel[:, :ap_k] * prec).sum(1) / np.minimum(ap_k, count)))
+    out["Accuracy"] = float(np.mean(rel[:, 0]))
+    for k in ks:
+        out[f"R@{k}"] = float(np.mean(rel[:, :k].sum(1) / count))
+    out["users"] = int(users.sum())
+    return out

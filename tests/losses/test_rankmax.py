@@ -1,0 +1,113 @@
+"""RankmaxLoss: label formats, reductions, sample weights, compile by name, training."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import losszoo
+from losszoo.losses import RankmaxLoss
+from tests.helpers import (
+    assert_config_roundtrip,
+    assert_fit_smoke,
+    assert_mirrored_matches_single,
+    assert_mixed_precision,
+    load_reference,
+)
+
+ref = load_reference("rankmax_sparsemax")
+rng = np.random.default_rng(0)
+Z = rng.normal(size=(6, 5)).astype(np.float32)
+IDS = np.array([0, 4, 2, 2, 1, 3])
+
+
+def ref_losses(z, positives, k=1, margin=1.0):
+    return np.array([sum(w * ref.rankmax(row.astype(np.float64), y, k, margin)[4] for y, w in pos)
+                     for row, pos in zip(z, positives)])
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_label_formats_agree_with_reference(k):
+    want = ref_losses(Z, [[(y, 1.0)] for y in IDS], k)
+    loss = RankmaxLoss(k=k, reduction=None)
+    for labels in (IDS, IDS[:, None], IDS.astype(np.float32), np.eye(5)[IDS],
+                   np.eye(5, dtype=np.float32)[IDS]):
+        np.testing.assert_allclose(loss(labels, Z).numpy(), want, rtol=1e-5, atol=1e-6)
+    # several positives: multi-hot and padded ids (float ids too, as Keras may cast y_true)
+    multi = np.array([[1, 0, 1, 0, 0], [0, 0, 0, 0, 1], [0, 0, 0, 0, 0],
+                      [1, 1, 1, 0, 0], [0, 1, 0, 0, 0], [0, 0, 0, 1, 1]], np.float32)
+    padded = np.array([[0, 2, -1], [4, -1, -1], [-1, -1, -1], [0, 1, 2], [1, -1, -1], [3, 4, -1]])
+    want = ref_losses(Z, [[(i, 1.0) for i in np.nonzero(r)[0]] for r in multi], k)
+    for labels in (multi, padded, padded.astype(np.float32)):
+        np.testing.assert_allclose(loss(labels, Z).numpy(), want, rtol=1e-5, atol=1e-6)
+    assert loss(multi, Z).numpy()[2] == 0.0
+
+
+def test_margin_is_passed_through():
+    want = ref_losses(Z, [[(y, 1.0)] for y in IDS], 2, 0.5)
+    np.testing.assert_allclose(RankmaxLoss(k=2, margin=0.5, reduction=None)(IDS, Z), want,
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_reductions_and_sample_weights():
+    per_example = ref_losses(Z, [[(y, 1.0)] for y in IDS])
+    w = np.array([1.0, 0.0, 2.0, 0.5, 1.0, 3.0], np.float32)
+    np.testing.assert_allclose(RankmaxLoss()(IDS, Z), per_example.mean(), rtol=1e-5)
+    np.testing.assert_allclose(RankmaxLoss(reduction="sum")(IDS, Z), per_example.sum(), rtol=1e-5)
+    np.testing.assert_allclose(RankmaxLoss()(IDS, Z, sample_weight=w), (w * per_example).mean(),
+                               rtol=1e-5)
+
+
+def test_bad_arguments_and_labels():
+    with pytest.raises(ValueError, match="k"):
+        RankmaxLoss(k=0)
+    with pytest.raises(ValueError, match="margin"):
+        RankmaxLoss(margin=0.0)
+    with pytest.raises(ValueError, match="k"):
+        RankmaxLoss(k=5)(IDS, Z)  # k >= n
+    with pytest.raises(ValueError, match=r"\[0, 5\)"):
+        RankmaxLoss()(np.array([0, 5, 1, 1, 1, 1]), Z)
+    with pytest.raises(ValueError, match="NaN"):
+        RankmaxLoss()(IDS, np.where(np.eye(6, 5) > 0, np.nan, Z).astype(np.float32))
+    fn = tf.function(lambda y, z: RankmaxLoss()(y, z))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="y_true"):
+        fn(tf.constant([0, 7, 1, 1, 1, 1]), tf.constant(Z))
+
+
+def test_config_roundtrip_and_registry():
+    assert_config_roundtrip(RankmaxLoss(k=3, margin=0.5, max_positives=None, reduction="sum",
+                                        name="rk"))
+    assert isinstance(losszoo.get("rankmax"), RankmaxLoss)
+    assert isinstance(losszoo.get("rankmax_loss"), RankmaxLoss)
+    assert keras.losses.get("rankmax").__class__ is RankmaxLoss
+
+
+def make_data(n=256, k=6, d=10, seed=0):
+    r = np.random.default_rng(seed)
+    x = r.normal(size=(n, d)).astype(np.float32)
+    y = np.argmax(x @ r.normal(size=(d, k)), axis=1)
+    return x, y
+
+
+def build_model(k=6, d=10):
+    return keras.Sequential([keras.Input((d,)), keras.layers.Dense(16, activation="relu"),
+                             keras.layers.Dense(k)])
+
+
+def test_trains_with_compile_by_name_and_xla():
+    x, y = make_data()
+    for jit, loss in ((False, "rankmax"), (True, RankmaxLoss(k=2))):
+        model = build_model()
+        model.compile(optimizer=keras.optimizers.Adam(1e-2), loss=loss, jit_compile=jit)
+        assert_fit_smoke(model, x, y, epochs=4, batch_size=64)
+
+
+def test_mixed_precision():
+    x, y = make_data()
+    assert_mixed_precision(build_model, x, y, "rankmax")
+    assert RankmaxLoss()(IDS, tf.constant(Z, tf.float16)).dtype == tf.float32
+
+
+def test_mirrored_strategy_matches_single_device():
+    x, y = make_data(n=64)
+    assert_mirrored_matches_single(build_model, x, y, RankmaxLoss(k=2))
