@@ -1,0 +1,831 @@
+"""KL projection onto the credal set of a possibility distribution (Baaj & Marquis, 2026).
+
+Spec: ``shared/specs/possibilistic_projection.md`` (sections cited as "spec 1.4" etc.).
+
+Notation (spec 1). Classes ``1..K``; supervision ``pi`` in ``[0, 1]^K`` with ``max pi = 1``.
+``sigma`` sorts ``pi`` non-increasingly (stable, ties in index order), ``pt_r = pi_sigma(r)``,
+``pt_{K+1} = 0``. In sorted coordinates the admissible set is (spec 1.4)::
+
+    F(pi) = { p in simplex :  sum_{k<=r} p_k >= b_r = 1 - pt_{r+1}        (dominance)
+                              lo_r <= p_r - p_{r+1} <= up_r }              (shape)
+
+for ``r = 1..n-1`` (``n`` = support size), i.e. ``m = 3(n-1)`` half-spaces ``<a_h, p> >= b_h``
+visited in the fixed order pref(1..n-1), low(1..n-1), up(1..n-1). Bounds (spec 1.3,
+"gap-wide"): ``lo_r = eps, up_r = min(1 - eps, nextafter(1, 0))`` where
+``pt_r - pt_{r+1} > tie_tol`` (strict), ``lo_r = up_r = 0`` on ties, with
+``eps = min(eps_cap, min_strict g_r, 1 - max_strict g_r)`` and ``g_r = (pt_r - pt_{r+1})/r``.
+
+Antipignistic reference (spec 1.2): ``pdot_r = sum_{j>=r} (pt_j - pt_{j+1}) / j``.
+
+Projection (spec 2): ``p* = argmin_{p in F} KL(p || q)``. We run Dykstra's algorithm with
+Bregman (KL) projections in its scalar dual form (spec 2.4), i.e. cyclic dual coordinate
+ascent on ``g(lam) = lam.b - log sum_k q_k exp((A^T lam)_k)``, ``lam >= 0``, with iterate
+``p = softmax(log q + A^T lam)``. One step for constraint ``h`` removes its old
+multiplier, and sets the new one to 0 if the constraint holds, else to the closed form of
+the single-set projection (spec 2.2):
+
+* dominance ``r``, with prefix mass ``P``, tail mass ``T`` (unnormalised):
+  violated iff ``T > pt_{r+1} (P + T)``; then ``exp(lam) = b_r T / (pt_{r+1} P)``.
+* gap ``x_i - x_j >= delta`` with others' mass ``u``: ``E = exp(lam)`` is the positive root of
+  ``z_i (1 - delta) E^2 - u delta E - z_j (1 + delta) = 0``, computed without cancellation:
+  ``E = (u delta + sqrt(D)) / (2 z_i (1 - delta))`` for ``delta > 0``,
+  ``E = 2 z_j (1 + delta) / (sqrt(D) - u delta)`` for ``delta < 0``, ``E = sqrt(z_j / z_i)``
+  for ``delta = 0``, with ``D = u^2 delta^2 + 4 z_i z_j (1 - delta^2)``.
+
+Because the projections are scale invariant, one sweep (pref, low or up) keeps only a few
+running scalars per example (prefix mass, head mass, carried coordinate; spec 2.5 "running
+sums") so each step costs O(1) per example, a cycle O(n). At every sweep start the iterate
+is rebuilt exactly from ``lam`` (``x = log q + A^T lam``), so there is no drift.
+
+Stopping (spec 2.6), after each full cycle, with ``V = max_h (b_h - <a_h, p>)_+`` and the
+duality gap ``gap = KL(p||q) - g(lam) = sum_h lam_h (<a_h, p> - b_h)``:
+
+* ``"paper"``: stop when ``V <= tol`` (the paper's rule; feasible but not certified optimal);
+* ``"certified"`` (default): stop when ``V <= tol`` and ``|gap| <= gap_tol``; with ``V = 0``,
+  ``||p - p*||_1 <= sqrt(2 gap)``;
+* ``"fixed"``: run exactly ``max_cycles`` cycles.
+
+Each example stops on its own (its state is frozen, spec 3.5); the batch loop runs to the
+slowest member or ``max_cycles``.
+
+Loss and gradient (spec 4): ``l(z) = min_{p in F} KL(p || softmax(z)) = KL(p* || q)``; by
+Danskin's theorem ``dl/dz = softmax(z) - p*`` exactly (``p*`` held fixed), which is the
+custom gradient of :func:`possibilistic_projection_loss`. The fixed-target baselines
+``KL(t || softmax(z))`` have gradient ``sum(t) softmax(z) - t``.
+
+Bad inputs (spec 5): ``pi`` is clipped to ``[0, inf)`` and divided by its maximum; rows with
+NaN/Inf or no positive entry are *invalid* (``valid=False``, projection = q, loss 0). Zeros
+in ``pi``: ``support_mode="floor"`` replaces ``pi`` by ``max(pi, floor)``;
+``support_mode="restrict"`` projects on the support only (zero probability and zero
+gradient elsewhere). No strict drop in ``pi`` on the support (e.g. all ones) short-circuits
+to the uniform distribution on the support; support size <= 1 (incl. K = 1) returns q
+renormalised on the support. ``log q`` is clamped at ``log(q_clip)`` and renormalised before
+projecting. Everything runs in float64 (``compute_dtype="float32"`` is allowed only with
+``tol >= 1e-5`` and ``eps_cap >= 1e-5``); outputs are cast back to the input dtype.
+
+Implementation: the projection loop is ``tf.while_loop`` over cycles with rolled inner
+loops over constraints (Python-unrolled for ``K <= unroll_max_k``), static shapes, inside
+one cached ``tf.function(jit_compile=True)`` per configuration; every loop output is behind
+``tf.stop_gradient`` (spec 3.8).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import tensorflow as tf
+
+from losszoo.ops._common import check_static_rank
+
+_STOPPING = ("certified", "paper", "fixed")
+_STOPPING_CODE = {"paper": 0, "certified": 1, "fixed": 2}
+_SUPPORT = ("floor", "restrict")
+_GAP_POLICY = ("wide", "antipignistic_tight")
+_F64 = tf.float64
+
+
+class PossibilityConstraints(NamedTuple):
+    """Sorted constraint data of :func:`possibility_constraints` (leading dims ``[...]``).
+
+    Attributes:
+      order: int32 ``[..., K]``, the stable non-increasing sort ``sigma`` of ``pi``.
+      sorted_possibility: ``[..., K]`` sanitised, normalised ``pt = pi[sigma]``.
+      dominance_bound: ``[..., K-1]`` ``b_r = 1 - pt_{r+1}`` (prefix mass lower bound).
+      gap_lower: ``[..., K-1]`` ``lo_r`` (lower bound on ``p_r - p_{r+1}``, sorted).
+      gap_upper: ``[..., K-1]`` ``up_r`` (upper bound on ``p_r - p_{r+1}``, sorted).
+      active: bool ``[..., K-1]``, constraint ``r`` exists (both classes in the support).
+      strict: bool ``[..., K-1]``, ``pt_r - pt_{r+1} > tie_tol`` on an active pair.
+      eps: ``[...]`` the per-example margin ``eps``.
+      num_support: int32 ``[...]``, ``n = #{pi > 0}`` after sanitising.
+      valid: bool ``[...]``, False for NaN/Inf or all-non-positive rows.
+    """
+
+    order: tf.Tensor
+    sorted_possibility: tf.Tensor
+    dominance_bound: tf.Tensor
+    gap_lower: tf.Tensor
+    gap_upper: tf.Tensor
+    active: tf.Tensor
+    strict: tf.Tensor
+    eps: tf.Tensor
+    num_support: tf.Tensor
+    valid: tf.Tensor
+
+
+# --------------------------------------------------------------------------------------
+# Argument handling
+# --------------------------------------------------------------------------------------
+
+
+def _check_choice(value, choices, name):
+    if value not in choices:
+        raise ValueError(f"`{name}` must be one of {choices}, got {value!r}.")
+
+
+def _check_config(tol, gap_tol, max_cycles, stopping, support_mode, floor, eps_cap, tie_tol,
+                  gap_policy, q_clip, compute_dtype):
+    _check_choice(stopping, _STOPPING, "stopping")
+    _check_choice(support_mode, _SUPPORT, "support_mode")
+    _check_choice(gap_policy, _GAP_POLICY, "gap_policy")
+    _check_choice(compute_dtype, ("float64", "float32"), "compute_dtype")
+    for name, value in (("tol", tol), ("gap_tol", gap_tol), ("q_clip", q_clip)):
+        if not (isinstance(value, (int, float, np.floating)) and np.isfinite(value) and value > 0):
+            raise ValueError(f"`{name}` must be a positive finite float, got {value!r}.")
+    if not (isinstance(max_cycles, (int, np.integer)) and not isinstance(max_cycles, bool)
+            and max_cycles >= 1):
+        raise ValueError(f"`max_cycles` must be an integer >= 1, got {max_cycles!r}.")
+    if not (0.0 < floor < 1.0):
+        raise ValueError(f"`floor` must be in (0, 1), got {floor!r}.")
+    if not (0.0 <= eps_cap < 0.5):
+        raise ValueError(f"`eps_cap` must be in [0, 0.5), got {eps_cap!r}.")
+    if not (0.0 <= tie_tol < 1.0):
+        raise ValueError(f"`tie_tol` must be in [0, 1), got {tie_tol!r}.")
+    if q_clip >= 1.0:
+        raise ValueError(f"`q_clip` must be < 1, got {q_clip!r}.")
+    if compute_dtype == "float32" and (tol < 1e-5 or eps_cap < 1e-5):
+        raise ValueError(
+            "compute_dtype='float32' needs `tol` >= 1e-5 and `eps_cap` >= 1e-5 (eps=1e-9 and "
+            f"tol=1e-8 are below float32 resolution); got tol={tol!r}, eps_cap={eps_cap!r}. "
+            "Use the default compute_dtype='float64'."
+        )
+
+
+def _as_float(x, name):
+    x = tf.convert_to_tensor(x)
+    if not (x.dtype.is_floating or x.dtype.is_integer or x.dtype == tf.bool):
+        raise TypeError(f"`{name}` must be a real tensor, got dtype {x.dtype.name}.")
+    return x
+
+
+def _flatten(x, name, k=None):
+    """Reshape ``[..., K]`` to ``[B, K]``; returns (x2d, restore_fn for [B, ...] tensors)."""
+    check_static_rank(x, 1, name)
+    if x.shape[-1] is None:
+        raise ValueError(f"The class axis (last) of `{name}` must have a static size.")
+    k = x.shape[-1] if k is None else k
+    lead = tf.shape(x)[:-1]
+    lead_static = x.shape[:-1]
+
+    def restore(y):
+        tail = y.shape[1:]
+        out = tf.reshape(y, tf.concat([lead, tf.shape(y)[1:]], 0))
+        return tf.ensure_shape(out, lead_static.concatenate(tail))
+
+    return tf.reshape(x, [-1, k]), restore
+
+
+def _check_same_shape(a, b, name_a, name_b):
+    if a.shape.rank is not None and b.shape.rank is not None:
+        if not a.shape.is_compatible_with(b.shape):
+            raise ValueError(
+                f"`{name_b}` must have the shape of `{name_a}` {list(a.shape)}, got "
+                f"{list(b.shape)}."
+            )
+
+
+# --------------------------------------------------------------------------------------
+# Constraint data (spec 1.3, 1.4, 3.1, 5)
+# --------------------------------------------------------------------------------------
+
+
+def _sanitize(pi):
+    """Clip to [0, inf), divide by the max; invalid rows (NaN/Inf, max <= 0) become ones."""
+    pi = tf.cast(pi, _F64)
+    finite = tf.reduce_all(tf.math.is_finite(pi), axis=-1)
+    clipped = tf.where(tf.math.is_finite(pi), tf.maximum(pi, 0.0), tf.zeros_like(pi))
+    top = tf.reduce_max(clipped, axis=-1)
+    valid = finite & (top > 0.0)
+    safe_top = tf.where(valid, top, tf.ones_like(top))
+    pi = tf.where(valid[:, None], clipped / safe_top[:, None], tf.ones_like(pi))
+    return tf.minimum(pi, 1.0), valid
+
+
+def _constraints_2d(pi, eps_cap, tie_tol, support_mode, floor, gap_policy):
+    pi, valid = _sanitize(pi)
+    if support_mode == "floor":
+        pi = tf.maximum(pi, tf.constant(floor, _F64))
+    k = pi.shape[-1]
+    order = tf.argsort(-pi, axis=-1, stable=True)
+    pt = tf.gather(pi, order, batch_dims=1)
+    n_support = tf.reduce_sum(tf.cast(pt > 0.0, tf.int32), axis=-1)
+    m1 = max(k - 1, 0)
+    r1 = tf.range(1, m1 + 1)  # 1-indexed r
+    diff = pt[:, :-1] - pt[:, 1:]
+    g = diff / tf.cast(r1, _F64)
+    active = r1[None, :] < n_support[:, None]
+    strict = active & (diff > tie_tol)
+    big = tf.constant(np.inf, _F64)
+    g_min = tf.reduce_min(tf.where(strict, g, big), axis=-1)
+    g_max = tf.reduce_max(tf.where(strict, g, -big), axis=-1)
+    any_strict = tf.reduce_any(strict, axis=-1)
+    if gap_policy == "wide":
+        eps = tf.minimum(tf.minimum(tf.constant(eps_cap, _F64), g_min), 1.0 - g_max)
+    else:
+        eps = tf.minimum(tf.constant(eps_cap, _F64), g_min)
+    eps = tf.where(any_strict, tf.maximum(eps, 0.0), tf.zeros_like(eps))
+    zeros = tf.zeros_like(diff)
+    lower = tf.where(strict, tf.broadcast_to(eps[:, None], tf.shape(diff)), zeros)
+    if gap_policy == "wide":
+        one_minus = tf.minimum(1.0 - eps, np.nextafter(1.0, 0.0))
+        upper = tf.where(strict, tf.broadcast_to(one_minus[:, None], tf.shape(diff)), zeros)
+    else:
+        upper = tf.where(strict, g, zeros)
+    bound = 1.0 - pt[:, 1:]
+    return PossibilityConstraints(order, pt, bound, lower, upper, active, strict, eps,
+                                  n_support, valid)
+
+
+def possibility_constraints(possibility, eps_cap: float = 1e-9, tie_tol: float = 0.0,
+                            support_mode: str = "floor", floor: float = 1e-6,
+                            gap_policy: str = "wide", name: str | None = None
+                            ) -> PossibilityConstraints:
+    """Sorted constraint data of the admissible set ``F(pi)`` for a batch (spec 1.3-1.4).
+
+    In sorted coordinates the constraint matrix is the same for every example; only the
+    bounds differ. See the module docstring for the formulas.
+
+    Args:
+      possibility: ``[..., K]`` possibility degrees (any non-negative scale; divided by the
+        row maximum; negatives clipped to 0; NaN/Inf or all-zero rows are marked invalid).
+      eps_cap: cap on the strict-gap margin ``eps`` (1e-9 synthetic, 0.05 for 3-class votes).
+      tie_tol: sorted neighbours closer than this are tied (forced equal).
+      support_mode: ``"floor"`` (``pi <- max(pi, floor)``) or ``"restrict"`` (zero-``pi``
+        classes are excluded; their constraints are inactive).
+      floor: the floor ``rho`` of ``"floor"`` mode.
+      gap_policy: ``"wide"`` (``up = 1 - eps``, the paper's experiments) or
+        ``"antipignistic_tight"`` (``up_r = g_r``).
+      name: optional name scope.
+
+    Returns:
+      A :class:`PossibilityConstraints` of float64 tensors (no gradient flows to ``pi``).
+
+    Example:
+      >>> c = possibility_constraints([[1.0, 0.51, 0.5]])
+      >>> c.dominance_bound.numpy()
+      array([[0.49, 0.5 ]])
+    """
+    _check_choice(support_mode, _SUPPORT, "support_mode")
+    _check_choice(gap_policy, _GAP_POLICY, "gap_policy")
+    with tf.name_scope(name or "possibility_constraints"):
+        pi = tf.stop_gradient(_as_float(possibility, "possibility"))
+        pi2, restore = _flatten(pi, "possibility")
+        c = _constraints_2d(pi2, eps_cap, tie_tol, support_mode, floor, gap_policy)
+        return PossibilityConstraints(*[restore(t) for t in c])
+
+
+# --------------------------------------------------------------------------------------
+# Antipignistic transform (spec 1.2), with a hand-derived gradient
+# --------------------------------------------------------------------------------------
+
+
+def _ranks(k):
+    return tf.range(1, k + 1, dtype=_F64)
+
+
+def _antipignistic_sorted(h):
+    """``pdot_r = sum_{j>=r} (h_j - h_{j+1}) / j`` along the last axis (h_{K+1} = 0)."""
+    nxt = tf.concat([h[:, 1:], tf.zeros_like(h[:, :1])], axis=-1)
+    return tf.cumsum((h - nxt) / _ranks(h.shape[-1]), axis=-1, reverse=True)
+
+
+@tf.custom_gradient
+def _antipignistic_2d(pi, floor_value):
+    """pi [B, K] float64 (any scale) -> antipignistic [B, K]; invalid rows -> uniform."""
+    clean = tf.where(tf.math.is_finite(pi), tf.maximum(pi, 0.0), tf.zeros_like(pi))
+    top = tf.reduce_max(clean, axis=-1, keepdims=True)
+    valid = tf.reduce_all(tf.math.is_finite(pi), -1, keepdims=True) & (top > 0.0)
+    safe_top = tf.where(valid, top, tf.ones_like(top))
+    unit = clean / safe_top
+    floored = tf.maximum(unit, floor_value)
+    h_in = tf.where(valid, floored, tf.ones_like(pi))
+    order = tf.argsort(-h_in, axis=-1, stable=True)
+    inverse = tf.argsort(order, axis=-1, stable=True)
+    h = tf.gather(h_in, order, batch_dims=1)
+    out = tf.gather(_antipignistic_sorted(h), inverse, batch_dims=1)
+
+    def grad(upstream):
+        k = pi.shape[-1]
+        u = tf.gather(tf.cast(upstream, _F64), order, batch_dims=1)
+        # d/d(gap_j) = sum_{r<=j} u_r; gap_j = (h_j - h_{j+1}) / j.
+        big_g = tf.cumsum(u, axis=-1) / _ranks(k)
+        prev = tf.concat([tf.zeros_like(big_g[:, :1]), big_g[:, :-1]], axis=-1)
+        dh = tf.gather(big_g - prev, inverse, batch_dims=1)  # d/dh in original order
+        # h = max(clean / top, floor): pass through where not floored, and the max.
+        dh = tf.where(unit >= floor_value, dh, tf.zeros_like(dh))
+        d_clean = dh / safe_top
+        argmax = tf.gather(order, 0, axis=-1)  # the max is the first sorted class
+        d_top = -tf.reduce_sum(dh * unit, axis=-1) / safe_top[:, 0]
+        d_clean += tf.one_hot(argmax, k, dtype=_F64) * d_top[:, None]
+        d_pi = tf.where(tf.math.is_finite(pi) & (pi > 0.0), d_clean, tf.zeros_like(d_clean))
+        d_pi = tf.where(valid, d_pi, tf.zeros_like(d_pi))
+        return d_pi, tf.zeros_like(floor_value)
+
+    return out, grad
+
+
+def antipignistic(possibility, floor: float = 0.0, name: str | None = None) -> tf.Tensor:
+    """Antipignistic probability ``pdot`` of a possibility distribution (spec 1.2).
+
+    ``pdot_sigma(r) = sum_{j=r}^{K} (pt_j - pt_{j+1}) / j`` with ``pt`` the normalised,
+    sorted possibilities: the centre of gravity of the credal set, always admissible, and
+    the fixed target of the paper's Model B.
+
+    Args:
+      possibility: ``[..., K]`` possibility degrees (normalised by the row maximum; negatives
+        clipped to 0). Rows with NaN/Inf or no positive entry give the uniform distribution.
+      floor: optional floor applied after normalising (``pi <- max(pi, floor)``); 0 keeps
+        zero-possibility classes at probability 0.
+      name: optional name scope.
+
+    Returns:
+      ``[..., K]`` probabilities in ``possibility``'s floating dtype (float32 for integer
+      input). The gradient with respect to ``possibility`` is the exact (piecewise-linear)
+      one, hand-derived.
+
+    Example:
+      >>> antipignistic([[1.0, 0.51, 0.5]]).numpy().round(6)
+      array([[0.661667, 0.171667, 0.166667]], dtype=float32)
+    """
+    if not 0.0 <= floor < 1.0:
+        raise ValueError(f"`floor` must be in [0, 1), got {floor!r}.")
+    with tf.name_scope(name or "antipignistic"):
+        pi = _as_float(possibility, "possibility")
+        dtype = pi.dtype if pi.dtype.is_floating else tf.float32
+        pi2, restore = _flatten(pi, "possibility")
+        out = _antipignistic_2d(tf.cast(pi2, _F64), tf.constant(floor, _F64))
+        return tf.cast(restore(out), dtype)
+
+
+# --------------------------------------------------------------------------------------
+# Dykstra / dual coordinate ascent kernel (spec 2.3, 2.4, 3), time-major [K, B]
+# --------------------------------------------------------------------------------------
+
+
+def _at_lambda(lp, ll, lu):
+    """``A^T lam`` in sorted coordinates, time-major: lam parts [m1, B] -> [K, B]."""
+    zero = tf.zeros_like(lp[:1])
+    pref = tf.concat([tf.cumsum(lp, axis=0, reverse=True), zero], axis=0)
+    g = ll - lu  # lower: +e_r - e_{r+1}; upper: -e_r + e_{r+1}
+    return pref + tf.concat([g, zero], 0) - tf.concat([zero, g], 0)
+
+
+def _normalize_log(x):
+    m = tf.reduce_max(x, axis=0, keepdims=True)
+    return x - (m + tf.math.log(tf.reduce_sum(tf.exp(x - m), axis=0, keepdims=True)))
+
+
+def _check(x, lp, ll, lu, cst):
+    """Max violation V and duality gap of the normalised iterate (spec 2.6). [B] each."""
+    p = tf.exp(_normalize_log(x))
+    tail = tf.cumsum(p, axis=0, exclusive=True, reverse=True)[:-1]  # sum_{k>r} p_k
+    d = p[:-1] - p[1:]
+    act = cst["act"]
+    zero = tf.zeros_like(d)
+    slack_pref = cst["pt_next"] - tail  # <a,p> - b for prefix r
+    slack_low = d - cst["lo"]
+    slack_up = cst["up"] - d
+    viol = tf.maximum(tf.maximum(-slack_pref, -slack_low), -slack_up)
+    v = tf.maximum(tf.reduce_max(tf.where(act, viol, zero), axis=0), 0.0)
+    gap = tf.reduce_sum(tf.where(act, lp * slack_pref + ll * slack_low + lu * slack_up, zero),
+                        axis=0)
+    return v, gap
+
+
+def _sweep(kind, x, lam_old, cst, unroll):
+    """One sweep over the m1 constraints of one family; returns the new multipliers.
+
+    ``unroll=True`` unrolls the steps in Python (small K); otherwise a rolled while loop.
+    """
+    m1 = lam_old.shape[0]
+    z = tf.exp(x - tf.reduce_max(x, axis=0, keepdims=True))  # [K, B]; 0 outside support
+    suffix = tf.cumsum(z, axis=0, exclusive=True, reverse=True)  # sum_{k>r} z_k
+    one = tf.ones_like(z[0])
+    arrays = {"z": z[:-1], "z_next": z[1:], "lam_old": lam_old, "act": cst["act"]}
+
+    if kind == "pref":
+        arrays.update(tails=suffix[:-1], pt_next=cst["pt_next"], ratio=cst["ratio"])
+
+        def step_at(arr, r, carry):
+            prefix, = carry
+            prefix = (prefix + arr["z"][r]) * tf.exp(-arr["lam_old"][r])  # remove old
+            t = arr["tails"][r]
+            viol = arr["act"][r] & (t > arr["pt_next"][r] * (prefix + t))
+            factor = tf.where(viol, arr["ratio"][r] * t / tf.where(viol, prefix, one), one)
+            return tf.math.log(factor), (prefix * factor,)
+
+        init = (tf.zeros_like(one),)
+    else:
+        low = kind == "low"
+        sign = 1.0 if low else -1.0
+        arrays.update(tails=suffix[1:], delta=cst["lo"] if low else -cst["up"])
+
+        def step_at(arr, r, carry):
+            a, head = carry
+            c = arr["z_next"][r]
+            f = tf.exp(sign * arr["lam_old"][r])
+            a, c = a / f, c * f  # remove the old correction
+            zi, zj = (a, c) if low else (c, a)
+            u = head + arr["tails"][r]
+            dl = arr["delta"][r]
+            viol = arr["act"][r] & (zi - zj < dl * (u + a + c))
+            zi_s = tf.where(viol, zi, one)
+            zj_s = tf.where(viol, zj, one)
+            ud = u * dl
+            one_m, one_p = 1.0 - dl, 1.0 + dl
+            root = tf.sqrt(ud * ud + 4.0 * zi_s * zj_s * one_m * one_p)
+            e_pos = (ud + root) / (2.0 * zi_s * one_m)
+            e_neg = 2.0 * zj_s * one_p / (root - ud)
+            e_zero = tf.sqrt(zj_s / zi_s)
+            e = tf.where(dl > 0.0, e_pos, tf.where(dl < 0.0, e_neg, e_zero))
+            e = tf.where(viol, e, one)
+            zi, zj = zi * e, zj / e
+            a, c = (zi, zj) if low else (zj, zi)
+            return tf.math.log(e), (c, head + a)
+
+        init = (z[0], tf.zeros_like(one))
+
+    if unroll:
+        carry, out = init, []
+        for r in range(m1):
+            lam, carry = step_at(arrays, r, carry)
+            out.append(lam)
+        return tf.stack(out, axis=0)
+
+    def body(r, ta, *carry):
+        lam, carry = step_at(arrays, r, carry)
+        return (r + 1, ta.write(r, lam)) + tuple(carry)
+
+    ta = tf.TensorArray(_F64, size=m1, element_shape=one.shape)
+    res = tf.while_loop(lambda r, *_: r < m1, body, (tf.constant(0), ta) + tuple(init))
+    return res[1].stack()
+
+
+def _project_core(lq, pt_next, ratio, lo, up, act, active, tol, gap_tol, max_cycles,
+                  stopping, *, unroll):
+    """Dual-form Dykstra in sorted, time-major coordinates.
+
+    Args: lq [K, B] sorted log q (normalised, -inf outside the support); pt_next, ratio,
+    lo, up [m1, B] float; act [m1, B] bool; active [B] bool (rows to iterate).
+    tol, gap_tol (float64), max_cycles and stopping (int32: 0 paper, 1 certified, 2 fixed)
+    are tensors, so changing them does not recompile. Returns: x [K, B] (log projection, normalised), lam [3, m1, B], cycles [B] int32,
+    V [B], gap [B].
+    """
+    cst = {"pt_next": pt_next, "ratio": ratio, "lo": lo, "up": up, "act": act}
+    zeros = tf.zeros_like(pt_next)
+
+    def cycle(lp, ll, lu):
+        lp = _sweep("pref", lq + _at_lambda(lp, ll, lu), lp, cst, unroll)
+        ll = _sweep("low", lq + _at_lambda(lp, ll, lu), ll, cst, unroll)
+        lu = _sweep("up", lq + _at_lambda(lp, ll, lu), lu, cst, unroll)
+        return lp, ll, lu
+
+    def body(k, lp, ll, lu, active, cycles, v, gap):
+        nlp, nll, nlu = cycle(lp, ll, lu)
+        nv, ngap = _check(lq + _at_lambda(nlp, nll, nlu), nlp, nll, nlu, cst)
+        feasible = nv <= tol
+        done = tf.where(tf.equal(stopping, 0), feasible,
+                        feasible & (tf.abs(ngap) <= gap_tol) & tf.equal(stopping, 1))
+        sel = active[None, :]
+        lp = tf.where(sel, nlp, lp)
+        ll = tf.where(sel, nll, ll)
+        lu = tf.where(sel, nlu, lu)
+        v = tf.where(active, nv, v)
+        gap = tf.where(active, ngap, gap)
+        cycles = cycles + tf.cast(active, tf.int32)
+        return k + 1, lp, ll, lu, active & ~done, cycles, v, gap
+
+    batch = tf.shape(active)[0]
+    init = (tf.constant(0), zeros, zeros, zeros, active, tf.zeros([batch], tf.int32),
+            tf.zeros([batch], _F64), tf.zeros([batch], _F64))
+    def cond(k, lp, ll, lu, active, *_):
+        return (k < max_cycles) & (tf.reduce_any(active) | tf.equal(stopping, 2))
+
+    _, lp, ll, lu, _, cycles, _, _ = tf.while_loop(cond, body, init)
+    x = _normalize_log(lq + _at_lambda(lp, ll, lu))
+    v, gap = _check(x, lp, ll, lu, cst)
+    return x, tf.stack([lp, ll, lu], axis=0), cycles, v, gap
+
+
+_CORE_JIT = tf.function(_project_core, jit_compile=True)
+
+
+def _run_core(*args, jit=True, **kwargs):
+    fn = _CORE_JIT if jit else _project_core
+    return fn(*args, **kwargs)
+
+
+def _project_2d(lq_full, cons: PossibilityConstraints, support_mode, tol, gap_tol, max_cycles,
+                stopping, q_clip, unroll_max_k, jit):
+    """lq_full [B, K] float64 log q (normalised on the support). Returns p [B, K], info."""
+    k = lq_full.shape[-1]
+    m1 = k - 1
+    batch = tf.shape(lq_full)[0]
+    valid = cons.valid
+    if m1 == 0:
+        p = tf.exp(lq_full)
+        zeros = tf.zeros([batch], _F64)
+        info = {"cycles": tf.zeros([batch], tf.int32), "max_violation": zeros,
+                "duality_gap": zeros, "converged": valid, "valid": valid,
+                "lambda": tf.zeros([batch, 3, 0], _F64)}
+        return p, info
+    order = cons.order
+    inverse = tf.argsort(order, axis=-1, stable=True)
+    pt = cons.sorted_possibility
+    in_support = pt > 0.0
+    lq = tf.gather(lq_full, order, batch_dims=1)
+    neg_inf = tf.constant(-np.inf, _F64)
+    lq = tf.where(in_support, tf.maximum(lq, np.log(q_clip)), neg_inf)
+    m = tf.reduce_max(lq, axis=-1, keepdims=True)
+    lq = lq - (m + tf.math.log(tf.reduce_sum(tf.exp(lq - m), axis=-1, keepdims=True)))
+    n = cons.num_support
+    has_strict = tf.reduce_any(cons.strict, axis=-1)
+    run = valid & (n >= 2) & has_strict
+    pt_next = pt[:, 1:]
+    ratio = tf.where(cons.active, cons.dominance_bound / tf.where(cons.active, pt_next, 1.0),
+                     tf.ones_like(pt_next))
+
+    def tm(t):
+        return tf.transpose(t)
+
+    x, lam, cycles, _, _ = _run_core(
+        tm(lq), tm(pt_next), tm(ratio), tm(cons.gap_lower), tm(cons.gap_upper),
+        tm(cons.active), run, tf.constant(tol, _F64), tf.constant(gap_tol, _F64),
+        tf.constant(max_cycles, tf.int32), tf.constant(_STOPPING_CODE[stopping], tf.int32),
+        unroll=bool(k <= unroll_max_k),
+        jit=jit)
+    x = tf.transpose(x)
+    # Short-circuits: no strict drop -> uniform on the support; n <= 1 or invalid -> q.
+    uniform = tf.where(in_support, 1.0 / tf.cast(tf.maximum(n, 1), _F64)[:, None], 0.0)
+    p_sorted = tf.where(run[:, None], tf.exp(x), tf.exp(lq))
+    p_sorted = tf.where((valid & (n >= 2) & ~has_strict)[:, None], uniform, p_sorted)
+    lam = tf.where(run[None, None, :], lam, tf.zeros_like(lam))  # [3, m1, B]
+    # Diagnostics of the returned point (uniform / q rows included).
+    v, gap = _check(tf.transpose(tf.math.log(p_sorted)), lam[0], lam[1], lam[2],
+                    {"pt_next": tm(pt_next), "lo": tm(cons.gap_lower),
+                     "up": tm(cons.gap_upper), "act": tm(cons.active)})
+    if stopping == "paper":
+        converged = v <= tol
+    else:
+        converged = (v <= tol) & (tf.abs(gap) <= gap_tol)
+    p = tf.gather(p_sorted, inverse, batch_dims=1)
+    info = {
+        "cycles": tf.stop_gradient(cycles),
+        "max_violation": tf.stop_gradient(v),
+        "duality_gap": tf.stop_gradient(gap),
+        "converged": tf.stop_gradient(converged & valid),
+        "valid": valid,
+        "lambda": tf.stop_gradient(tf.transpose(lam, [2, 0, 1])),
+    }
+    return tf.stop_gradient(p), info
+
+
+def _log_q(z, support=None):
+    """log softmax of float64 logits, optionally restricted to ``support`` (bool)."""
+    if support is not None:
+        z = tf.where(support, z, tf.constant(-np.inf, _F64))
+    return tf.nn.log_softmax(z, axis=-1), z
+
+
+def _support_of(possibility2d, support_mode):
+    if support_mode != "restrict":
+        return None
+    pi, valid = _sanitize(possibility2d)
+    return (pi > 0.0) | ~valid[:, None]
+
+
+def _prepare(logits, possibility, cfg):
+    _check_config(**cfg["check"])
+    z = _as_float(logits, "logits")
+    pi = tf.stop_gradient(_as_float(possibility, "possibility"))
+    _check_same_shape(z, pi, "logits", "possibility")
+    z2, restore = _flatten(z, "logits")
+    pi2, _ = _flatten(pi, "possibility", k=z2.shape[-1])
+    return z, z2, tf.cast(pi2, _F64), restore
+
+
+def _config(tol, gap_tol, max_cycles, stopping, support_mode, floor, eps_cap, tie_tol,
+            gap_policy, q_clip, compute_dtype):
+    return {"check": dict(tol=tol, gap_tol=gap_tol, max_cycles=max_cycles, stopping=stopping,
+                          support_mode=support_mode, floor=floor, eps_cap=eps_cap,
+                          tie_tol=tie_tol, gap_policy=gap_policy, q_clip=q_clip,
+                          compute_dtype=compute_dtype)}
+
+
+def _projection_from_z(z2, pi2, *, tol, gap_tol, max_cycles, stopping, support_mode, floor,
+                       eps_cap, tie_tol, gap_policy, q_clip, unroll_max_k, jit):
+    """z2 [B, K] float64 logits (may carry a tape) -> (p*, info, masked z, log q)."""
+    support = _support_of(pi2, support_mode)
+    lq, zm = _log_q(z2, support)
+    cons = _constraints_2d(pi2, eps_cap, tie_tol, support_mode, floor, gap_policy)
+    p, info = _project_2d(tf.stop_gradient(lq), cons, support_mode, tol, gap_tol, max_cycles,
+                          stopping, q_clip, unroll_max_k, jit)
+    return p, info, zm, lq
+
+
+def possibilistic_projection(logits_or_log_probs, possibility, tol: float = 1e-8,
+                             max_cycles: int = 2000, stopping: str = "certified",
+                             support_mode: str = "floor", gap_tol: float = 1e-10,
+                             floor: float = 1e-6, eps_cap: float = 1e-9, tie_tol: float = 0.0,
+                             gap_policy: str = "wide", q_clip: float = 1e-15,
+                             compute_dtype: str = "float64", unroll_max_k: int = 8,
+                             jit: bool = True, name: str | None = None):
+    """KL projection ``p* = argmin_{p in F(pi)} KL(p || q)``, ``q = softmax(logits)``.
+
+    Dykstra's algorithm with KL projections in its one-scalar-per-constraint dual form
+    (spec 2.4), batched over examples with different ``pi``, float64 inside. See the module
+    docstring for the constraints, the closed-form steps and the stopping rules.
+
+    The projection is a *target*: it is returned behind ``tf.stop_gradient`` (no gradient
+    flows through the iterations, spec 4); use :func:`possibilistic_projection_loss` for the
+    loss ``KL(p* || q)`` whose exact gradient is ``softmax(z) - p*``.
+
+    Args:
+      logits_or_log_probs: ``[..., K]`` logits or log-probabilities (``log_softmax`` is
+        applied, so both give the same ``q``).
+      possibility: ``[..., K]`` possibility degrees (see :func:`possibility_constraints`).
+      tol: feasibility tolerance ``tau`` on the max violation ``V``.
+      max_cycles: maximum number of Dykstra cycles (each visits all 3(K-1) constraints).
+      stopping: ``"certified"`` (``V <= tol`` and ``|gap| <= gap_tol``), ``"paper"``
+        (``V <= tol``) or ``"fixed"`` (exactly ``max_cycles`` cycles).
+      support_mode: ``"floor"`` or ``"restrict"`` (spec 5).
+      gap_tol: duality-gap tolerance of the certified rule.
+      floor, eps_cap, tie_tol, gap_policy: constraint options (:func:`possibility_constraints`).
+      q_clip: ``log q`` is clamped at ``log(q_clip)`` and renormalised before projecting.
+      compute_dtype: must stay ``"float64"`` unless ``tol`` and ``eps_cap`` are >= 1e-5
+        (the kernel then still runs in float64; the argument documents the weaker regime).
+      unroll_max_k: unroll the inner constraint loops in Python when ``K <= unroll_max_k``.
+      jit: run the iterations in a cached ``tf.function(jit_compile=True)``.
+      name: optional name scope.
+
+    Returns:
+      ``(projection, info)``: ``projection`` has the shape and floating dtype of the logits;
+      ``info`` is a dict of ``[...]`` tensors: ``cycles`` (int32), ``max_violation``,
+      ``duality_gap`` (float64), ``converged``, ``valid`` (bool), and ``lambda``
+      (``[..., 3, K-1]`` float64 multipliers for pref/low/up, in sorted order).
+
+    Example:
+      >>> p, info = possibilistic_projection(tf.math.log([[0.48, 0.261, 0.259]]),
+      ...                                    [[1.0, 0.51, 0.5]])
+      >>> p.numpy().round(6)
+      array([[0.49    , 0.255981, 0.254019]], dtype=float32)
+    """
+    cfg = _config(tol, gap_tol, max_cycles, stopping, support_mode, floor, eps_cap, tie_tol,
+                  gap_policy, q_clip, compute_dtype)
+    with tf.name_scope(name or "possibilistic_projection"):
+        z, z2, pi2, restore = _prepare(logits_or_log_probs, possibility, cfg)
+        dtype = z.dtype if z.dtype.is_floating else tf.float32
+        z2 = tf.stop_gradient(tf.cast(z2, _F64))
+        p, info, _, _ = _projection_from_z(
+            z2, pi2, tol=tol, gap_tol=gap_tol, max_cycles=max_cycles, stopping=stopping,
+            support_mode=support_mode, floor=floor, eps_cap=eps_cap, tie_tol=tie_tol,
+            gap_policy=gap_policy, q_clip=q_clip, unroll_max_k=unroll_max_k, jit=jit)
+        info = {key: restore(val) for key, val in info.items()}
+        return tf.cast(restore(p), dtype), info
+
+
+# --------------------------------------------------------------------------------------
+# Losses: KL(target || softmax(z)) with the hand-derived gradient
+# --------------------------------------------------------------------------------------
+
+
+_LOG_Q_CLIP = float(np.log(1e-15))
+
+
+@tf.custom_gradient
+def _kl_from_logits(target, z):
+    """``sum_k t_k (log t_k - max(log softmax(z)_k, log 1e-15))`` per row (0 log 0 = 0).
+
+    float64. The clamp (the paper clips probabilities at 1e-15 wherever a log is taken)
+    only matters when ``q_k < 1e-15`` while ``t_k > 0`` (e.g. a -inf logit on a possible
+    class), where it keeps the value finite. Gradient: ``sum(t) softmax(z) - t`` for ``z``
+    (exact for a constant target away from the clamp); none for the target (a label).
+    """
+    lq = tf.nn.log_softmax(z, axis=-1)
+    pos = target > 0.0
+    lq_c = tf.maximum(lq, _LOG_Q_CLIP)
+    terms = tf.where(pos, target * (tf.math.log(tf.where(pos, target, 1.0)) - lq_c),
+                     tf.zeros_like(target))
+    loss = tf.reduce_sum(terms, axis=-1)
+
+    def grad(upstream):
+        q = tf.exp(lq)
+        total = tf.reduce_sum(target, axis=-1, keepdims=True)
+        return None, upstream[:, None] * (total * q - target)
+
+    return loss, grad
+
+
+def possibilistic_projection_loss(logits, possibility, tol: float = 1e-8,
+                                  max_cycles: int = 2000, stopping: str = "certified",
+                                  support_mode: str = "floor", gap_tol: float = 1e-10,
+                                  floor: float = 1e-6, eps_cap: float = 1e-9,
+                                  tie_tol: float = 0.0, gap_policy: str = "wide",
+                                  q_clip: float = 1e-15, compute_dtype: str = "float64",
+                                  unroll_max_k: int = 8, jit: bool = True,
+                                  name: str | None = None):
+    """Per-example loss ``KL(p* || softmax(z))`` with ``p*`` the projection of ``softmax(z)``.
+
+    ``p*`` is recomputed from the current logits and held fixed; by Danskin's theorem the
+    gradient ``softmax(z) - p*`` is the exact gradient of ``z -> min_{p in F} KL(p||q)``
+    (spec 4). In ``"restrict"`` mode ``q`` is renormalised on the support and classes
+    outside it get zero gradient. Invalid rows (NaN/Inf or all-zero ``pi``) give loss 0.
+
+    Args:
+      logits: ``[..., K]`` logits (float16/bfloat16/float32/float64).
+      possibility: ``[..., K]`` possibility degrees.
+      Other arguments: as :func:`possibilistic_projection`.
+
+    Returns:
+      ``(loss, info)``: ``loss`` ``[...]`` in the logits' dtype; ``info`` as
+      :func:`possibilistic_projection` (float64 / int / bool, no gradient).
+
+    Example:
+      >>> loss, info = possibilistic_projection_loss([[2.0, 0.0, -1.0]], [[0.3, 1.0, 0.2]])
+    """
+    cfg = _config(tol, gap_tol, max_cycles, stopping, support_mode, floor, eps_cap, tie_tol,
+                  gap_policy, q_clip, compute_dtype)
+    with tf.name_scope(name or "possibilistic_projection_loss"):
+        z, z2, pi2, restore = _prepare(logits, possibility, cfg)
+        dtype = z.dtype if z.dtype.is_floating else tf.float32
+        z64 = tf.cast(z2, _F64)
+        p, info, zm, _ = _projection_from_z(
+            z64, pi2, tol=tol, gap_tol=gap_tol, max_cycles=max_cycles, stopping=stopping,
+            support_mode=support_mode, floor=floor, eps_cap=eps_cap, tie_tol=tie_tol,
+            gap_policy=gap_policy, q_clip=q_clip, unroll_max_k=unroll_max_k, jit=jit)
+        loss = _kl_from_logits(p, zm)
+        loss = tf.where(info["valid"], loss, tf.zeros_like(loss))
+        info = {key: restore(val) for key, val in info.items()}
+        return tf.cast(restore(loss), dtype), info
+
+
+def antipignistic_kl_loss(logits, possibility, floor: float = 0.0, name: str | None = None):
+    """Model B of the paper: ``KL(pdot(pi) || softmax(z))`` with the antipignistic target.
+
+    Gradient ``softmax(z) - pdot``. Rows with NaN/Inf or all-zero ``pi`` give loss 0.
+
+    Args:
+      logits: ``[..., K]`` logits.
+      possibility: ``[..., K]`` possibility degrees.
+      floor: floor applied to the normalised ``pi`` before the transform (0: none).
+      name: optional name scope.
+
+    Returns:
+      ``[...]`` per-example loss in the logits' dtype.
+
+    Example:
+      >>> antipignistic_kl_loss([[0.0, 0.0]], [[1.0, 1.0]]).numpy()
+      array([0.], dtype=float32)
+    """
+    with tf.name_scope(name or "antipignistic_kl_loss"):
+        z = _as_float(logits, "logits")
+        pi = tf.stop_gradient(_as_float(possibility, "possibility"))
+        _check_same_shape(z, pi, "logits", "possibility")
+        dtype = z.dtype if z.dtype.is_floating else tf.float32
+        z2, restore = _flatten(z, "logits")
+        pi2, _ = _flatten(pi, "possibility", k=z2.shape[-1])
+        pi2 = tf.cast(pi2, _F64)
+        if not 0.0 <= floor < 1.0:
+            raise ValueError(f"`floor` must be in [0, 1), got {floor!r}.")
+        target = tf.stop_gradient(_antipignistic_2d(pi2, tf.constant(floor, _F64)))
+        _, valid = _sanitize(pi2)
+        loss = _kl_from_logits(target, tf.cast(z2, _F64))
+        loss = tf.where(valid, loss, tf.zeros_like(loss))
+        return tf.cast(restore(loss), dtype)
+
+
+def vote_kl_loss(logits, votes, name: str | None = None):
+    """Model C of the paper: ``KL(v / sum(v) || softmax(z))`` with vote proportions.
+
+    Negative or non-finite counts are invalid: NaN/Inf rows and rows without a positive
+    count give loss 0; negative entries are clipped to 0. Gradient ``softmax(z) - v/sum(v)``.
+
+    Args:
+      logits: ``[..., K]`` logits.
+      votes: ``[..., K]`` non-negative vote counts (any scale).
+      name: optional name scope.
+
+    Returns:
+      ``[...]`` per-example loss in the logits' dtype.
+
+    Example:
+      >>> vote_kl_loss([[0.0, 0.0]], [[5, 5]]).numpy()
+      array([0.], dtype=float32)
+    """
+    with tf.name_scope(name or "vote_kl_loss"):
+        z = _as_float(logits, "logits")
+        v = tf.stop_gradient(_as_float(votes, "votes"))
+        _check_same_shape(z, v, "logits", "votes")
+        dtype = z.dtype if z.dtype.is_floating else tf.float32
+        z2, restore = _flatten(z, "logits")
+        v2, _ = _flatten(v, "votes", k=z2.shape[-1])
+        v2 = tf.cast(v2, _F64)
+        finite = tf.reduce_all(tf.math.is_finite(v2), axis=-1)
+        v2 = tf.where(tf.math.is_finite(v2), tf.maximum(v2, 0.0), tf.zeros_like(v2))
+        total = tf.reduce_sum(v2, axis=-1, keepdims=True)
+        valid = finite & (total[:, 0] > 0.0)
+        target = tf.where(valid[:, None], v2 / tf.where(total > 0.0, total, 1.0),
+                          tf.zeros_like(v2))
+        loss = _kl_from_logits(target, tf.cast(z2, _F64))
+        loss = tf.where(valid, loss, tf.zeros_like(loss))
+        return tf.cast(restore(loss), dtype)
