@@ -3,9 +3,21 @@ model forward+backward (the training step's compute) with the safe-KL risk again
 
 Targets (issue 6): report the risk/mean ratios at batch 10, 1024 and 2^20; the model step with
 the safe-KL risk <= 1.1x the ERM step on the same model.
+
+The real target is a full Keras ``model.fit`` training step (forward, loss, backward, Adam
+update, metrics, and for safe-KL the alpha update and diagnostics). The harness times one
+function at a time, so :func:`fit_step_rows` measures that separately: the compiled
+``model.train_function`` of an ERM model and of safe-KL models (identical MLP 64-256-10,
+batch 256, Adam) are called in interleaved blocks (order alternating each round) and the
+per-step medians and the median of the per-round ratios are reported, under
+``jit_compile=True`` and ``False``. ``cases()`` prints these rows into run.py's table (they
+appear first, with mode ``fit jit`` / ``fit graph``). Standalone:
+``python benchmarks/bench_dro.py [--quick]``.
 """
 
 import math
+import statistics
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -67,7 +79,74 @@ def model_erm(w1, w2, x, y, alpha):
     return tf.reduce_mean(_per_example(w1, w2, x, y)) + 0.0 * alpha
 
 
+# ---- full model.fit training step: safe-KL vs ERM, interleaved
+def _fit_models(jit, variants, batch=256, seed=0):
+    import keras
+
+    from losszoo.losses import SafeKLDRORisk  # noqa: F401  (registers the loss)
+
+    rng = np.random.default_rng(seed)
+    data = [(tf.constant(rng.normal(size=(batch, 64)).astype(np.float32)),
+             tf.constant(rng.integers(0, 10, batch).astype(np.int32))) for _ in range(8)]
+    fns = {}
+    for name, make_loss in variants.items():
+        keras.utils.set_random_seed(seed)
+        model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(256, activation="relu"),
+                                  keras.layers.Dense(10)])
+        model.compile(keras.optimizers.Adam(1e-3), loss=make_loss(), jit_compile=jit)
+        model.fit(data[0][0].numpy(), data[0][1].numpy(), batch_size=batch, epochs=1, verbose=0)
+        fns[name] = model.train_function  # the compiled step that fit calls
+    return fns, data
+
+
+def _time_block(fn, data, steps):
+    start = time.perf_counter()
+    for i in range(steps):
+        out = fn([data[i % len(data)]])
+    float(out["loss"])  # wait for the last step
+    return (time.perf_counter() - start) / steps
+
+
+def fit_step_rows(quick=False):
+    """Interleaved timing of full training steps; returns run.py-style table rows."""
+    import keras
+
+    from losszoo.losses import SafeKLDRORisk
+
+    def ce():
+        return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    variants = {
+        "erm": ce,
+        "safe_kl (default: newton alpha, first-batch init)": lambda: SafeKLDRORisk(ce()),
+        "safe_kl (alpha_optimizer='auto' -> Adam)": lambda: SafeKLDRORisk(ce(), alpha_optimizer="auto"),
+        "safe_kl (init_alpha_from_batch=False)": lambda: SafeKLDRORisk(ce(), init_alpha_from_batch=False),
+    }
+    rounds, steps = (6, 10) if quick else (15, 20)
+    rows = []
+    for jit in (True, False):
+        fns, data = _fit_models(jit, variants)
+        for fn in fns.values():
+            _time_block(fn, data, 5)
+        times = {n: [] for n in fns}
+        names = list(fns)
+        for r in range(rounds):
+            for n in (names if r % 2 == 0 else names[::-1]):
+                times[n].append(_time_block(fns[n], data, steps))
+        erm = statistics.median(times["erm"])
+        for n in names[1:]:
+            med = statistics.median(times[n])
+            paired = statistics.median(a / b for a, b in zip(times[n], times["erm"]))
+            rows.append(f"| model.fit step {n} | MLP 64-256-10, B=256, Adam | "
+                        f"fit {'jit' if jit else 'graph'} | {med * 1e3:.2f} | "
+                        f"erm: {med / erm:.2f}x ({erm * 1e3:.2f}); paired median {paired:.2f}x | "
+                        f"<= 1.1x ERM |")
+    return rows
+
+
 def cases(quick=False):
+    for row in fit_step_rows(quick):
+        print(row, flush=True)
     reps = 5 if quick else 20
     out = []
     for batch in (10, 1024, 2 ** 16 if quick else 2 ** 20):
@@ -80,3 +159,13 @@ def cases(quick=False):
                     inputs=_model_inputs(256), anchors={"model_step_erm": model_erm},
                     wrt=(0, 1, 4), target="<= 1.1x ERM", repeats=reps))
     return out
+
+
+if __name__ == "__main__":
+    import os
+    import sys
+
+    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    for line in fit_step_rows("--quick" in sys.argv):
+        print(line, flush=True)

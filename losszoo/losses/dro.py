@@ -7,10 +7,21 @@ How alpha is trained under ``model.compile(loss="safe_kl_dro")`` + plain ``model
 ----------------------------------------------------------------------------------------
 Keras 3 does not track variables owned by a loss passed to ``compile`` (they are never in
 ``model.trainable_variables``), so the optimiser cannot train alpha. Instead the loss owns
-alpha as a **non-trainable float32 variable** and moves it itself, inside the training
-step, with its **exact** gradient ``dV/dalpha = 1 - sum_i pi_i w_i`` (computed in the same
-fused pass as the risk) and its own optimiser state:
+alpha (in one **non-trainable float32 state variable** ``[alpha, initialised, m, v, t]``,
+one read and one write per step) and moves it itself, inside the training step, from the
+exact statistics of the same fused pass as the risk (``sum pi w`` and the curvature
+``sum pi w (1 - rho w)``):
 
+* ``alpha_optimizer="newton"`` (default): a damped Newton step on the stationarity equation
+  in log form, ``log sum pi w = 0``, with the exact curvature:
+  ``alpha += alpha_damping * lam * log(mean_w) * clip(mean_w / curvature, 1, 1/rho)``.
+  Scale-free (loss units via lam, independent of the model's learning rate), exact in one
+  step in the KL regime (rho w << 1), bounded per step. It removes the alpha lag of
+  gradient steps (which move alpha by at most ~lr per step, so when the losses fall fast
+  alpha stays far above them, every w ~ 0 and the model stops training; spec 2.6). Caveat:
+  its fixed point is ``E[log mean_w] = 0`` rather than ``E[mean_w] = 1``; when the batch
+  weights are very heavy-tailed (loss spread >> lam) the logged mean w stays below 1.
+  ``alpha_damping`` (default 0.1) is the fraction of the step taken.
 * ``alpha_optimizer="auto"`` mirrors the model's optimiser family: SGD (with the model's
   momentum / Nesterov flag) when the compiled optimiser is ``keras.optimizers.SGD``, else
   Adam (beta 0.9 / 0.999). Explicit ``"sgd"`` / ``"adam"`` are accepted.
@@ -21,7 +32,7 @@ fused pass as the risk) and its own optimiser state:
   about ``kappa * lr`` per step.
 * ``init_alpha_from_batch=True`` (default) sets alpha on the first training batch to the
   batch's optimal alpha (bisection of ``sum pi w = 1``, spec 7 C0), inside the compiled
-  step behind a ``tf.cond`` on a flag variable; until then evaluation uses the batch
+  step behind a ``tf.cond`` on the flag in the state variable; until then evaluation uses the batch
   solution without storing it.
 
 **When does alpha move?** Only in a training step. ``import losszoo`` wraps Keras 3's
@@ -42,12 +53,22 @@ so that Keras' sum over replicas gives the exact global-batch risk. Create (or c
 the string name) inside ``strategy.scope()``; an instance created outside the scope raises
 a clear error when used under a multi-replica strategy.
 
-**Diagnostics in the logs.** The loss owns three ``keras.metrics.Mean`` trackers,
-``<name>_alpha``, ``<name>_mean_w`` (-> 1 at equilibrium) and ``<name>_saturation``
+**Diagnostics in the logs.** The loss owns one Keras metric (one vector variable) whose
+dict result gives ``<name>_alpha``, ``<name>_mean_w`` (-> 1 at equilibrium) and ``<name>_saturation``
 (``rho * max w``; near 1 means the weight cap binds, CVaR regime). On its first call inside a
 Keras train/test step it appends them to the model's metrics, so they appear in ``fit`` /
 ``evaluate`` logs (epoch averages, reset with the other metrics; ``val_`` versions in
-validation). The current alpha is also ``loss.alpha`` (a ``tf.Variable``).
+validation). The current alpha is also ``loss.alpha`` (a float32 tensor read from the state;
+set it with ``loss.reset_alpha(value)``).
+
+**Cost.** On a small MLP (64-256-10, batch 256, Adam, CPU) a full ``fit`` step costs about
+1.04-1.13x the ERM step (``benchmarks/bench_dro.py``, interleaved medians on a noisy shared
+machine); the first-batch ``tf.cond`` accounts for a few percent in graph mode
+(``init_alpha_from_batch=False`` removes it).
+
+**MirroredStrategy + jit_compile=True.** Not supported by Keras 3 / TF here even for plain
+ERM with 2 logical CPU devices (variable placed on the wrong device); use
+``jit_compile=False`` under MirroredStrategy.
 
 **Saving.** ``get_config`` stores the *current* alpha as ``alpha_init`` (and turns off the
 first-batch init once alpha has been initialised), so a model compiled with a loss
@@ -67,6 +88,7 @@ import tensorflow as tf
 from tensorflow.python.eager import record as _tf_record
 
 from losszoo import ops
+from losszoo.ops import _common as ops_common
 from losszoo.ops._dro import _prepare, check_lam, check_rho
 from losszoo.registry import register
 
@@ -268,6 +290,35 @@ def _scale_for_replicas(value):
     return value
 
 
+class _DRODiagnostics(keras.metrics.Metric):
+    """Running means of alpha, mean w and saturation in ONE variable (one update per step).
+
+    ``result()`` is a dict, which Keras' ``get_metrics_result`` spreads into the logs as
+    ``<prefix>_alpha``, ``<prefix>_mean_w`` and ``<prefix>_saturation``. One vector variable
+    instead of three ``Mean`` trackers (six variables) keeps the training step lean.
+    """
+
+    def __init__(self, prefix, name=None, dtype=None):
+        super().__init__(name=name or f"{prefix}_diagnostics", dtype=dtype)
+        self.prefix = prefix
+        self.totals = self.add_variable(shape=(4,), initializer="zeros", dtype="float32",
+                                        aggregation="sum", name="totals")
+
+    def update_state(self, alpha, mean_w, saturation):
+        row = tf.stack([tf.cast(alpha, tf.float32), tf.cast(mean_w, tf.float32),
+                        tf.cast(saturation, tf.float32), tf.ones([], tf.float32)])
+        return self.totals.assign_add(row)
+
+    def result(self):
+        t = tf.convert_to_tensor(self.totals)
+        mean = tf.math.divide_no_nan(t[:3], t[3])
+        return {f"{self.prefix}_alpha": mean[0], f"{self.prefix}_mean_w": mean[1],
+                f"{self.prefix}_saturation": mean[2]}
+
+    def get_config(self):
+        return {"prefix": self.prefix, "name": self.name, "dtype": self.dtype}
+
+
 # ----------------------------------------------------------------------------- safe-KL
 @register(
     "safe_kl_dro",
@@ -301,8 +352,11 @@ class SafeKLDRORisk(_BatchRiskLoss):
       alpha_learning_rate: fixed step size for alpha, or None to follow the compiled
         optimiser's current learning rate (fallback 1e-3 outside a Keras trainer).
       alpha_lr_multiplier: multiplies the step size above.
-      alpha_optimizer: ``"auto"`` (SGD if the model's optimiser is SGD, else Adam),
-        ``"sgd"`` or ``"adam"``.
+      alpha_optimizer: ``"newton"`` (default; damped Newton step with the exact curvature,
+        see the module docstring; ``alpha_learning_rate`` / ``alpha_lr_multiplier`` are
+        ignored), ``"auto"`` (SGD if the model's optimiser is SGD, else Adam), ``"sgd"`` or
+        ``"adam"``.
+      alpha_damping: fraction of the Newton step taken per training step, in (0, 1].
       update_alpha: ``"auto"`` (train step / recording tape), ``True`` or ``False``.
       calibrate: report ``V`` (True) or the paper's ``G = V + lam`` (False).
       name, reduction, dtype: as for Keras losses (``reduction`` is ignored).
@@ -324,7 +378,8 @@ class SafeKLDRORisk(_BatchRiskLoss):
         init_alpha_from_batch: bool = True,
         alpha_learning_rate=None,
         alpha_lr_multiplier: float = 1.0,
-        alpha_optimizer: str = "auto",
+        alpha_optimizer: str = "newton",
+        alpha_damping: float = 0.1,
         update_alpha="auto",
         calibrate: bool = True,
         name: str = "safe_kl_dro",
@@ -346,9 +401,13 @@ class SafeKLDRORisk(_BatchRiskLoss):
         self.alpha_lr_multiplier = float(alpha_lr_multiplier)
         if not (self.alpha_lr_multiplier >= 0.0 and math.isfinite(self.alpha_lr_multiplier)):
             raise ValueError(f"`alpha_lr_multiplier` must be finite and >= 0, got {alpha_lr_multiplier!r}.")
-        if alpha_optimizer not in ("auto", "sgd", "adam"):
-            raise ValueError(f"`alpha_optimizer` must be 'auto', 'sgd' or 'adam', got {alpha_optimizer!r}.")
+        if alpha_optimizer not in ("newton", "auto", "sgd", "adam"):
+            raise ValueError("`alpha_optimizer` must be 'newton', 'auto', 'sgd' or 'adam', got "
+                             f"{alpha_optimizer!r}.")
         self.alpha_optimizer = alpha_optimizer
+        self.alpha_damping = float(alpha_damping)
+        if not (0.0 < self.alpha_damping <= 1.0):
+            raise ValueError(f"`alpha_damping` must lie in (0, 1], got {alpha_damping!r}.")
         if update_alpha not in ("auto", True, False):
             raise ValueError(f"`update_alpha` must be 'auto', True or False, got {update_alpha!r}.")
         self.update_alpha = update_alpha
@@ -358,29 +417,34 @@ class SafeKLDRORisk(_BatchRiskLoss):
             kw = dict(trainable=False, dtype=tf.float32,
                       synchronization=tf.VariableSynchronization.ON_WRITE,
                       aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-            self.alpha = tf.Variable(self.alpha_init, name=f"{name}_alpha", **kw)
-            self.initialized = tf.Variable(not self.init_alpha_from_batch,
-                                           name=f"{name}_initialized",
-                                           **{**kw, "dtype": tf.bool})
-            self._m = tf.Variable(0.0, name=f"{name}_alpha_m", **kw)
-            self._v = tf.Variable(0.0, name=f"{name}_alpha_v", **kw)
-            self._t = tf.Variable(0.0, name=f"{name}_alpha_t", **kw)
-            self.metric_alpha = keras.metrics.Mean(name=f"{name}_alpha")
-            self.metric_mean_w = keras.metrics.Mean(name=f"{name}_mean_w")
-            self.metric_saturation = keras.metrics.Mean(name=f"{name}_saturation")
+            # [alpha, initialized, m, v, t]: alpha, the first-batch flag and alpha's optimiser
+            # state in ONE variable: one read and one write per training step.
+            self._state = tf.Variable(self._initial_state(None), name=f"{name}_alpha_state", **kw)
+            self._diagnostics = _DRODiagnostics(name)
 
     # ---------------------------------------------------------------- public helpers
     @property
     def metrics(self):
-        """The diagnostic metrics (alpha, mean weight, saturation)."""
-        return [self.metric_alpha, self.metric_mean_w, self.metric_saturation]
+        """The diagnostics metric (its result spreads into alpha, mean weight, saturation)."""
+        return [self._diagnostics]
+
+    @property
+    def alpha(self):
+        """The current alpha (float32 scalar tensor, read from the loss's state variable)."""
+        return tf.convert_to_tensor(self._state)[0]
+
+    @property
+    def initialized(self):
+        """Whether alpha has been set (from the first training batch, a load or by hand)."""
+        return tf.convert_to_tensor(self._state)[1] > 0.5
+
+    def _initial_state(self, value):
+        flag = 1.0 if (value is not None or not self.init_alpha_from_batch) else 0.0
+        return [self.alpha_init if value is None else float(value), flag, 0.0, 0.0, 0.0]
 
     def reset_alpha(self, value=None):
         """Set alpha (default ``alpha_init``), clear its optimiser state and the init flag."""
-        self.alpha.assign(self.alpha_init if value is None else float(value))
-        self.initialized.assign(value is not None or not self.init_alpha_from_batch)
-        for var in (self._m, self._v, self._t):
-            var.assign(0.0)
+        self._state.assign(self._initial_state(value))
 
     def weights_of(self, y_true, y_pred):
         """Per-example weights ``w_i`` at the current alpha (no update)."""
@@ -429,30 +493,50 @@ class SafeKLDRORisk(_BatchRiskLoss):
             return "sgd", float(opt.momentum), bool(opt.nesterov)
         return "adam", 0.0, False
 
-    def _apply_update(self, alpha_used, grad, trainer):
+    def _newton_step(self, mean_w, curvature, nonempty):
+        """Damped Newton step on ``log(sum pi w) = 0`` with the exact curvature (spec 2.6, 3.1).
+
+        ``f(alpha) = log mean_w`` is decreasing with ``f' = -curvature / (lam mean_w)``, so the
+        Newton step is ``lam log(mean_w) mean_w / curvature``: exactly ``lam log mean_w`` in
+        the KL regime (rho w << 1, one step solves the batch), larger where the cap binds.
+        The ratio ``mean_w / curvature`` is clipped to ``[1, 1/rho]`` (it diverges when every
+        weight is saturated) and ``mean_w`` floored at 1e-30 (underflow), so a step is at most
+        ``lam * 69`` down and ``lam log(1/rho) / rho`` up, before the damping.
+        """
+        tiny = tf.constant(1e-30, tf.float32)
+        ratio = tf.clip_by_value(tf.math.divide_no_nan(mean_w, tf.maximum(curvature, tiny)),
+                                 1.0, 1.0 / self.rho)
+        step = (self.alpha_damping * self.lam) * tf.math.log(tf.maximum(mean_w, tiny)) * ratio
+        return tf.where(nonempty, step, tf.zeros_like(step))
+
+    def _apply_update(self, alpha_used, state, mean_w, curvature, nonempty, trainer):
+        one = tf.ones([], tf.float32)
+        if self.alpha_optimizer == "newton":
+            step = self._newton_step(mean_w, curvature, nonempty)
+            return [self._state.assign(tf.stack([alpha_used + step, one, state[2], state[3],
+                                                 state[4]]))]
+        grad = tf.where(nonempty, 1.0 - mean_w, tf.zeros_like(mean_w))
         lr = self._learning_rate(trainer)
         kind, momentum, nesterov = self._optimizer_kind(trainer)
+        m, v, t = state[2], state[3], state[4]
         if kind == "sgd":
             if momentum > 0.0:
-                vel = momentum * self._m - lr * grad
-                step = momentum * vel - lr * grad if nesterov else vel
-                updates = [self._m.assign(vel)]
+                m = momentum * m - lr * grad
+                step = momentum * m - lr * grad if nesterov else m
             else:
-                step, updates = -lr * grad, []
+                step = -lr * grad
         else:
             b1, b2, eps = 0.9, 0.999, 1e-7
-            t = self._t + 1.0
-            m = b1 * self._m + (1.0 - b1) * grad
-            v = b2 * self._v + (1.0 - b2) * grad * grad
+            t = t + 1.0
+            m = b1 * m + (1.0 - b1) * grad
+            v = b2 * v + (1.0 - b2) * grad * grad
             m_hat = m / (1.0 - tf.pow(b1, t))
             v_hat = v / (1.0 - tf.pow(b2, t))
             step = -lr * m_hat / (tf.sqrt(v_hat) + eps)
-            updates = [self._t.assign(t), self._m.assign(m), self._v.assign(v)]
-        new_alpha = alpha_used + step
-        return updates + [self.alpha.assign(new_alpha), self.initialized.assign(True)]
+        return [self._state.assign(tf.stack([alpha_used + step, one, m, v, t]))]
 
     def _check_distribution(self):
-        if _num_replicas() > 1 and not isinstance(self.alpha, tf.distribute.DistributedValues):
+        if _num_replicas() > 1 and not isinstance(self._state, tf.distribute.DistributedValues):
             raise ValueError(
                 "SafeKLDRORisk was created outside the active tf.distribute strategy's scope, "
                 "so its alpha cannot be kept in sync across replicas. Create the loss (or "
@@ -464,50 +548,52 @@ class SafeKLDRORisk(_BatchRiskLoss):
         training, trainer = self._is_training()
         if trainer is not None:
             self._attach_metrics(trainer)
-        l32, s32, _ = _prepare(l, s)
-        alpha_var = tf.cast(self.alpha.read_value(), l32.dtype)
+        multi = _num_replicas() > 1
+        if s is None:  # lean path: no weight vector at all (the common case in fit)
+            l32, _ = ops_common.to_compute_dtype(l, "losses")
+            l32, s32 = tf.reshape(l32, [-1]), None
+        else:
+            l32, s32, _ = _prepare(l, s)
+        state = self._state.read_value()
+        alpha_var = state[0]
         if self.init_alpha_from_batch:
             # Bisection only runs (tf.cond) until alpha has been initialised. No cross-replica
             # synchronisation is allowed inside the cond, so under a multi-replica strategy
             # the global batch is all-gathered before it (every replica then solves the same
             # global problem, exactly as one device would).
-            init = self.initialized.read_value()
+            init = state[1] > 0.5
             l_all, s_all = tf.stop_gradient(l32), s32
-            if _num_replicas() > 1:
+            if multi:
                 # exact global-batch solution: gather the (few) losses of all replicas
-                l_all, s_all = _replica_gather(l32), _replica_gather(s32)
+                l_all = _replica_gather(l32)
+                s_all = None if s32 is None else _replica_gather(s32)
             with _tf_record.stop_recording():  # no gradient: keeps XLA free of cond grads
                 solved = tf.cond(
                     init, lambda: tf.zeros([], tf.float32),
                     lambda: tf.cast(ops.safe_kl_dro_solve_alpha(l_all, self.lam, self.rho, s_all),
                                     tf.float32))
-            alpha_used = tf.where(init, self.alpha.read_value(), solved)
-            alpha_used = tf.cast(alpha_used, l32.dtype)
+            alpha_used = tf.where(init, alpha_var, solved)
         else:
             alpha_used = alpha_var
-        value, stats = ops.safe_kl_dro_risk_and_stats(l32, alpha_used, self.lam, self.rho, s32,
-                                                      calibrate=self.calibrate)
-        s_local = tf.reduce_sum(s32)
-        sw_local = stats["mean_w"] * s_local
-        sat = stats["saturation"]
-        if _num_replicas() > 1:
-            sw_glob, s_glob = _replica_sum([sw_local, s_local])
+        value, stats = ops.safe_kl_dro_risk_and_stats(
+            l32, tf.cast(alpha_used, l32.dtype), self.lam, self.rho, s32, calibrate=self.calibrate)
+        mean_w, sat, curv = stats["mean_w"], stats["saturation"], stats["curvature"]
+        if multi:
+            s_local = (tf.cast(tf.size(l32), l32.dtype) if s32 is None else tf.reduce_sum(s32))
+            sw_glob, s_glob, sc_glob = _replica_sum([mean_w * s_local, s_local, curv * s_local])
             sat = _replica_max(sat)
             # share of the global weighted mean; Keras sums the replicas' losses
             value = value * tf.math.divide_no_nan(s_local, s_glob)
+            mean_w = tf.math.divide_no_nan(sw_glob, s_glob)
+            curv = tf.math.divide_no_nan(sc_glob, s_glob)
+            nonempty = s_glob > 0
         else:
-            sw_glob, s_glob = sw_local, s_local
-            value = _scale_for_replicas(value)
-        mean_w = tf.math.divide_no_nan(sw_glob, s_glob)
-        grad_alpha = tf.where(s_glob > 0, 1.0 - mean_w, tf.zeros_like(mean_w))
-        deps = [
-            self.metric_alpha.update_state(tf.cast(alpha_used, tf.float32)),
-            self.metric_mean_w.update_state(tf.cast(mean_w, tf.float32)),
-            self.metric_saturation.update_state(tf.cast(sat, tf.float32)),
-        ]
+            nonempty = (tf.size(l32) > 0) if s32 is None else (tf.reduce_sum(s32) > 0)
+        mean_w, sat, curv = (tf.cast(x, tf.float32) for x in (mean_w, sat, curv))
+        deps = [self._diagnostics.update_state(alpha_used, mean_w, sat)]
         if training:
-            deps += self._apply_update(tf.cast(alpha_used, tf.float32),
-                                       tf.cast(tf.stop_gradient(grad_alpha), tf.float32), trainer)
+            deps += self._apply_update(tf.cast(alpha_used, tf.float32), state, mean_w, curv,
+                                       nonempty, trainer)
         deps = [d for d in deps if d is not None]
         with tf.control_dependencies(deps):
             return tf.identity(value)
@@ -536,6 +622,7 @@ class SafeKLDRORisk(_BatchRiskLoss):
             "alpha_learning_rate": self.alpha_learning_rate,
             "alpha_lr_multiplier": self.alpha_lr_multiplier,
             "alpha_optimizer": self.alpha_optimizer,
+            "alpha_damping": self.alpha_damping,
             "update_alpha": self.update_alpha,
             "calibrate": self.calibrate,
         }
