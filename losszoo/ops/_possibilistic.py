@@ -64,7 +64,9 @@ projecting. Everything runs in float64 (``compute_dtype="float32"`` is allowed o
 ``tol >= 1e-5`` and ``eps_cap >= 1e-5``); outputs are cast back to the input dtype.
 
 Implementation: the projection loop is ``tf.while_loop`` over cycles with rolled inner
-loops over constraints (Python-unrolled for ``K <= unroll_max_k``), static shapes, inside
+loops over constraints, static shapes. For ``K <= unroll_max_k`` a separate kernel unrolls
+every step on Python lists of ``[B]`` vectors (no cumsum/concat/slicing, so XLA fuses a
+whole cycle into a few elementwise loops; same iterates and cycle counts), all inside
 one cached ``tf.function(jit_compile=True)`` per configuration; every loop output is behind
 ``tf.stop_gradient`` (spec 3.8).
 """
@@ -83,6 +85,8 @@ _STOPPING_CODE = {"paper": 0, "certified": 1, "fixed": 2}
 _SUPPORT = ("floor", "restrict")
 _GAP_POLICY = ("wide", "antipignistic_tight")
 _F64 = tf.float64
+# Small-K kernel: full cycles per while-loop iteration (each still tested and frozen).
+_SMALL_K_CYCLES_PER_ITER = 1
 
 
 class PossibilityConstraints(NamedTuple):
@@ -397,9 +401,17 @@ def _sweep(kind, x, lam_old, cst, unroll):
 
     ``unroll=True`` unrolls the steps in Python (small K); otherwise a rolled while loop.
     """
-    m1 = lam_old.shape[0]
-    z = tf.exp(x - tf.reduce_max(x, axis=0, keepdims=True))  # [K, B]; 0 outside support
-    suffix = tf.cumsum(z, axis=0, exclusive=True, reverse=True)  # sum_{k>r} z_k
+    if isinstance(x, list):  # small K: lists of [B] vectors, everything elementwise
+        m1 = len(lam_old)
+        top = x[0]
+        for xk in x[1:]:
+            top = tf.maximum(top, xk)
+        z = [tf.exp(xk - top) for xk in x]
+        suffix = _suffix_sums(z, exclusive=True)
+    else:
+        m1 = lam_old.shape[0]
+        z = tf.exp(x - tf.reduce_max(x, axis=0, keepdims=True))  # [K, B]; 0 outside support
+        suffix = tf.cumsum(z, axis=0, exclusive=True, reverse=True)  # sum_{k>r} z_k
     one = tf.ones_like(z[0])
     arrays = {"z": z[:-1], "z_next": z[1:], "lam_old": lam_old, "act": cst["act"]}
 
@@ -418,7 +430,7 @@ def _sweep(kind, x, lam_old, cst, unroll):
     else:
         low = kind == "low"
         sign = 1.0 if low else -1.0
-        arrays.update(tails=suffix[1:], delta=cst["lo"] if low else -cst["up"])
+        arrays.update(tails=suffix[1:], delta=cst["lo"] if low else cst["neg_up"])
 
         def step_at(arr, r, carry):
             a, head = carry
@@ -450,7 +462,7 @@ def _sweep(kind, x, lam_old, cst, unroll):
         for r in range(m1):
             lam, carry = step_at(arrays, r, carry)
             out.append(lam)
-        return tf.stack(out, axis=0)
+        return out if isinstance(x, list) else tf.stack(out, axis=0)
 
     def body(r, ta, *carry):
         lam, carry = step_at(arrays, r, carry)
@@ -459,6 +471,109 @@ def _sweep(kind, x, lam_old, cst, unroll):
     ta = tf.TensorArray(_F64, size=m1, element_shape=one.shape)
     res = tf.while_loop(lambda r, *_: r < m1, body, (tf.constant(0), ta) + tuple(init))
     return res[1].stack()
+
+
+def _suffix_sums(v, exclusive):
+    """Python-list reverse cumulative sums of [B] vectors (``sum_{j>k}`` if exclusive)."""
+    out, acc = [None] * len(v), None
+    for k in reversed(range(len(v))):
+        if exclusive:
+            out[k] = tf.zeros_like(v[k]) if acc is None else acc
+        acc = v[k] if acc is None else acc + v[k]
+        if not exclusive:
+            out[k] = acc
+    return out
+
+
+def _at_lambda_list(lq, lp, ll, lu):
+    """``log q + A^T lam`` for lists of [B] vectors (same sums as :func:`_at_lambda`)."""
+    m1 = len(lp)
+    pref = _suffix_sums(lp, exclusive=False)
+    g = [ll[r] - lu[r] for r in range(m1)]
+    out = []
+    for j in range(m1 + 1):
+        t = pref[j] + g[j] if j < m1 else tf.zeros_like(lq[j])
+        if j >= 1:
+            t = t - g[j - 1]
+        out.append(lq[j] + t)
+    return out
+
+
+def _check_list(x, lp, ll, lu, cst):
+    """:func:`_check` for lists of [B] vectors: V and the duality gap, [B] each."""
+    m1 = len(lp)
+    top = x[0]
+    for xk in x[1:]:
+        top = tf.maximum(top, xk)
+    total = tf.add_n([tf.exp(xk - top) for xk in x])
+    lse = top + tf.math.log(total)
+    p = [tf.exp(xk - lse) for xk in x]
+    tail = _suffix_sums(p, exclusive=True)
+    v = gap = None
+    for r in range(m1):
+        d = p[r] - p[r + 1]
+        act = cst["act"][r]
+        slack_pref = cst["pt_next"][r] - tail[r]
+        slack_low = d - cst["lo"][r]
+        slack_up = cst["up"][r] - d
+        viol = tf.maximum(tf.maximum(-slack_pref, -slack_low), -slack_up)
+        viol = tf.where(act, viol, tf.zeros_like(viol))
+        term = tf.where(act, lp[r] * slack_pref + ll[r] * slack_low + lu[r] * slack_up,
+                        tf.zeros_like(viol))
+        v = viol if v is None else tf.maximum(v, viol)
+        gap = term if gap is None else gap + term
+    return tf.maximum(v, 0.0), gap
+
+
+def _project_core_small(lq, pt_next, ratio, lo, up, act, active, tol, gap_tol, max_cycles,
+                        stopping, cycles_per_iter=_SMALL_K_CYCLES_PER_ITER):
+    """:func:`_project_core` for small K: every step unrolled on lists of [B] vectors.
+
+    One while-loop iteration runs ``cycles_per_iter`` full cycles, each followed by the
+    stopping test and the per-example freeze, so the result (iterates and cycle counts) is
+    the same as one cycle per iteration; only the loop overhead is paid less often.
+    """
+    lq_l = tf.unstack(lq)
+    cst = {"pt_next": tf.unstack(pt_next), "ratio": tf.unstack(ratio), "lo": tf.unstack(lo),
+           "up": tf.unstack(up), "neg_up": tf.unstack(-up), "act": tf.unstack(act)}
+
+    def body(k, lp, ll, lu, active, cycles, v, gap):
+        lp, ll, lu = tf.unstack(lp), tf.unstack(ll), tf.unstack(lu)
+        for j in range(cycles_per_iter):
+            nlp = _sweep("pref", _at_lambda_list(lq_l, lp, ll, lu), lp, cst, True)
+            nll = _sweep("low", _at_lambda_list(lq_l, nlp, ll, lu), ll, cst, True)
+            nlu = _sweep("up", _at_lambda_list(lq_l, nlp, nll, lu), lu, cst, True)
+            nv, ngap = _check_list(_at_lambda_list(lq_l, nlp, nll, nlu), nlp, nll, nlu, cst)
+            feasible = nv <= tol
+            done = tf.where(tf.equal(stopping, 0), feasible,
+                            feasible & (tf.abs(ngap) <= gap_tol) & tf.equal(stopping, 1))
+            run = active & (k + j < max_cycles)
+            lp = [tf.where(run, a, b) for a, b in zip(nlp, lp)]
+            ll = [tf.where(run, a, b) for a, b in zip(nll, ll)]
+            lu = [tf.where(run, a, b) for a, b in zip(nlu, lu)]
+            v = tf.where(run, nv, v)
+            gap = tf.where(run, ngap, gap)
+            cycles = cycles + tf.cast(run, tf.int32)
+            active = active & ~(run & done)
+        return (k + cycles_per_iter, tf.stack(lp), tf.stack(ll), tf.stack(lu), active, cycles,
+                v, gap)
+
+    zeros = tf.zeros_like(pt_next)
+    batch = tf.shape(active)[0]
+    init = (tf.constant(0), zeros, zeros, zeros, active, tf.zeros([batch], tf.int32),
+            tf.zeros([batch], _F64), tf.zeros([batch], _F64))
+
+    def cond(k, lp, ll, lu, active, *_):
+        return (k < max_cycles) & (tf.reduce_any(active) | tf.equal(stopping, 2))
+
+    _, lp, ll, lu, _, cycles, _, _ = tf.while_loop(cond, body, init)
+    x = _normalize_log(lq + _at_lambda(lp, ll, lu))
+    v, gap = _check(x, lp, ll, lu, _cst_stacked(pt_next, ratio, lo, up, act))
+    return x, tf.stack([lp, ll, lu], axis=0), cycles, v, gap
+
+
+def _cst_stacked(pt_next, ratio, lo, up, act):
+    return {"pt_next": pt_next, "ratio": ratio, "lo": lo, "up": up, "act": act}
 
 
 def _project_core(lq, pt_next, ratio, lo, up, act, active, tol, gap_tol, max_cycles,
@@ -471,7 +586,10 @@ def _project_core(lq, pt_next, ratio, lo, up, act, active, tol, gap_tol, max_cyc
     are tensors, so changing them does not recompile. Returns: x [K, B] (log projection, normalised), lam [3, m1, B], cycles [B] int32,
     V [B], gap [B].
     """
-    cst = {"pt_next": pt_next, "ratio": ratio, "lo": lo, "up": up, "act": act}
+    if unroll:
+        return _project_core_small(lq, pt_next, ratio, lo, up, act, active, tol, gap_tol,
+                                   max_cycles, stopping)
+    cst = {"pt_next": pt_next, "ratio": ratio, "lo": lo, "up": up, "neg_up": -up, "act": act}
     zeros = tf.zeros_like(pt_next)
 
     def cycle(lp, ll, lu):

@@ -240,7 +240,8 @@ def test_example4_one_cycle(policy, eps_cap):
 
 def test_softmax_counterexample_and_paper_flaw():
     # pi = (1, 0.2) needs p_1 >= N({1}) = 0.8, which softmax(pi) violates.
-    p, _ = project([[0.5, 0.5]], [[1.0, 0.2]])
+    # (A third class with possibility rho keeps N({1}) = 0.8 and shares the K = 3 kernel.)
+    p, _ = project([[0.5, 0.5 - 1e-9, 1e-9]], [[1.0, 0.2, RHO]])
     assert p[0, 0] >= 0.8 - 1e-8 and np.exp(1) / (np.exp(1) + np.exp(0.2)) < 0.7
     # Spec 2.6: the paper's rule stops at a feasible, non-optimal point.
     q, pi = [[0.0095, 0.4667, 0.5238]], [[1.0, 0.4236, 0.0643]]
@@ -403,8 +404,8 @@ def test_table1_regression_anchor():
 
 def test_loss_gradient_matches_finite_differences_of_value_function():
     rng = np.random.default_rng(5)
-    pi, _ = random_cases(rng, 3, 4)
-    logits = rng.normal(size=(3, 4))
+    pi, _ = random_cases(rng, 3, 3)
+    logits = rng.normal(size=(3, 3))
     _, info = padded_loss(logits, pi, tol=1e-14, gap_tol=1e-16, max_cycles=20000)
     assert info["converged"].numpy().all()
 
@@ -509,16 +510,16 @@ def _loss_and_grad(logits, pi, **kw):
 
 def test_bad_input_unnormalized_and_out_of_range_possibility():
     rng = np.random.default_rng(8)
-    pi, q = random_cases(rng, 3, 4)
+    pi, q = random_cases(rng, 3, 6)
     base, _ = project(q, pi)
     scaled, _ = project(q, 0.3 * pi)  # 0 < max < 1: divided by the max
     np.testing.assert_allclose(scaled, base, atol=1e-14)
     bigger, _ = project(q, 2.5 * pi)  # entries > 1: divided by the max
     np.testing.assert_allclose(bigger, base, atol=1e-14)
     neg = pi.copy()
-    neg[:, 3] = -0.5  # negative -> clipped to 0 (then floored)
+    neg[:, 5] = -0.5  # negative -> clipped to 0 (then floored)
     zero = pi.copy()
-    zero[:, 3] = 0.0
+    zero[:, 5] = 0.0
     np.testing.assert_allclose(project(q, neg)[0], project(q, zero)[0], atol=0)
 
 
@@ -538,8 +539,8 @@ def test_bad_input_nan_or_all_zero_rows_are_invalid_with_zero_loss():
 
 
 def test_bad_input_zero_possibility_floor_and_restrict():
-    logits = np.array([[0.5, 0.2, 1.5, -0.3]])
-    pi = np.array([[1.0, 0.4, 0.0, 0.1]])
+    logits = np.array([[0.5, 0.2, 1.5, -0.3, 0.8, -1.0]])
+    pi = np.array([[1.0, 0.4, 0.0, 0.1, 0.7, 0.25]])
     # floor (default): the impossible class gets at most rho, and its logit is pushed down.
     loss, grad, _ = _loss_and_grad(logits, pi)
     star, _ = project(np.exp(logits) / np.exp(logits).sum(), pi)
@@ -549,15 +550,17 @@ def test_bad_input_zero_possibility_floor_and_restrict():
     star_r, _ = project_logits(logits, pi, support_mode="restrict")
     assert star_r.numpy()[0, 2] == 0.0 and grad_r[0, 2] == 0.0
     assert np.all(np.isfinite(grad_r)) and np.isfinite(loss_r).all()
-    # on the support it is the projection of q renormalised on the support
-    keep = [0, 1, 3]
-    sub, _ = project(np.exp(logits[:, keep]) / np.exp(logits[:, keep]).sum(), pi[:, keep])
-    np.testing.assert_allclose(star_r.numpy()[0, keep], sub[0], atol=1e-9)
+    # on the support it is the projection of q renormalised on the support (SciPy oracle)
+    keep = [0, 1, 3, 4, 5]
+    q_keep = np.exp(logits[0, keep]) / np.exp(logits[0, keep]).sum()
+    a_mat, b = ref_constraints(pi[0, keep])
+    np.testing.assert_allclose(star_r.numpy()[0, keep], scipy_dual(q_keep, a_mat, b),
+                               atol=1e-7)
 
 
 def test_bad_input_one_hot_possibility():
-    logits = np.array([[0.3, -1.0, 2.0, 0.1]])
-    pi = np.array([[0.0, 1.0, 0.0, 0.0]])
+    logits = np.array([[0.3, -1.0, 2.0, 0.1, 0.5, -0.2]])
+    pi = np.array([[0.0, 1.0, 0.0, 0.0, 0.0, 0.0]])
     loss, grad, _ = _loss_and_grad(logits, pi)
     star, _ = project_logits(logits, pi)
     assert star.numpy()[0, 1] >= 1 - RHO - 1e-9
@@ -594,8 +597,9 @@ def test_bad_input_ties_and_tie_tol():
 
 
 def test_bad_input_zero_or_underflowing_q():
-    logits = np.array([[0.0, -1e4, -np.inf, 3.0], [800.0, 0.0, 0.0, -800.0]])
-    pi = np.array([[1.0, 0.9, 0.5, 0.2], [0.1, 1.0, 0.3, 0.9]])
+    logits = np.array([[0.0, -1e4, -np.inf, 3.0, 1.0, -2.0],
+                       [800.0, 0.0, 0.0, -800.0, 5.0, -3.0]])
+    pi = np.array([[1.0, 0.9, 0.5, 0.2, 0.7, 0.3], [0.1, 1.0, 0.3, 0.9, 0.6, 0.05]])
     loss, grad, info = _loss_and_grad(logits, pi)
     p, _ = project_logits(logits, pi)
     assert np.all(np.isfinite(loss)) and np.all(np.isfinite(grad))
@@ -606,7 +610,7 @@ def test_bad_input_zero_or_underflowing_q():
 
 def test_bad_input_float32_and_half_precision():
     rng = np.random.default_rng(10)
-    pi, q = random_cases(rng, 3, 4)
+    pi, q = random_cases(rng, 3, 3)
     logits = np.log(q)
     p64, _ = project_logits(logits, pi)
     for dtype in (tf.float32, tf.float16, tf.bfloat16):
