@@ -84,7 +84,48 @@ TOUR: list[TourEntry] = [
         loss=lambda: "sparsemax",
         head=lambda: losszoo.heads.Sparsemax(),
     ),
+    TourEntry(
+        name="safe-KL DRO risk (CE, lam=1, rho=0.1)",
+        loss=lambda: losszoo.losses.SafeKLDRORisk(
+            keras.losses.SparseCategoricalCrossentropy(from_logits=True), lam=1.0, rho=0.1),
+        head=lambda: keras.layers.Softmax(),
+    ),
+    TourEntry(
+        name="bcsoftmax head (CE-trained, bounds [0.002, 0.95])",
+        loss=lambda: keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        head=lambda: losszoo.heads.BCSoftmax(lower=0.002, upper=0.95),
+    ),
+    TourEntry(
+        name="PB-C calibrator head (tau=1.5, initial bounds; fit it with losszoo.calibration)",
+        loss=lambda: keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        head=lambda: losszoo.heads.ProbabilityBounding(),
+    ),
+    TourEntry(  # Rankmax ranks by raw scores; softmax only turns them into probabilities here
+        name="rankmax (k=1, margin=1; softmax head for probabilities)",
+        loss=lambda: "rankmax",
+        head=lambda: keras.layers.Softmax(),
+    ),
+    TourEntry(  # labels: possibility from the distance of x to each class's training mean
+        name="possibilistic projection (staircase possibility labels)",
+        loss=lambda: "possibilistic_projection",
+        head=lambda: keras.layers.Softmax(),
+        targets=lambda data, split: possibility_targets(data, split),
+    ),
 ]
+
+
+def possibility_targets(data: Digits, split: str, alpha: float = 0.6) -> np.ndarray:
+    """Possibility labels as in the paper's synthetic study: pi_y = 1, the other classes
+    ranked by the distance of x to their training prototype (class mean),
+    pi = 1e-6 + max(0, alpha - 0.05 (rank - 1))."""
+    x, y = getattr(data, f"x_{split}"), getattr(data, f"y_{split}")
+    protos = np.stack([data.x_train[data.y_train == c].mean(0) for c in range(10)])
+    dist = ((x[:, None, :] - protos[None]) ** 2).sum(-1)
+    dist[np.arange(len(y)), y] = -1.0  # the true class ranks first
+    rank = np.argsort(np.argsort(dist, axis=1, kind="stable"), axis=1)
+    pi = 1e-6 + np.maximum(0.0, alpha - 0.05 * (rank - 1))
+    pi[np.arange(len(y)), y] = 1.0
+    return pi.astype(np.float32)
 
 
 def build_model(num_features: int, num_classes: int) -> keras.Model:

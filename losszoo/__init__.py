@@ -7,6 +7,7 @@ Subpackages:
   ops: pure TensorFlow kernels with hand-derived gradients (no Keras).
   heads: Keras layers over the ops.
   losses: Keras losses over the ops.
+  calibration: post-hoc calibrators (fit_calibrator), calibration metrics, reliability plots.
   metrics: Keras metrics (e.g. the exact full-data KL-DRO risk).
   registry: names -> classes, Keras string lookup, entry-point plugins.
 """
@@ -17,11 +18,13 @@ require_tensorflow_backend()
 
 from losszoo import ops  # noqa: E402
 from losszoo import heads, losses, metrics  # noqa: E402
+from losszoo import calibration  # noqa: E402  (needs heads)
 from losszoo.registry import entries, get, get_class, names, register, tf_keras_loss  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "calibration",
     "entries",
     "get",
     "get_class",

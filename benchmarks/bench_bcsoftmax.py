@@ -1,0 +1,125 @@
+"""BCSoftmax forward+backward under XLA at batch 128 (issue 3).
+
+Rows: K in {32, 128, 1024, 32768}, both bounds (the paper's runtime-study recipe), ratio to
+softmax of the same shape (target <= 3x at K = 1024), to the paper's Algorithm 5 implemented
+in TF (O(K^2) memory: K <= 128 only), and the exact sort-based Algorithm A; plus a forward-only
+row against scipy SLSQP per row (generic solver, small K; target >= 100x faster).
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from harness import Case
+from losszoo import ops
+
+
+def _problem(n, k, seed=0):
+    rng = np.random.RandomState(seed)
+    x = rng.normal(0, 3, (n, k))
+    b = rng.rand(n, k)
+    b /= np.minimum(1.0, b.sum(1, keepdims=True) - 1e-6)
+    a = rng.rand(n, k)
+    a /= a.sum(1, keepdims=True)
+    a *= rng.rand(n, 1) * 0.5
+    b = np.minimum(np.maximum(a, b) + 1e-6, 1.0)
+    return x.astype(np.float32), a.astype(np.float32), b.astype(np.float32)
+
+
+def _inputs(n, k):
+    def make():
+        return [tf.constant(t) for t in _problem(n, k)]
+    return make
+
+
+def bcsoftmax(x, a, b):
+    return ops.bcsoftmax(x, a, b, validate=False) * tf.sin(tf.range(x.shape[-1], dtype=x.dtype))
+
+
+def bcsoftmax_sort(x, a, b):
+    return ops.bcsoftmax(x, a, b, validate=False, method="sort") * tf.sin(
+        tf.range(x.shape[-1], dtype=x.dtype))
+
+
+def softmax(x, a, b):
+    return tf.nn.softmax(x) * tf.sin(tf.range(x.shape[-1], dtype=x.dtype))
+
+
+def paper_alg5(x, a, b):
+    """Paper Algorithm 5 (all K+1 candidates y(k), keep the smallest feasible k), vectorised in TF,
+    log domain, autodiff. O(K^2) time and memory per row."""
+    n, k = x.shape[0], x.shape[-1]
+    x = x - tf.reduce_max(x, -1, keepdims=True)
+    # sort by a/exp(x) descending == x - log a ascending
+    pa = tf.argsort(x - tf.math.log(a), -1)
+    xs, as_, bs = (tf.gather(t, pa, batch_dims=1) for t in (x, a, b))
+    ks = tf.range(k + 1)
+    fixed = tf.cast(tf.range(k)[None, :] < ks[:, None], x.dtype)                 # [K+1, K]
+    s = 1.0 - tf.reduce_sum(fixed[None] * as_[:, None, :], -1, keepdims=True)     # [N, K+1, 1]
+    s_pos = tf.maximum(s, 1e-30)
+    # UBSoftmax on each suffix with bounds bs/s; order by log b - x (independent of k)
+    pb = tf.argsort(tf.math.log(bs) - xs, -1)
+    xb, bb = tf.gather(xs, pb, batch_dims=1), tf.gather(bs, pb, batch_dims=1)
+    free_b = 1.0 - tf.gather(tf.broadcast_to(fixed[None], [n, k + 1, k]), pb, axis=2, batch_dims=1)
+    xm = tf.where(free_b > 0, xb[:, None, :], -np.inf)
+    logr = tf.math.cumulative_logsumexp(xm, axis=-1, reverse=True)
+    sb = 1.0 - tf.cumsum(free_b * bb[:, None, :] / s_pos, -1, exclusive=True)
+    cond = (free_b > 0) & (sb > 0) & (xm + tf.math.log(tf.maximum(sb, 1e-30))
+                                      <= tf.math.log(bb[:, None, :] / s_pos) + logr)
+    rho = tf.argmax(tf.cast(cond, tf.int32), -1)                                  # [N, K+1]
+    pos = tf.range(k)[None, None, :]
+    logr_rho = tf.gather(logr, rho[..., None], batch_dims=2)
+    s_rho = tf.gather(sb, rho[..., None], batch_dims=2)
+    ub = tf.where(pos < tf.cast(rho[..., None], tf.int32), bb[:, None, :] / s_pos,
+                  s_rho * tf.exp(tf.where(free_b > 0, xm - logr_rho, -np.inf)))
+    ub = tf.where(free_b > 0, ub, 0.0) * s_pos
+    inv_b = tf.argsort(pb, -1)
+    y_sorted = tf.gather(ub, tf.broadcast_to(inv_b[:, None, :], [n, k + 1, k]), batch_dims=2)
+    y_all = y_sorted + fixed[None] * as_[:, None, :]                              # [N, K+1, K]
+    ok = tf.reduce_all((y_all >= as_[:, None, :] - 1e-6) & (y_all <= bs[:, None, :] + 1e-6), -1)
+    ok &= tf.squeeze(s, -1) >= -1e-6
+    first = tf.argmax(tf.cast(ok, tf.int32), -1)
+    y = tf.gather(y_all, first, batch_dims=1)
+    y = tf.gather(y, tf.argsort(pa, -1), batch_dims=1)
+    return y * tf.sin(tf.range(k, dtype=x.dtype))
+
+
+def _slsqp_rows(x, a, b):
+    from scipy.optimize import minimize
+
+    out = np.empty_like(x)
+    for i in range(len(x)):
+        xi, ai, bi = x[i].astype(float), a[i].astype(float), b[i].astype(float)
+
+        def f(y):
+            yc = np.maximum(y, 1e-300)
+            return -(xi @ y - np.sum(yc * np.log(yc))), -(xi - np.log(yc) - 1)
+
+        y0 = ai + (bi - ai) * (1 - ai.sum()) / (bi.sum() - ai.sum())
+        out[i] = minimize(f, y0, jac=True, method="SLSQP", bounds=list(zip(np.maximum(ai, 1e-12), bi)),
+                          constraints=[{"type": "eq", "fun": lambda y: y.sum() - 1}],
+                          options={"ftol": 1e-10, "maxiter": 200}).x
+    return out
+
+
+def scipy_slsqp(x, a, b):
+    return tf.numpy_function(_slsqp_rows, [x, a, b], tf.float32)
+
+
+def cases(quick=False):
+    rep = 3 if quick else 10
+    out = []
+    for k in (32, 128, 1024, 32768):
+        anchors = {"softmax": softmax}
+        if k <= 128:
+            anchors["paper_alg5"] = paper_alg5
+        if k <= 1024:
+            anchors["alg_A_sort"] = bcsoftmax_sort
+        out.append(Case(op="bcsoftmax", shape=f"128x{k}", fn=bcsoftmax, inputs=_inputs(128, k),
+                        anchors=anchors, wrt=(0, 1, 2), modes=("xla",),
+                        target="<= 3x softmax at K=1024" if k == 1024 else "",
+                        repeats=rep if k < 32768 else 3))
+    for k in (32, 128):
+        out.append(Case(op="bcsoftmax_fwd", shape=f"128x{k}", fn=bcsoftmax, inputs=_inputs(128, k),
+                        anchors={"scipy_slsqp": scipy_slsqp}, wrt=(), modes=("graph",),
+                        target=">= 100x faster than SLSQP (ratio <= 0.01)", repeats=2))
+    return out

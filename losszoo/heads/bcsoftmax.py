@@ -1,0 +1,141 @@
+"""Keras layer: the box-constrained softmax (BCSoftmax) head."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from losszoo import ops
+from losszoo.registry import register
+
+
+def _inverse_sigmoid(p):
+    p = np.clip(np.asarray(p, np.float64), 1e-7, 1 - 1e-7)
+    return np.log(p) - np.log1p(-p)
+
+
+@register(
+    "bcsoftmax",
+    kind="head",
+    aliases=("box_constrained_softmax",),
+    description="Box-constrained softmax: softmax(x/tau) projected into lower <= p <= upper",
+)
+class BCSoftmax(keras.layers.Layer):
+    """Box-constrained softmax head (Atarashi et al., 2025).
+
+    ``p = argmax_{p in simplex, a <= p <= b} <x, p> - tau * sum_k p_k log p_k
+    = clip(exp(x / tau - nu), a, b)`` with the scalar ``nu`` that makes ``p`` sum to 1.
+    With no bounds it is ``softmax(x / tau)``. Computed exactly (see
+    :func:`losszoo.ops.bcsoftmax`) in float32 or wider whatever the compute policy.
+
+    Bounds can be fixed in the config (``lower``/``upper``: a scalar or a per-class list),
+    learned (``learn_bounds=True``: per-class parameters ``a = sigmoid(a')/K`` and
+    ``b = 1/K + (1 - 1/K) sigmoid(b')``, feasible by construction and initialised from
+    ``lower``/``upper``), or passed at call time (``layer(logits, lower=..., upper=...)``,
+    which override the configured ones). The temperature is fixed or learned
+    (``learn_temperature=True``, ``tau = exp(t')``).
+
+    Args:
+      lower: lower bound(s) ``a``: None, a float, or a list of K floats.
+      upper: upper bound(s) ``b``: None, a float, or a list of K floats.
+      temperature: ``tau > 0`` (initial value when learned).
+      learn_bounds: learn both per-class bounds. Initial values ``lower < 1/K < upper`` (None
+        gives the defaults ``0.5/K`` and ``0.5``).
+      learn_temperature: learn ``tau``.
+      axis: the class axis.
+      method: solver, ``"newton"`` (default), ``"sort"`` or ``"bisect"``.
+      **kwargs: ``keras.layers.Layer`` arguments.
+
+    Example:
+      >>> head = losszoo.heads.BCSoftmax(upper=[1.0, 0.6, 0.5])
+      >>> head(np.array([[-1.5, 1.0, -0.5]])).numpy().round(4)
+      array([[0.1076, 0.6   , 0.2924]], dtype=float32)
+    """
+
+    def __init__(self, lower=None, upper=None, temperature: float = 1.0,
+                 learn_bounds: bool = False, learn_temperature: bool = False, axis: int = -1,
+                 method: str = "newton", **kwargs):
+        kwargs.setdefault("dtype", "float32")
+        super().__init__(**kwargs)
+        self.lower = _to_config(lower)
+        self.upper = _to_config(upper)
+        if float(temperature) <= 0:
+            raise ValueError(f"`temperature` must be > 0, got {temperature}.")
+        self.temperature = float(temperature)
+        self.learn_bounds = bool(learn_bounds)
+        self.learn_temperature = bool(learn_temperature)
+        self.axis = int(axis)
+        if method not in ops._bcsoftmax.METHODS:
+            raise ValueError(f"`method` must be one of {ops._bcsoftmax.METHODS}, got {method!r}.")
+        self.method = method
+        self._check_fixed_bounds()
+
+    def _check_fixed_bounds(self):
+        for name, v in (("lower", self.lower), ("upper", self.upper)):
+            if v is not None and not np.all((np.asarray(v) >= 0) & (np.asarray(v) <= 1)):
+                raise ValueError(f"`{name}` must lie in [0, 1] (rule 0 <= lower <= upper <= 1).")
+        if self.lower is not None and self.upper is not None:
+            if np.any(np.asarray(self.lower) > np.asarray(self.upper)):
+                raise ValueError("`lower` must be <= `upper` (rule lower <= upper).")
+
+    def build(self, input_shape):
+        k = input_shape[self.axis]
+        if k is None:
+            raise ValueError("BCSoftmax needs a static number of classes.")
+        self.num_classes = int(k)
+        for name, v in (("lower", self.lower), ("upper", self.upper)):
+            if v is not None and np.ndim(v) == 1 and len(v) != k:
+                raise ValueError(f"`{name}` has {len(v)} entries but the input has {k} classes.")
+        if self.learn_bounds:
+            lo = 0.5 / k if self.lower is None else np.broadcast_to(self.lower, (k,))
+            hi = 0.5 if self.upper is None else np.broadcast_to(self.upper, (k,))
+            lo, hi = np.broadcast_to(lo, (k,)), np.broadcast_to(hi, (k,))
+            if np.any(lo * k >= 1) or np.any(hi * k <= 1) or k == 1:
+                raise ValueError("Learned bounds need initial values lower < 1/K < upper.")
+            self.lower_logit = self.add_weight(
+                name="lower_logit", shape=(k,),
+                initializer=keras.initializers.Constant(_inverse_sigmoid(lo * k)), dtype="float32")
+            self.upper_logit = self.add_weight(
+                name="upper_logit", shape=(k,),
+                initializer=keras.initializers.Constant(_inverse_sigmoid((hi - 1 / k) / (1 - 1 / k))),
+                dtype="float32")
+        if self.learn_temperature:
+            self.log_temperature = self.add_weight(
+                name="log_temperature", shape=(),
+                initializer=keras.initializers.Constant(np.log(self.temperature)), dtype="float32")
+
+    def bounds(self):
+        """The current ``(lower, upper)`` tensors or None (configured or learned)."""
+        if self.learn_bounds:
+            k = self.num_classes
+            lo = tf.sigmoid(self.lower_logit) / k
+            hi = 1.0 / k + (1.0 - 1.0 / k) * tf.sigmoid(self.upper_logit)
+            return lo, hi
+        lo = None if self.lower is None else tf.constant(self.lower, tf.float32)
+        hi = None if self.upper is None else tf.constant(self.upper, tf.float32)
+        return lo, hi
+
+    def call(self, inputs, lower=None, upper=None):
+        x = tf.cast(inputs, tf.float32) if inputs.dtype in (tf.float16, tf.bfloat16) else inputs
+        lo, hi = self.bounds()
+        lo = lo if lower is None else lower
+        hi = hi if upper is None else upper
+        tau = tf.exp(self.log_temperature) if self.learn_temperature else self.temperature
+        return ops.bcsoftmax(x, lo, hi, tau, axis=self.axis, method=self.method)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return {**super().get_config(), "lower": self.lower, "upper": self.upper,
+                "temperature": self.temperature, "learn_bounds": self.learn_bounds,
+                "learn_temperature": self.learn_temperature, "axis": self.axis,
+                "method": self.method}
+
+
+def _to_config(v):
+    if v is None:
+        return None
+    arr = np.asarray(v, np.float64)
+    return float(arr) if arr.ndim == 0 else [float(t) for t in arr.reshape(-1)]

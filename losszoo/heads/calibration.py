@@ -1,0 +1,245 @@
+"""Keras layers: post-hoc calibrators (temperature scaling, probability bounding, logit bounding).
+
+Spec ``shared/specs/bcsoftmax.md`` section 5 (paper Sec. 4). Each layer maps the frozen base
+model's logits -- and, for the linear variants, its penultimate embedding ``z`` -- to calibrated
+probabilities. Call them on ``logits`` or on ``[logits, z]``. Fit them with
+:func:`losszoo.calibration.fit_calibrator`.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from losszoo import ops
+from losszoo.registry import register
+
+_BOUND_FNS = ("constant", "linear")
+
+
+def _split(inputs):
+    if isinstance(inputs, (list, tuple)):
+        if len(inputs) != 2:
+            raise ValueError("Calibrators take `logits` or `[logits, features]`.")
+        logits, feats = inputs
+    else:
+        logits, feats = inputs, None
+    logits = tf.cast(logits, tf.float32)
+    feats = None if feats is None else tf.cast(feats, tf.float32)
+    return logits, feats
+
+
+def _shapes(input_shape):
+    if isinstance(input_shape, (list, tuple)) and input_shape and isinstance(
+            input_shape[0], (list, tuple)):
+        return tuple(input_shape[0]), tuple(input_shape[1])
+    return tuple(input_shape), None
+
+
+class _Calibrator(keras.layers.Layer):
+    def __init__(self, temperature=1.5, fit_temperature=True, **kwargs):
+        kwargs.setdefault("dtype", "float32")
+        super().__init__(**kwargs)
+        if float(temperature) <= 0:
+            raise ValueError(f"`temperature` must be > 0, got {temperature}.")
+        self.temperature = float(temperature)
+        self.fit_temperature = bool(fit_temperature)
+
+    def _build_temperature(self):
+        self.log_temperature = self.add_weight(
+            name="log_temperature", shape=(),
+            initializer=keras.initializers.Constant(np.log(self.temperature)),
+            trainable=self.fit_temperature, dtype="float32")
+
+    def tau(self):
+        return tf.exp(tf.convert_to_tensor(self.log_temperature))
+
+    def _linear_or_constant(self, name, bound_fn, d, init):
+        if bound_fn == "constant":
+            return self.add_weight(name=name, shape=(),
+                                   initializer=keras.initializers.Constant(init), dtype="float32"), None
+        w = self.add_weight(name=name + "_kernel", shape=(d,), initializer="zeros", dtype="float32")
+        bias = self.add_weight(name=name + "_bias", shape=(),
+                               initializer=keras.initializers.Constant(init), dtype="float32")
+        return bias, w
+
+    @staticmethod
+    def _eval(param, feats):
+        bias, w = param
+        if w is None:
+            return tf.convert_to_tensor(bias)
+        if feats is None:
+            raise ValueError("The linear variant needs the features: call it on [logits, features].")
+        return tf.linalg.matvec(feats, tf.convert_to_tensor(w))[:, None] + bias
+
+    def compute_output_shape(self, input_shape):
+        return _shapes(input_shape)[0]
+
+    def get_config(self):
+        return {**super().get_config(), "temperature": self.temperature,
+                "fit_temperature": self.fit_temperature}
+
+
+@register("temperature_scaling", kind="head", aliases=("ts",),
+          description="Temperature scaling calibrator: softmax(logits / tau), tau learned")
+class TemperatureScaling(_Calibrator):
+    """Temperature scaling (Guo et al., 2017): ``p = softmax(logits / tau)``, ``tau = exp(t')``.
+
+    Args:
+      temperature: initial ``tau`` (1.5, as in the paper's protocol).
+      fit_temperature: whether ``tau`` is trainable.
+      **kwargs: ``keras.layers.Layer`` arguments.
+
+    Example:
+      >>> ts = losszoo.heads.TemperatureScaling(temperature=2.0)
+      >>> ts(np.array([[0.0, 2.0]])).numpy().round(4)
+      array([[0.2689, 0.7311]], dtype=float32)
+    """
+
+    def build(self, input_shape):
+        self._build_temperature()
+
+    def call(self, inputs):
+        logits, _ = _split(inputs)
+        return tf.nn.softmax(logits / self.tau(), axis=-1)
+
+
+@register("probability_bounding", kind="head", aliases=("pb",),
+          description="Probability bounding calibrator: BCSoftmax with learned uniform bounds")
+class ProbabilityBounding(_Calibrator):
+    """Probability bounding (PB; paper eqs. 30-32).
+
+    ``p = BCSoftmax_tau(logits; a(x) 1, b(x) 1)`` with ``a = sigmoid(a') / K`` in ``(0, 1/K)``
+    and ``b = 1/K + (1 - 1/K) sigmoid(b')`` in ``(1/K, 1)`` (always feasible). ``a'``, ``b'`` are
+    scalar constants (PB-C) or linear in the embedding ``z`` (PB-L: ``w^T z + beta``, weights
+    initialised to 0). ``bounds="lower"`` (PB-*-L, ``b = 1``: never changes the argmax) and
+    ``bounds="upper"`` (PB-*-U, ``a = 0``) are the paper's ablations; ``fit_temperature=False``
+    is "w/o TS".
+
+    Args:
+      bound_fn: ``"constant"`` or ``"linear"``.
+      bounds: ``"both"``, ``"lower"`` or ``"upper"``.
+      temperature: initial ``tau`` (default 1.5).
+      fit_temperature: learn ``tau`` (else fixed at ``temperature``).
+      init_lower: initial ``a'`` (bias). The default -4 gives ``a = 0.018/K``: active on the
+        tail classes of an over-confident model (so it gets a gradient) without forcing much
+        mass onto them. The spec's suggestion 0 (``a = 0.5/K``) puts half the mass on the lower
+        bounds at the start, which Adam at lr 1e-3 cannot undo on a small validation set.
+      init_upper: initial ``b'`` (bias). The default 4 gives ``b = 1/K + 0.982 (1 - 1/K)``.
+      method: BCSoftmax solver.
+      **kwargs: ``keras.layers.Layer`` arguments.
+
+    Example:
+      >>> pb = losszoo.heads.ProbabilityBounding(init_lower=0.0, init_upper=0.0)
+      >>> pb(np.array([[0.0, 1.0, 8.0]])).numpy().round(3)
+      array([[0.167, 0.167, 0.667]], dtype=float32)
+    """
+
+    def __init__(self, bound_fn="constant", bounds="both", temperature=1.5,
+                 fit_temperature=True, init_lower=-4.0, init_upper=4.0, method="newton", **kwargs):
+        super().__init__(temperature, fit_temperature, **kwargs)
+        if bound_fn not in _BOUND_FNS:
+            raise ValueError(f"`bound_fn` must be one of {_BOUND_FNS}, got {bound_fn!r}.")
+        if bounds not in ("both", "lower", "upper"):
+            raise ValueError(f"`bounds` must be 'both', 'lower' or 'upper', got {bounds!r}.")
+        self.bound_fn, self.bounds = bound_fn, bounds
+        self.init_lower, self.init_upper = float(init_lower), float(init_upper)
+        self.method = method
+
+    def build(self, input_shape):
+        logits_shape, feat_shape = _shapes(input_shape)
+        self.num_classes = int(logits_shape[-1])
+        d = None
+        if self.bound_fn == "linear":
+            if feat_shape is None or feat_shape[-1] is None:
+                raise ValueError("PB-L needs [logits, features] with a static feature size.")
+            d = int(feat_shape[-1])
+        self._build_temperature()
+        self._a = (self._linear_or_constant("lower", self.bound_fn, d, self.init_lower)
+                   if self.bounds in ("both", "lower") else None)
+        self._b = (self._linear_or_constant("upper", self.bound_fn, d, self.init_upper)
+                   if self.bounds in ("both", "upper") else None)
+
+    def bound_values(self, inputs):
+        """``(a, b)``: the lower/upper probability bounds (None where absent)."""
+        _, feats = _split(inputs)
+        k = self.num_classes
+        a = None if self._a is None else tf.sigmoid(self._eval(self._a, feats)) / k
+        b = None if self._b is None else 1.0 / k + (1.0 - 1.0 / k) * tf.sigmoid(self._eval(self._b, feats))
+        return a, b
+
+    def call(self, inputs):
+        logits, _ = _split(inputs)
+        a, b = self.bound_values(inputs)
+        return ops.bcsoftmax(logits, a, b, self.tau(), method=self.method, validate=False)
+
+    def get_config(self):
+        return {**super().get_config(), "bound_fn": self.bound_fn, "bounds": self.bounds,
+                "init_lower": self.init_lower, "init_upper": self.init_upper,
+                "method": self.method}
+
+
+@register("logit_bounding", kind="head", aliases=("lb",),
+          description="Logit bounding calibrator: softmax(clip(logits, c, C) / tau)")
+class LogitBounding(_Calibrator):
+    """Logit bounding (LB; paper eqs. 35-38): ``p = softmax(clip(logits, c(x), C(x)) / tau)``.
+
+    ``c = h1(c')`` and ``C = h1(c' + softplus(C'))`` so ``c < C``. LB-L: ``c'``, ``C'`` linear in
+    the embedding ``z`` and ``h1 = identity``. LB-C: constants and
+    ``h1(e) = ||logits||_2 tanh(e)`` (keeps the bounds inside ``(-||logits||, ||logits||)``;
+    with the identity LB-C collapses, spec section 5.2). By Thm. 7 this covers the
+    uniform-bound BCSoftmax family with an O(K) clip.
+
+    Args:
+      bound_fn: ``"constant"`` or ``"linear"``.
+      temperature: initial ``tau`` (default 1.5).
+      fit_temperature: learn ``tau``.
+      init_lower: initial ``c'`` (bias).
+      init_upper: initial ``C'`` (bias).
+      **kwargs: ``keras.layers.Layer`` arguments.
+
+    Example:
+      >>> lb = losszoo.heads.LogitBounding(temperature=1.0, init_lower=-1.0, init_upper=0.0)
+      >>> lb(np.array([[-3.0, 0.0, 4.0]])).shape
+      TensorShape([1, 3])
+    """
+
+    def __init__(self, bound_fn="constant", temperature=1.5, fit_temperature=True,
+                 init_lower=0.0, init_upper=0.0, **kwargs):
+        super().__init__(temperature, fit_temperature, **kwargs)
+        if bound_fn not in _BOUND_FNS:
+            raise ValueError(f"`bound_fn` must be one of {_BOUND_FNS}, got {bound_fn!r}.")
+        self.bound_fn = bound_fn
+        self.init_lower, self.init_upper = float(init_lower), float(init_upper)
+
+    def build(self, input_shape):
+        _, feat_shape = _shapes(input_shape)
+        d = None
+        if self.bound_fn == "linear":
+            if feat_shape is None or feat_shape[-1] is None:
+                raise ValueError("LB-L needs [logits, features] with a static feature size.")
+            d = int(feat_shape[-1])
+        self._build_temperature()
+        self._c = self._linear_or_constant("lower", self.bound_fn, d, self.init_lower)
+        self._C = self._linear_or_constant("upper", self.bound_fn, d, self.init_upper)
+
+    def bound_values(self, inputs):
+        """``(c, C)``: the lower/upper logit bounds, shape ``[N, 1]`` or scalar."""
+        logits, feats = _split(inputs)
+        lo = self._eval(self._c, feats)
+        hi = lo + tf.nn.softplus(self._eval(self._C, feats))
+        if self.bound_fn == "constant":
+            norm = tf.norm(logits, axis=-1, keepdims=True)
+            return norm * tf.tanh(lo), norm * tf.tanh(hi)
+        return lo, hi
+
+    def call(self, inputs):
+        logits, _ = _split(inputs)
+        c, cap = self.bound_values(inputs)
+        clipped = tf.minimum(tf.maximum(logits, c), cap)  # gradients reach both bounds
+        return tf.nn.softmax(clipped / self.tau(), axis=-1)
+
+    def get_config(self):
+        return {**super().get_config(), "bound_fn": self.bound_fn,
+                "init_lower": self.init_lower, "init_upper": self.init_upper}
