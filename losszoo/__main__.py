@@ -12,6 +12,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 def format_table(rows: list[list[str]], header: list[str]) -> str:
     """Render rows as a GitHub-flavoured Markdown table (readable in a terminal too)."""
+    rows = [[str(cell).replace("|", "\\|") for cell in row] for row in rows]
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     line = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"
     rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
