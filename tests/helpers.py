@@ -33,6 +33,20 @@ def load_reference(name: str):
     return module
 
 
+def classification_data(n=256, k=6, d=10, seed=0):
+    """Features ``[n, d]`` and class ids ``[n]`` from a random linear teacher (learnable)."""
+    r = np.random.default_rng(seed)
+    x = r.normal(size=(n, d)).astype(np.float32)
+    y = np.argmax(x @ r.normal(size=(d, k)), axis=1)
+    return x, y
+
+
+def small_mlp(k=6, d=10):
+    """A tiny MLP emitting ``k`` logits, for training smoke, precision and distribution checks."""
+    return keras.Sequential([keras.Input((d,)), keras.layers.Dense(16, activation="relu"),
+                             keras.layers.Dense(k)])
+
+
 def _as_float64(args):
     out = []
     for a in args:

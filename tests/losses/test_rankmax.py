@@ -12,7 +12,9 @@ from tests.helpers import (
     assert_fit_smoke,
     assert_mirrored_matches_single,
     assert_mixed_precision,
+    classification_data,
     load_reference,
+    small_mlp,
 )
 
 ref = load_reference("rankmax_sparsemax")
@@ -82,32 +84,20 @@ def test_config_roundtrip_and_registry():
     assert keras.losses.get("rankmax").__class__ is RankmaxLoss
 
 
-def make_data(n=256, k=6, d=10, seed=0):
-    r = np.random.default_rng(seed)
-    x = r.normal(size=(n, d)).astype(np.float32)
-    y = np.argmax(x @ r.normal(size=(d, k)), axis=1)
-    return x, y
-
-
-def build_model(k=6, d=10):
-    return keras.Sequential([keras.Input((d,)), keras.layers.Dense(16, activation="relu"),
-                             keras.layers.Dense(k)])
-
-
 def test_trains_with_compile_by_name_and_xla():
-    x, y = make_data()
+    x, y = classification_data()
     for jit, loss in ((False, "rankmax"), (True, RankmaxLoss(k=2))):
-        model = build_model()
+        model = small_mlp()
         model.compile(optimizer=keras.optimizers.Adam(1e-2), loss=loss, jit_compile=jit)
         assert_fit_smoke(model, x, y, epochs=4, batch_size=64)
 
 
 def test_mixed_precision():
-    x, y = make_data()
-    assert_mixed_precision(build_model, x, y, "rankmax")
+    x, y = classification_data()
+    assert_mixed_precision(small_mlp, x, y, "rankmax")
     assert RankmaxLoss()(IDS, tf.constant(Z, tf.float16)).dtype == tf.float32
 
 
 def test_mirrored_strategy_matches_single_device():
-    x, y = make_data(n=64)
-    assert_mirrored_matches_single(build_model, x, y, RankmaxLoss(k=2))
+    x, y = classification_data(n=64)
+    assert_mirrored_matches_single(small_mlp, x, y, RankmaxLoss(k=2))
