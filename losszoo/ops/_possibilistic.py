@@ -73,6 +73,7 @@ one cached ``tf.function(jit_compile=True)`` per configuration; every loop outpu
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import numpy as np
@@ -366,10 +367,26 @@ def antipignistic(possibility, floor: float = 0.0, name: str | None = None) -> t
 # --------------------------------------------------------------------------------------
 
 
+def _rcumsum(x, exclusive=False):
+    """Reverse cumulative sum along axis 0 by log-step doubling (Hillis-Steele).
+
+    XLA lowers ``tf.cumsum`` to an O(K^2) reduce-window on CPU; this is O(K log K) with
+    a few fused shifted adds (same sums up to rounding).
+    """
+    n = x.shape[0]
+    shift = 1
+    while shift < n:
+        x = x + tf.concat([x[shift:], tf.zeros_like(x[:shift])], axis=0)
+        shift *= 2
+    if exclusive:
+        x = tf.concat([x[1:], tf.zeros_like(x[:1])], axis=0)
+    return x
+
+
 def _at_lambda(lp, ll, lu):
     """``A^T lam`` in sorted coordinates, time-major: lam parts [m1, B] -> [K, B]."""
     zero = tf.zeros_like(lp[:1])
-    pref = tf.concat([tf.cumsum(lp, axis=0, reverse=True), zero], axis=0)
+    pref = tf.concat([_rcumsum(lp), zero], axis=0)
     g = ll - lu  # lower: +e_r - e_{r+1}; upper: -e_r + e_{r+1}
     return pref + tf.concat([g, zero], 0) - tf.concat([zero, g], 0)
 
@@ -382,7 +399,7 @@ def _normalize_log(x):
 def _check(x, lp, ll, lu, cst):
     """Max violation V and duality gap of the normalised iterate (spec 2.6). [B] each."""
     p = tf.exp(_normalize_log(x))
-    tail = tf.cumsum(p, axis=0, exclusive=True, reverse=True)[:-1]  # sum_{k>r} p_k
+    tail = _rcumsum(p, exclusive=True)[:-1]  # sum_{k>r} p_k
     d = p[:-1] - p[1:]
     act = cst["act"]
     zero = tf.zeros_like(d)
@@ -411,7 +428,7 @@ def _sweep(kind, x, lam_old, cst, unroll):
     else:
         m1 = lam_old.shape[0]
         z = tf.exp(x - tf.reduce_max(x, axis=0, keepdims=True))  # [K, B]; 0 outside support
-        suffix = tf.cumsum(z, axis=0, exclusive=True, reverse=True)  # sum_{k>r} z_k
+        suffix = _rcumsum(z, exclusive=True)  # sum_{k>r} z_k
     one = tf.ones_like(z[0])
     arrays = {"z": z[:-1], "z_next": z[1:], "lam_old": lam_old, "act": cst["act"]}
 
@@ -446,10 +463,13 @@ def _sweep(kind, x, lam_old, cst, unroll):
             ud = u * dl
             one_m, one_p = 1.0 - dl, 1.0 + dl
             root = tf.sqrt(ud * ud + 4.0 * zi_s * zj_s * one_m * one_p)
-            e_pos = (ud + root) / (2.0 * zi_s * one_m)
-            e_neg = 2.0 * zj_s * one_p / (root - ud)
             e_zero = tf.sqrt(zj_s / zi_s)
-            e = tf.where(dl > 0.0, e_pos, tf.where(dl < 0.0, e_neg, e_zero))
+            # delta = lo >= 0 in the low sweep and -up <= 0 in the up sweep, so only one
+            # of the two non-tie branches can occur (same values as testing both).
+            if low:
+                e = tf.where(dl > 0.0, (ud + root) / (2.0 * zi_s * one_m), e_zero)
+            else:
+                e = tf.where(dl < 0.0, 2.0 * zj_s * one_p / (root - ud), e_zero)
             e = tf.where(viol, e, one)
             zi, zj = zi * e, zj / e
             a, c = (zi, zj) if low else (zj, zi)
@@ -591,11 +611,25 @@ def _project_core(lq, pt_next, ratio, lo, up, act, active, tol, gap_tol, max_cyc
                                    max_cycles, stopping)
     cst = {"pt_next": pt_next, "ratio": ratio, "lo": lo, "up": up, "neg_up": -up, "act": act}
     zeros = tf.zeros_like(pt_next)
+    body = functools.partial(_rolled_body, tol=tol, gap_tol=gap_tol, stopping=stopping)
+    batch = tf.shape(active)[0]
+    init = (tf.constant(0), zeros, zeros, zeros, active, tf.zeros([batch], tf.int32),
+            tf.zeros([batch], _F64), tf.zeros([batch], _F64))
+    sizes = _compaction_sizes(active.shape[0])
+    _, lp, ll, lu, _, cycles, _, _ = _run_stages(lq, cst, init, sizes, body, max_cycles,
+                                                 stopping)
+    x = _normalize_log(lq + _at_lambda(lp, ll, lu))
+    v, gap = _check(x, lp, ll, lu, cst)
+    return x, tf.stack([lp, ll, lu], axis=0), cycles, v, gap
+
+
+def _rolled_body(lq, cst, *, tol, gap_tol, stopping):
+    """While-loop body of one cycle of the rolled kernel on ``lq`` [K, b], ``cst`` [m1, b]."""
 
     def cycle(lp, ll, lu):
-        lp = _sweep("pref", lq + _at_lambda(lp, ll, lu), lp, cst, unroll)
-        ll = _sweep("low", lq + _at_lambda(lp, ll, lu), ll, cst, unroll)
-        lu = _sweep("up", lq + _at_lambda(lp, ll, lu), lu, cst, unroll)
+        lp = _sweep("pref", lq + _at_lambda(lp, ll, lu), lp, cst, False)
+        ll = _sweep("low", lq + _at_lambda(lp, ll, lu), ll, cst, False)
+        lu = _sweep("up", lq + _at_lambda(lp, ll, lu), lu, cst, False)
         return lp, ll, lu
 
     def body(k, lp, ll, lu, active, cycles, v, gap):
@@ -613,16 +647,63 @@ def _project_core(lq, pt_next, ratio, lo, up, act, active, tol, gap_tol, max_cyc
         cycles = cycles + tf.cast(active, tf.int32)
         return k + 1, lp, ll, lu, active & ~done, cycles, v, gap
 
-    batch = tf.shape(active)[0]
-    init = (tf.constant(0), zeros, zeros, zeros, active, tf.zeros([batch], tf.int32),
-            tf.zeros([batch], _F64), tf.zeros([batch], _F64))
-    def cond(k, lp, ll, lu, active, *_):
-        return (k < max_cycles) & (tf.reduce_any(active) | tf.equal(stopping, 2))
+    return body
 
-    _, lp, ll, lu, _, cycles, _, _ = tf.while_loop(cond, body, init)
-    x = _normalize_log(lq + _at_lambda(lp, ll, lu))
-    v, gap = _check(x, lp, ll, lu, cst)
-    return x, tf.stack([lp, ll, lu], axis=0), cycles, v, gap
+
+# Straggler compaction (rolled kernel): once at most ``size`` examples are still active,
+# the loop continues on a gathered static-size subset of ``size`` examples (the active ones
+# first, padded with frozen ones), whose state is scattered back at the end. Per-example
+# arithmetic is unchanged, so iterates and cycle counts are the same as without it.
+_COMPACT_MIN_BATCH = 16
+_COMPACT_FACTOR = 8
+# Each stage compiles another copy of the cycle body (~5 s of XLA compile at K = 100),
+# so only one compacted stage is used: B -> B // 8 (e.g. 100 -> 12).
+_COMPACT_STAGES = 1
+
+
+def _compaction_sizes(batch):
+    """Static stage sizes ``[B, B/f, ...]`` (``_COMPACT_STAGES`` extra; none for small B)."""
+    if batch is None or batch < _COMPACT_MIN_BATCH:
+        return [batch]
+    sizes = [batch]
+    while sizes[-1] > 1 and len(sizes) <= _COMPACT_STAGES:
+        sizes.append(max(1, sizes[-1] // _COMPACT_FACTOR))
+    return sizes
+
+
+def _run_stages(lq, cst, state, sizes, body, max_cycles, stopping):
+    """Run ``body`` on the batch until <= sizes[1] are active, then recurse on a subset."""
+    nxt = sizes[1] if len(sizes) > 1 else 0
+
+    def cond(k, lp, ll, lu, active, *_):
+        count = tf.reduce_sum(tf.cast(active, tf.int32))
+        return (k < max_cycles) & ((count > nxt) | tf.equal(stopping, 2))
+
+    state = tf.while_loop(cond, body(lq, cst), state)
+    if len(sizes) == 1:
+        return state
+    k, lp, ll, lu, active, cycles, v, gap = state
+    # Indices of the (<= nxt) still-active examples first, stable in index order.
+    _, idx = tf.math.top_k(tf.cast(active, tf.int32), k=nxt, sorted=True)
+
+    def take(t, axis):
+        return tf.gather(t, idx, axis=axis)
+
+    sub_cst = {key: take(val, 1) for key, val in cst.items()}
+    sub = (k, take(lp, 1), take(ll, 1), take(lu, 1), take(active, 0), take(cycles, 0),
+           take(v, 0), take(gap, 0))
+    k, slp, sll, slu, sactive, scycles, sv, sgap = _run_stages(take(lq, 1), sub_cst, sub, sizes[1:],
+                                                         body, max_cycles, stopping)
+    ids = idx[:, None]
+
+    def put(full, part, axis):
+        if axis == 0:
+            return tf.tensor_scatter_nd_update(full, ids, part)
+        return tf.transpose(tf.tensor_scatter_nd_update(tf.transpose(full), ids,
+                                                        tf.transpose(part)))
+
+    return (k, put(lp, slp, 1), put(ll, sll, 1), put(lu, slu, 1), put(active, sactive, 0),
+            put(cycles, scycles, 0), put(v, sv, 0), put(gap, sgap, 0))
 
 
 _CORE_JIT = tf.function(_project_core, jit_compile=True)
