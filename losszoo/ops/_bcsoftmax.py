@@ -151,7 +151,7 @@ def _finite_max(t, axis=-1):
     return tf.reduce_max(tf.where(tf.math.is_finite(t), t, small), axis, keepdims=True)
 
 
-def _solve_newton(x, a, b):
+def _solve_newton_robust(x, a, b):
     dtype = x.dtype
     k = x.shape[-1]
     eps = np.finfo(dtype.as_numpy_dtype).eps
@@ -253,6 +253,132 @@ def _solve_newton(x, a, b):
         return tf.where(converged, y, y_f), tf.where(converged, state, state_f)
 
     return tf.cond(tf.reduce_all(converged), lambda: (y, state), fallback)
+
+
+def _fast_masses(e, a, b, u, lk, nu):
+    """One fused pass at ``nu`` ([N, 1]) in the logit domain (no exp): a pattern code
+    ``#U + (K + 1) * #L`` (equal codes <=> equal counts), s = 1 - bound mass,
+    E = sum_F exp(x) (all [N, 1])."""
+    k = e.shape[-1]
+    zero = tf.zeros_like(e)
+    itype = tf.int32 if (k + 1) * (k + 1) < 2 ** 31 else tf.int64
+    bound = zero
+    free = None
+    code = tf.zeros_like(e, itype)
+    if u is not None:
+        up = u > nu
+        code = tf.cast(up, itype)
+        bound = tf.where(up, b, bound)
+        free = tf.logical_not(up)
+    if lk is not None:
+        low = lk <= nu  # disjoint from `up` when a <= b (lk >= u); infeasible rows end as NaN
+        code = tf.where(low, tf.constant(k + 1, itype), code)
+        bound = tf.where(low, a, bound)
+        free = tf.logical_not(low) if free is None else tf.logical_and(free, tf.logical_not(low))
+    code = tf.reduce_sum(code, -1, keepdims=True)
+    s = 1.0 - tf.reduce_sum(bound, -1, keepdims=True)
+    big_e = tf.reduce_sum(e if free is None else tf.where(free, e, zero), -1, keepdims=True)
+    return code, s, big_e
+
+
+def _solve_newton(x, a, b):
+    """Safeguarded Newton in the logit domain: ``exp(x)`` and the log-domain breakpoints
+    ``u = x - log b`` (U iff ``u > nu``) and ``l = x - log a`` (L iff ``l <= nu``) are computed
+    once; each step is one fused pass of comparisons and masked sums (counts of U/L, bound mass,
+    free mass ``E = sum_F exp(x)``), the Newton step is ``nu = log E - log s`` and the pattern is
+    unchanged iff both counts are (the U and L sets are nested in ``nu``; one code
+    ``#U + (K + 1) #L`` carries both). Rows whose free mass
+    is below ``K * tiny / eps`` (logit gaps near the float range), or that do not converge,
+    make the whole batch rerun in :func:`_solve_newton_robust` (exp per step; rare)."""
+    dtype = x.dtype
+    k = x.shape[-1]
+    info = np.finfo(dtype.as_numpy_dtype)
+    tol = 10.0 * info.eps * k
+    e_min = float(info.tiny) * k / float(info.eps)
+    max_iter = 100 if dtype == tf.float32 else 200
+    if a is None and b is None:
+        e = tf.exp(x)
+        y = e / tf.reduce_sum(e, -1, keepdims=True)
+        return y, tf.zeros_like(x, tf.int8)
+
+    minus_inf = tf.constant(-np.inf, dtype)
+    dead = tf.equal(x, minus_inf)
+    e = tf.exp(x)  # row max 0, so e <= 1 and sum e >= 1
+    nu0 = tf.math.log(tf.reduce_sum(e, -1, keepdims=True))
+    u = None if b is None else tf.where(dead, minus_inf, x - tf.math.log(b))
+    lk = None if a is None else tf.where(dead, minus_inf, x - tf.math.log(a))
+    if b is None:
+        lo = nu0
+    else:
+        lo = _finite_min(u)
+        lo = tf.where(tf.math.is_finite(lo), lo, nu0)
+    if a is None:
+        hi = nu0
+    else:
+        rest = tf.maximum(1.0 - tf.reduce_sum(a, -1, keepdims=True), float(info.tiny))
+        hi = nu0 - tf.math.log(rest)
+    lo = tf.minimum(lo, hi)
+
+    def stats(nu):
+        code, s, big_e = _fast_masses(e, a, b, u, lk, nu)
+        no_free = tf.equal(code % (k + 1) + code // (k + 1), k)
+        hard = tf.logical_and(tf.logical_not(no_free), big_e < e_min)
+        return code, s, big_e, no_free, hard
+
+    code, s, big_e, no_free, hard = stats(nu0)
+    # nu0 is the closed-form root of the all-free pattern.
+    conv = tf.logical_or(tf.logical_and(no_free, tf.abs(s) <= tol), tf.equal(code, 0))
+    done = conv
+
+    def cond(i, nu, lo, hi, code, s, big_e, done, conv):
+        return tf.logical_not(tf.reduce_all(done))
+
+    def body(i, nu, lo, hi, code, s, big_e, done, conv):
+        pos_e = big_e > 0
+        ok = tf.logical_and(pos_e, s > 0)
+        ok_newton = tf.logical_and(ok, big_e >= e_min)
+        cand = (tf.math.log(tf.where(ok, big_e, tf.ones_like(big_e)))
+                - tf.math.log(tf.where(ok, s, tf.ones_like(s))))
+        # phi(nu) = 1 - s + E exp(-nu) >= 1  <=>  s <= 0, or E > 0 and cand >= nu
+        phi_ge = tf.logical_or(s <= 0, tf.logical_and(ok, cand >= nu))
+        active = tf.logical_not(done)
+        lo = tf.where(tf.logical_and(active, phi_ge), tf.maximum(lo, nu), lo)
+        hi = tf.where(tf.logical_and(active, tf.logical_not(phi_ge)), tf.minimum(hi, nu), hi)
+        # As in _solve_newton_robust: the closed-form root of the current pattern if strictly
+        # inside the bracket (or equal to nu), every 4th step a bisection step.
+        inside = tf.logical_and(tf.logical_and(cand > lo, cand < hi), tf.not_equal(i % 4, 3))
+        ok = tf.logical_and(ok_newton, tf.logical_or(inside, tf.equal(cand, nu)))
+        mid = 0.5 * lo + 0.5 * hi
+        stalled = tf.logical_and(tf.logical_not(ok), tf.logical_or(mid <= lo, mid >= hi))
+        new_nu = tf.where(done, nu, tf.where(ok, cand, mid))
+        code2, s2, e2, no_free2, hard2 = stats(new_nu)
+        same = tf.logical_and(ok, tf.equal(code2, code))
+        c = tf.logical_or(same, tf.logical_and(no_free2, tf.abs(s2) <= tol))
+        c = tf.logical_and(c, active)
+        # A row whose free mass stays below e_min (its Newton step would be inexact) bisects
+        # for a few steps, then hands the batch to the robust solver.
+        stop = tf.logical_or(tf.logical_or(c, stalled), tf.logical_and(hard2, i >= 6))
+        return (i + 1, new_nu, lo, hi, code2, s2, e2,
+                tf.logical_or(done, stop), tf.logical_or(conv, c))
+
+    loop_vars = (tf.constant(0), nu0, lo, hi, code, s, big_e, done, conv)
+    out = tf.while_loop(cond, body, loop_vars, maximum_iterations=max_iter)
+    nu, s, big_e, conv = out[1], out[5], out[6], out[8]
+
+    def fast():
+        y = e * tf.math.divide_no_nan(tf.maximum(s, 0.0), big_e)
+        state = tf.zeros_like(x, tf.int8)
+        if u is not None:
+            up = u > nu
+            y = tf.where(up, b, y)
+            state = tf.where(up, tf.constant(UPPER, tf.int8), state)
+        if lk is not None:
+            low = lk <= nu
+            y = tf.where(low, a, y)
+            state = tf.where(low, tf.constant(LOWER, tf.int8), state)
+        return y, state
+
+    return tf.cond(tf.reduce_all(conv), fast, lambda: _solve_newton_robust(x, a, b))
 
 
 def _log_keys(x, a, b):

@@ -551,3 +551,20 @@ def test_dynamic_batch_compiles_once():
     with pytest.raises(ValueError, match="static"):
         tf.function(lambda t: bcsoftmax(t),
                     input_signature=[tf.TensorSpec([2, None], tf.float32)]).get_concrete_function()
+
+
+def test_fast_newton_matches_robust_newton_and_falls_back_on_huge_gaps():
+    """The default solver (logit-domain Newton, exp computed once) agrees with the
+    exp-per-step robust solver, including rows whose free mass underflows (fallback path)."""
+    from losszoo.ops import _bcsoftmax as impl
+
+    rng = np.random.RandomState(21)
+    for scale in (1.0, 30.0, 300.0):  # 300: free coordinates far below the max -> fallback
+        x, a, b = REF.random_problem(rng, 64, 17, scale=scale)
+        x = (x - x.max(-1, keepdims=True)).astype(np.float32)
+        a, b = np.minimum(a, 1).astype(np.float32), np.minimum(b, 1).astype(np.float32)
+        args = [tf.constant(t) for t in (x, a, b)]
+        y_fast, s_fast = impl._solve_newton(*args)
+        y_rob, _ = impl._solve_newton_robust(*args)
+        np.testing.assert_allclose(y_fast.numpy(), y_rob.numpy(), atol=1e-6)
+        np.testing.assert_allclose(y_fast.numpy(), REF.bcsoftmax(x.astype(float), a, b)[0], atol=1e-5)
