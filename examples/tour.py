@@ -6,8 +6,9 @@ scikit-learn's bundled 8x8 digits (1797 images, no download) are split 60/20/20;
 entry trains the same MLP (64 -> 64 -> 10 logits) with its loss, turns the test logits into
 probabilities with its head, and the script prints one table: accuracy, negative
 log-likelihood (where every true-class probability is positive; sparse heads can give
-exact zeros), top-label ECE (15 bins), the share of exactly-zero probabilities, and training time (including the
-calibrator's fit on the validation split, for the calibrated rows).
+exact zeros), top-label ECE (15 bins), the share of exactly-zero probabilities, and
+training time (including the calibrator's fit on the validation split, for the calibrated
+rows). Results of the default run: examples/results/tour.md.
 
 Add a method by appending a ``TourEntry`` to ``TOUR``.
 """
