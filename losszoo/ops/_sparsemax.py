@@ -20,7 +20,7 @@ iterate stays below the root, the support only shrinks, and the iteration stops 
 when the support stops changing, at which point ``tau`` is the exact threshold (the spec's
 A2 refinement run to convergence). It needs no sort: each step is one fused pass over
 the row, typically 4 to 13 steps for K from 10 to 10^5, and never more than K. The loop
-is a ``tf.while_loop`` over static shapes, so it compiles under XLA. For K >= 4096 the
+is a ``tf.while_loop`` over static shapes, so it compiles under XLA. For K >= 32768 the
 start is the exact threshold of the top 128 scores (a lower bound of the true one, and
 equal to it when the support is smaller than 128), which usually leaves one confirming
 pass; this is the spec's top-K shortcut with Newton instead of bisection as the fallback.
@@ -39,7 +39,7 @@ from losszoo.ops._common import check_static_rank, move_axis_last, to_compute_dt
 
 # Above this many classes, Newton starts from the exact threshold of the top
 # _WARM_START_TOP scores instead of from -1; below it a top-k costs more than it saves.
-_WARM_START_MIN_CLASSES = 4096
+_WARM_START_MIN_CLASSES = 32768
 _WARM_START_TOP = 128
 
 
