@@ -629,12 +629,28 @@ class SafeKLDRORisk(_BatchRiskLoss):
 
 
 # ----------------------------------------------------------------------------- baselines
+class _TemperedBatchRiskLoss(_BatchRiskLoss):
+    """A batch risk with a temperature ``lam``, computed by the op in ``_op(l, lam, s)``."""
+
+    _op = None
+
+    def __init__(self, base_loss, lam, name, reduction, dtype):
+        super().__init__(base_loss=base_loss, name=name, reduction=reduction, dtype=dtype)
+        self.lam = check_lam(lam)
+
+    def _risk(self, l, s):
+        return _scale_for_replicas(self._op(l, self.lam, s))
+
+    def get_config(self):
+        return {**super().get_config(), "lam": self.lam}
+
+
 @register(
     "kl_dro_batch_lse",
     kind="loss",
     description="Naive mini-batch KL-DRO risk lam*log mean exp(l/lam) over the batch (biased baseline)",
 )
-class KLDROBatchLSE(_BatchRiskLoss):
+class KLDROBatchLSE(_TemperedBatchRiskLoss):
     """Mini-batch LogSumExp KL-DRO risk ``lam log sum_i pi_i exp(l_i/lam)`` (biased baseline).
 
     The exact KL-DRO risk of the batch (Levy et al. 2020); its expectation underestimates the
@@ -650,16 +666,12 @@ class KLDROBatchLSE(_BatchRiskLoss):
       >>> model.compile("sgd", loss=losszoo.losses.KLDROBatchLSE("mse", lam=2.0))
     """
 
+    _op = staticmethod(ops.kl_dro_batch_lse)
+
     def __init__(self, base_loss="sparse_categorical_crossentropy", lam: float = 1.0,
                  name: str = "kl_dro_batch_lse", reduction="sum_over_batch_size", dtype=None):
-        super().__init__(base_loss=base_loss, name=name, reduction=reduction, dtype=dtype)
-        self.lam = check_lam(lam)
-
-    def _risk(self, l, s):
-        return _scale_for_replicas(ops.kl_dro_batch_lse(l, self.lam, s))
-
-    def get_config(self):
-        return {**super().get_config(), "lam": self.lam}
+        super().__init__(base_loss=base_loss, lam=lam, name=name, reduction=reduction,
+                         dtype=dtype)
 
 
 @register(
@@ -667,7 +679,7 @@ class KLDROBatchLSE(_BatchRiskLoss):
     kind="loss",
     description="Sum-of-exp KL-DRO objective mean exp(l/lam) (unbiased, overflow-prone baseline)",
 )
-class KLDROSumExp(_BatchRiskLoss):
+class KLDROSumExp(_TemperedBatchRiskLoss):
     """Sum-of-exp KL-DRO objective ``sum_i pi_i exp(l_i/lam)`` (paper eq. 21 baseline).
 
     Same minimisers as the KL-DRO risk and unbiased, but overflows for ``l/lam > 88`` in
@@ -681,16 +693,12 @@ class KLDROSumExp(_BatchRiskLoss):
       >>> model.compile("sgd", loss=losszoo.losses.KLDROSumExp(lam=1.0))
     """
 
+    _op = staticmethod(ops.kl_dro_sumexp)
+
     def __init__(self, base_loss="sparse_categorical_crossentropy", lam: float = 1.0,
                  name: str = "kl_dro_sumexp", reduction="sum_over_batch_size", dtype=None):
-        super().__init__(base_loss=base_loss, name=name, reduction=reduction, dtype=dtype)
-        self.lam = check_lam(lam)
-
-    def _risk(self, l, s):
-        return _scale_for_replicas(ops.kl_dro_sumexp(l, self.lam, s))
-
-    def get_config(self):
-        return {**super().get_config(), "lam": self.lam}
+        super().__init__(base_loss=base_loss, lam=lam, name=name, reduction=reduction,
+                         dtype=dtype)
 
 
 @register(

@@ -87,14 +87,19 @@ METHODS = ("newton", "sort", "bisect")
 def _pattern(x, a, b, nu):
     """Classification at ``nu`` ([N, 1]): returns z = exp(x - nu), U, L masks (or None)."""
     z = tf.exp(x - nu)
-    upper = (z > b) if b is not None else None
-    if a is None:
-        lower = None
-    elif upper is None:
-        lower = z <= a
-    else:
-        lower = tf.logical_and(z <= a, tf.logical_not(upper))
+    upper, lower = _clamp_sets(None if b is None else z > b, None if a is None else z <= a)
     return z, upper, lower
+
+
+def _clamp_sets(above_upper, below_lower):
+    """Upper/lower clamp masks from the raw bound tests (None: no such bound).
+
+    A coordinate that passes both tests (only possible where lower == upper) is counted
+    at the upper bound, so no coordinate is clamped twice.
+    """
+    if above_upper is not None and below_lower is not None:
+        below_lower = tf.logical_and(below_lower, tf.logical_not(above_upper))
+    return above_upper, below_lower
 
 
 def _free_mask(x, upper, lower):
@@ -390,13 +395,7 @@ def _log_keys(x, a, b):
 
 def _finalize_at(x, a, b, u, lk, e_lo):
     """Spec Algorithm A steps 7-9: classify at the bracket's left end, closed form."""
-    upper = None if u is None else u > e_lo
-    if lk is None:
-        lower = None
-    elif upper is None:
-        lower = lk <= e_lo
-    else:
-        lower = tf.logical_and(lk <= e_lo, tf.logical_not(upper))
+    upper, lower = _clamp_sets(None if u is None else u > e_lo, None if lk is None else lk <= e_lo)
     free = _free_mask(x, upper, lower)
     xf = tf.where(free, x, tf.constant(-np.inf, x.dtype))
     lse = tf.reduce_logsumexp(xf, -1, keepdims=True)

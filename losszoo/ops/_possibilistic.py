@@ -976,21 +976,15 @@ def antipignistic_kl_loss(logits, possibility, floor: float = 0.0, name: str | N
       >>> antipignistic_kl_loss([[0.0, 0.0]], [[1.0, 1.0]]).numpy()
       array([0.], dtype=float32)
     """
-    with tf.name_scope(name or "antipignistic_kl_loss"):
-        z = _as_float(logits, "logits")
-        pi = tf.stop_gradient(_as_float(possibility, "possibility"))
-        _check_same_shape(z, pi, "logits", "possibility")
-        dtype = z.dtype if z.dtype.is_floating else tf.float32
-        z2, restore = _flatten(z, "logits")
-        pi2, _ = _flatten(pi, "possibility", k=z2.shape[-1])
-        pi2 = tf.cast(pi2, _F64)
-        if not 0.0 <= floor < 1.0:
-            raise ValueError(f"`floor` must be in [0, 1), got {floor!r}.")
-        target = tf.stop_gradient(_antipignistic_2d(pi2, tf.constant(floor, _F64)))
+    if not 0.0 <= floor < 1.0:
+        raise ValueError(f"`floor` must be in [0, 1), got {floor!r}.")
+
+    def target(pi2):
         _, valid = _sanitize(pi2)
-        loss = _kl_from_logits(target, tf.cast(z2, _F64))
-        loss = tf.where(valid, loss, tf.zeros_like(loss))
-        return tf.cast(restore(loss), dtype)
+        return _antipignistic_2d(pi2, tf.constant(floor, _F64)), valid
+
+    with tf.name_scope(name or "antipignistic_kl_loss"):
+        return _fixed_target_kl(logits, possibility, "possibility", target)
 
 
 def vote_kl_loss(logits, votes, name: str | None = None):
@@ -1011,20 +1005,31 @@ def vote_kl_loss(logits, votes, name: str | None = None):
       >>> vote_kl_loss([[0.0, 0.0]], [[5, 5]]).numpy()
       array([0.], dtype=float32)
     """
-    with tf.name_scope(name or "vote_kl_loss"):
-        z = _as_float(logits, "logits")
-        v = tf.stop_gradient(_as_float(votes, "votes"))
-        _check_same_shape(z, v, "logits", "votes")
-        dtype = z.dtype if z.dtype.is_floating else tf.float32
-        z2, restore = _flatten(z, "logits")
-        v2, _ = _flatten(v, "votes", k=z2.shape[-1])
-        v2 = tf.cast(v2, _F64)
+    def target(v2):
         finite = tf.reduce_all(tf.math.is_finite(v2), axis=-1)
         v2 = tf.where(tf.math.is_finite(v2), tf.maximum(v2, 0.0), tf.zeros_like(v2))
         total = tf.reduce_sum(v2, axis=-1, keepdims=True)
         valid = finite & (total[:, 0] > 0.0)
-        target = tf.where(valid[:, None], v2 / tf.where(total > 0.0, total, 1.0),
-                          tf.zeros_like(v2))
-        loss = _kl_from_logits(target, tf.cast(z2, _F64))
-        loss = tf.where(valid, loss, tf.zeros_like(loss))
-        return tf.cast(restore(loss), dtype)
+        return tf.where(valid[:, None], v2 / tf.where(total > 0.0, total, 1.0),
+                        tf.zeros_like(v2)), valid
+
+    with tf.name_scope(name or "vote_kl_loss"):
+        return _fixed_target_kl(logits, votes, "votes", target)
+
+
+def _fixed_target_kl(logits, labels, labels_name, make_target):
+    """``KL(t || softmax(z))`` per row for a target ``t`` that does not depend on ``z``.
+
+    ``make_target(labels [N, K] float64) -> (t, valid [N])``; invalid rows get loss 0.
+    Shared by the paper's fixed-target baselines (Models B and C).
+    """
+    z = _as_float(logits, "logits")
+    y = tf.stop_gradient(_as_float(labels, labels_name))
+    _check_same_shape(z, y, "logits", labels_name)
+    dtype = z.dtype if z.dtype.is_floating else tf.float32
+    z2, restore = _flatten(z, "logits")
+    y2, _ = _flatten(y, labels_name, k=z2.shape[-1])
+    target, valid = make_target(tf.cast(y2, _F64))
+    loss = _kl_from_logits(tf.stop_gradient(target), tf.cast(z2, _F64))
+    loss = tf.where(valid, loss, tf.zeros_like(loss))
+    return tf.cast(restore(loss), dtype)
