@@ -19,6 +19,7 @@ require_tensorflow_backend()
 from losszoo import ops  # noqa: E402
 from losszoo import heads, losses, metrics  # noqa: E402
 from losszoo import calibration  # noqa: E402  (needs heads)
+from losszoo.ops._common import set_validation, validation, validation_enabled  # noqa: E402
 from losszoo.registry import entries, get, get_class, names, register, tf_keras_loss  # noqa: E402
 
 __version__ = "0.1.0"
@@ -34,5 +35,8 @@ __all__ = [
     "names",
     "ops",
     "register",
+    "set_validation",
     "tf_keras_loss",
+    "validation",
+    "validation_enabled",
 ]

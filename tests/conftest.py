@@ -27,3 +27,26 @@ def _fresh_keras_state():
     keras.utils.set_random_seed(0)
     yield
     keras.mixed_precision.set_global_policy("float32")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Print how the fail-loud contract tests' inputs fared (see tests/contract/__init__.py)."""
+    from tests import contract
+
+    table = contract.outcome_table()
+    if not table["per_suite"]:
+        return
+    bad = sum(table["summary"]["bad"].values())
+    valid = sum(table["summary"]["valid"].values())
+    terminalreporter.write_sep(
+        "-", f"fail-loud contract: {bad} bad-input runs, {valid} valid-input runs"
+    )
+    for kind in ("bad", "valid"):
+        counts = ", ".join(f"{k}={v}" for k, v in sorted(table["summary"][kind].items()))
+        terminalreporter.write_line(f"{kind}: {counts}")
+    path = os.environ.get("LOSSZOO_CONTRACT_REPORT")
+    if path:
+        import json
+
+        with open(path, "w") as f:
+            json.dump(table, f, indent=1, sort_keys=True)
