@@ -35,15 +35,18 @@ exact statistics of the same fused pass as the risk (``sum pi w`` and the curvat
   step behind a ``tf.cond`` on the flag in the state variable; until then evaluation uses the batch
   solution without storing it.
 
-**When does alpha move?** Only in a training step. ``import losszoo`` wraps Keras 3's
+**When does alpha move?** Only in a training step. ``import losszoo`` changes nothing in
+Keras. The first :class:`SafeKLDRORisk` built in a process wraps Keras 3's private
 ``Trainer._compute_loss`` (the single entry point that ``train_step`` and ``test_step``
 call, with ``training=True`` / ``False``) so that it publishes ``(model, training)`` to a
-thread-local context during the call; the loss reads it at trace time. Hence
-``fit`` moves alpha; ``evaluate``, the validation pass of ``fit``, ``predict`` and the
-symbolic build never do. Outside a Keras trainer (custom loops, tf_keras) the loss falls
-back to "a GradientTape is recording", i.e. alpha moves exactly when you are computing
-gradients of the loss. ``update_alpha=True`` / ``False`` overrides both rules, and the
-context manager :func:`alpha_updates` overrides them temporarily.
+thread-local context during the call; the loss reads it at trace time. Hence ``fit`` moves
+alpha; ``evaluate``, the validation pass of ``fit``, ``predict`` and the symbolic build never
+do. Outside a Keras 3 trainer (custom loops, tf_keras / TFRS) the loss falls back to "a
+GradientTape is recording", i.e. alpha moves exactly when you are computing gradients of the
+loss (tf_keras' ``train_step`` records, its ``test_step`` does not). If a Keras release
+moves the private method, the loss warns once and uses the tape rule everywhere.
+``update_alpha=True`` / ``False`` overrides both rules, and the context manager
+:func:`alpha_updates` overrides them temporarily.
 
 **Distribution.** Under ``MirroredStrategy`` the variables are mirrored with
 ``ONLY_FIRST_REPLICA`` aggregation and every replica applies the identical update computed
@@ -82,6 +85,7 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
+import warnings
 
 import keras
 import tensorflow as tf
@@ -128,17 +132,29 @@ def alpha_updates(enabled: bool):
 def _install_trainer_hook():
     """Wrap ``keras.src.trainers.trainer.Trainer._compute_loss`` to publish the training flag.
 
-    Idempotent. The wrapper only pushes ``(model, training)`` to a thread-local stack around
-    the original call; behaviour is otherwise unchanged.
+    Called by :class:`SafeKLDRORisk` when one is built, never at import: Keras stays
+    untouched for users who do not use a DRO loss. Idempotent. The wrapper only pushes
+    ``(model, training)`` to a thread-local stack around the original call. Returns whether
+    the hook is in place; if this Keras has no such method, the loss falls back to the
+    tape rule (alpha moves when a ``GradientTape`` records) and warns once.
     """
     try:
         from keras.src.trainers import trainer as trainer_module
-    except ImportError:  # pragma: no cover - Keras layout changed: fall back to tape rule
+        cls = trainer_module.Trainer
+    except (ImportError, AttributeError):  # pragma: no cover - Keras layout changed
+        cls = None
+    original = None if cls is None else cls.__dict__.get("_compute_loss")
+    if original is None:  # pragma: no cover - Keras layout changed
+        if not _HOOK["warned"]:
+            _HOOK["warned"] = True
+            warnings.warn(
+                "losszoo.SafeKLDRORisk could not find Keras' Trainer._compute_loss in this "
+                f"Keras ({keras.__version__}); it tells training from evaluation by the "
+                "GradientTape rule instead and cannot add its diagnostics to the logs.",
+                RuntimeWarning, stacklevel=3)
         return False
-    cls = trainer_module.Trainer
-    original = cls.__dict__.get("_compute_loss")
-    if original is None or getattr(original, "_losszoo_dro_hook", False):
-        return original is not None
+    if getattr(original, "_losszoo_dro_hook", False):
+        return True
 
     def _compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         _stack("trainer").append((self, bool(training)))
@@ -154,7 +170,7 @@ def _install_trainer_hook():
     return True
 
 
-_HOOKED = _install_trainer_hook()
+_HOOK = {"warned": False}
 
 
 def _current_trainer():
@@ -412,6 +428,7 @@ class SafeKLDRORisk(_BatchRiskLoss):
             raise ValueError(f"`update_alpha` must be 'auto', True or False, got {update_alpha!r}.")
         self.update_alpha = update_alpha
         self.calibrate = bool(calibrate)
+        _install_trainer_hook()  # first SafeKLDRORisk only: Keras is untouched until then
         self._strategy = tf.distribute.get_strategy()
         with tf.init_scope():
             kw = dict(trainable=False, dtype=tf.float32,

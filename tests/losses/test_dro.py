@@ -330,3 +330,52 @@ def test_baseline_losses_train():
         model.compile(keras.optimizers.SGD(0.01), loss=loss)
         h = model.fit(X, y, batch_size=64, epochs=5, verbose=0)
         assert np.all(np.isfinite(h.history["loss"])) and h.history["loss"][-1] < h.history["loss"][0]
+
+
+_NO_GLOBAL_PATCH_SCRIPT = r"""
+import os, traceback
+import numpy as np
+import keras
+from keras.src.trainers import trainer
+own = trainer.Trainer.__dict__["_compute_loss"]
+import losszoo, losszoo.losses, losszoo.metrics, losszoo.ops
+assert trainer.Trainer.__dict__["_compute_loss"] is own, "import losszoo patched Keras"
+keras.config.disable_traceback_filtering()   # show every frame, Keras' own included
+package = os.path.dirname(losszoo.__file__)
+
+def frames_after_bad_fit():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile("sgd", loss="mse")
+    try:
+        model.fit(np.zeros((4, 3), "float32"), np.zeros((4, 5), "float32"), verbose=0)
+    except Exception as e:                      # the user's own shape error
+        text = "".join(traceback.format_exception(e))
+        return [line for line in text.splitlines() if package in line]
+    raise AssertionError("the wrong label shape was accepted")
+
+print("PLAIN", len(frames_after_bad_fit()))
+losszoo.losses.SafeKLDRORisk("mse")            # positive control: building one installs it
+assert trainer.Trainer.__dict__["_compute_loss"] is not own
+print("AFTER_DRO", len(frames_after_bad_fit()))
+"""
+
+
+def test_import_leaves_keras_untouched_plain_model_traceback_has_no_losszoo_frame():
+    """Issue 12 item 3: ``import losszoo`` patches nothing; a plain model's error traceback
+    holds no losszoo frame. Run in a fresh process (other tests build DRO losses here)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root), "KERAS_BACKEND": "tensorflow",
+           "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
+    out = subprocess.run([sys.executable, "-c", _NO_GLOBAL_PATCH_SCRIPT], env=env, cwd=root,
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = dict(line.split() for line in out.stdout.splitlines()
+                 if line.startswith(("PLAIN", "AFTER_DRO")))
+    assert lines["PLAIN"] == "0", out.stdout
+    # the check can fail: once a DRO loss exists, the hook's frame shows up
+    assert int(lines["AFTER_DRO"]) > 0, out.stdout
