@@ -63,6 +63,17 @@ own examples. Uneven splits (a ragged last batch) are exact too. Create the safe
 compile with the string name) inside ``strategy.scope()``; an instance created outside the
 scope raises a clear error when used under a multi-replica strategy.
 
+**tf_keras and TFRS.** ``losszoo.tf_keras_loss("safe_kl_dro", ...)`` (and
+``compile(loss="safe_kl_dro")`` in a tf_keras model, ``TF_USE_LEGACY_KERAS=1`` for TFRS)
+computes the same risk and trains alpha: tf_keras' and TFRS' ``train_step`` record a
+GradientTape, so alpha moves there (same update as under Keras 3), and their
+``test_step`` / ``evaluate`` never move it. Differences from Keras 3: the diagnostics are not
+added to tf_keras' logs (read ``adapter.losszoo_loss.alpha``), and with
+``alpha_optimizer="auto" | "sgd" | "adam"`` and no ``alpha_learning_rate`` the step size is
+1e-3 (the model's optimiser is not visible), so prefer the default ``"newton"``. The same
+adapter makes the baselines (``cvar``, ``kl_dro_batch_lse``, ``kl_dro_sumexp``) compute their
+batch risk under tf_keras (before, tf_keras averaged the per-example base losses: plain ERM).
+
 **Diagnostics in the logs.** The loss owns one Keras metric (one vector variable) whose
 dict result gives ``<name>_alpha``, ``<name>_mean_w`` (-> 1 at equilibrium) and ``<name>_saturation``
 (``rho * max w``; near 1 means the weight cap binds, CVaR regime). On its first call inside a
@@ -90,7 +101,6 @@ alpha is re-initialised from the first training batch.
 from __future__ import annotations
 
 import contextlib
-import math
 import threading
 import warnings
 
@@ -309,6 +319,35 @@ class _BatchRiskLoss(keras.losses.Loss):
 
     def _risk(self, l, s):  # pragma: no cover - abstract
         raise NotImplementedError
+
+    @staticmethod
+    def _refine_tf_keras_adapter(adapter):
+        """tf_keras (and so TFRS) adapter that computes the batch risk, not a mean.
+
+        The generic adapter reduces what ``call`` returns per example, which for a batch
+        risk would silently be plain ERM. This one calls the Keras 3 loss's ``__call__``
+        (the whole risk, sample weights as reference probabilities; safe-KL alpha moves in
+        training steps by the GradientTape rule, as tf_keras' and TFRS' ``train_step``
+        record a tape and their ``test_step`` does not). Its ``reduction`` is ``SUM``
+        whatever is asked: the risk is not a per-example mean, and tf_keras then counts
+        the replicas' shares of the global-batch risk correctly in its loss metric.
+        """
+        import tf_keras
+
+        class BatchRiskAdapter(adapter):
+            def __init__(self, reduction=None, name=None, **config):
+                del reduction  # ignored, see above
+                super().__init__(reduction=tf_keras.losses.Reduction.SUM, name=name, **config)
+
+            def __call__(self, y_true, y_pred, sample_weight=None):
+                return self.losszoo_loss(y_true, y_pred, sample_weight=sample_weight)
+
+            def get_config(self):
+                inner = {k: v for k, v in self.losszoo_loss.get_config().items()
+                         if k not in ("name", "reduction", "dtype")}
+                return {**super().get_config(), **inner}
+
+        return BatchRiskAdapter
 
     def get_config(self):
         return {**super().get_config(), "base_loss": self._base_config}
@@ -711,8 +750,9 @@ class SafeKLDRORisk(_BatchRiskLoss):
     def call(self, y_true, y_pred):
         """Per-example terms ``alpha - lam + (lam/rho) softplus(z_i)`` at the current alpha.
 
-        Their mean is the risk; this is the path tf_keras' adapter uses (alpha is frozen
-        there, see the module docstring). ``__call__`` is the full Keras 3 path.
+        Their mean is the risk (without sample weights). Keras' ``Loss.call`` contract only:
+        training goes through ``__call__``, in Keras 3 and in tf_keras / TFRS alike (see
+        "tf_keras and TFRS" in the module docstring); this method never moves alpha.
         """
         l = self.per_example_losses(y_true, y_pred)
         a = tf.cast(self.alpha, l.dtype)

@@ -461,3 +461,58 @@ def test_uneven_replica_split_matches_one_device_value_and_gradient(name):
     g_ref = tape.gradient(ref, lt).numpy()
     np.testing.assert_allclose(sum(vals), float(ref), rtol=2e-6)
     np.testing.assert_allclose(np.concatenate(grads), g_ref, rtol=2e-6, atol=1e-7)
+
+
+def _tf_keras_and_keras3_fit(loss_name, epochs=3, **config):
+    """Train the same linear model with the same SGD steps in tf_keras (through
+    ``losszoo.tf_keras_loss``) and in Keras 3; return both models and losses."""
+    import tf_keras
+
+    X, y = _data(64)
+    k3 = _linear()
+    w0 = k3.get_weights()
+    loss3 = losszoo.registry.get_class(loss_name, "loss")("mse", **config)
+    k3.compile(keras.optimizers.SGD(0.02), loss=loss3)
+    k3.fit(X, y, batch_size=16, epochs=epochs, shuffle=False, verbose=0)
+
+    k2 = tf_keras.Sequential([tf_keras.Input((4,)), tf_keras.layers.Dense(1)])
+    k2.set_weights(w0)
+    loss2 = losszoo.tf_keras_loss(loss_name, base_loss="mse", **config)
+    k2.compile(tf_keras.optimizers.SGD(0.02), loss=loss2)
+    k2.fit(X, y, batch_size=16, epochs=epochs, shuffle=False, verbose=0)
+    return (k3, loss3), (k2, loss2), (X, y, w0)
+
+
+def test_tf_keras_adapter_trains_alpha_like_keras3():
+    """Issue 10 item 2: under tf_keras (and so TFRS) alpha is trained, not frozen at
+    alpha_init; the trajectory equals Keras 3's step for step; evaluate leaves alpha alone."""
+    (k3, loss3), (k2, loss2), (X, y, w0) = _tf_keras_and_keras3_fit(
+        "safe_kl_dro", lam=1.0, rho=0.2, alpha_init=0.0)
+    alpha3, alpha2 = float(loss3.alpha.numpy()), float(loss2.losszoo_loss.alpha.numpy())
+    assert abs(alpha2) > 1e-3, "alpha stayed at alpha_init under tf_keras"
+    np.testing.assert_allclose(alpha2, alpha3, rtol=1e-5)
+    for a, b in zip(k2.get_weights(), k3.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert max(np.max(np.abs(a - b)) for a, b in zip(k2.get_weights(), w0)) > 1e-3
+    before = float(loss2.losszoo_loss.alpha.numpy())
+    got = k2.evaluate(X, y, batch_size=64, verbose=0)
+    assert float(loss2.losszoo_loss.alpha.numpy()) == before
+    # evaluate reports the risk at the current alpha (the spec's oracle, float64)
+    l = _sq_losses(k3, X, y)
+    np.testing.assert_allclose(got, R.safe_risk(l, before, 1.0, 0.2)[0], rtol=1e-4)
+    # the config carries the trained alpha (a saved tf_keras model resumes from it)
+    assert loss2.get_config()["alpha_init"] == pytest.approx(before)
+
+
+@pytest.mark.parametrize("name,config", [("cvar", {"rho": 0.3}),
+                                         ("kl_dro_batch_lse", {"lam": 2.0})])
+def test_tf_keras_adapter_computes_the_batch_risk_not_erm(name, config):
+    """Before, tf_keras averaged the per-example base losses (ERM) for the baselines."""
+    (k3, _), (k2, _), (X, y, _) = _tf_keras_and_keras3_fit(name, epochs=2, **config)
+    for a, b in zip(k2.get_weights(), k3.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    l = _sq_losses(k3, X, y)
+    ref = R.cvar(l, 0.3) if name == "cvar" else R.batch_lse_risk(l, 2.0)
+    got = k2.evaluate(X, y, batch_size=64, verbose=0)
+    np.testing.assert_allclose(got, ref, rtol=1e-4)
+    assert abs(got - float(np.mean(l))) > 1e-2 * abs(float(np.mean(l)))  # not ERM
