@@ -104,6 +104,11 @@ def _tf_keras_adapter(keras3_loss_cls: type) -> type:
         def get_config(self):
             return {**super().get_config(), **self._losszoo_config}
 
+    # A loss class may refine the adapter (e.g. batch risks that must see the whole batch).
+    refine = getattr(keras3_loss_cls, "_refine_tf_keras_adapter", None)
+    if refine is not None:
+        Adapter = refine(Adapter)
+
     Adapter.__name__ = Adapter.__qualname__ = keras3_loss_cls.__name__
     Adapter.__module__ = keras3_loss_cls.__module__
     Adapter.__doc__ = (
