@@ -268,8 +268,15 @@ def _safe_kl_core_unweighted(lam: float, rho: float, calibrate: bool):
     return core
 
 
+def _as_alpha(alpha, dtype):
+    # Python / numpy numbers go straight to the compute dtype (no float32 detour).
+    if isinstance(alpha, (int, float, np.number)) and not isinstance(alpha, bool):
+        return tf.constant(float(alpha), dtype)
+    return tf.cast(tf.convert_to_tensor(alpha), dtype)
+
+
 def _check_alpha(alpha, dtype):
-    a = tf.cast(tf.convert_to_tensor(alpha), dtype)
+    a = _as_alpha(alpha, dtype)
     if a.shape.rank not in (None, 0):
         if a.shape.num_elements() not in (None, 1):
             raise ValueError(f"`alpha` must be a scalar, got shape {a.shape}.")
@@ -310,7 +317,7 @@ def safe_kl_dro_risk_and_stats(losses, alpha, lam, rho, sample_weight=None, cali
         bad_alpha = tf.logical_not(tf.math.is_finite(a))
         bad = bad_alpha if bad is None else tf.logical_or(bad, bad_alpha)
     else:
-        a = tf.cast(tf.convert_to_tensor(alpha), l.dtype)
+        a = _as_alpha(alpha, l.dtype)
         if a.shape.rank not in (None, 0):
             a = tf.reshape(a, [])
     if sample_weight is None:
@@ -621,12 +628,13 @@ def kl_dro_exact_state_update(m, acc, n, losses, lam, sample_weight=None, batch_
     m_safe = tf.where(tf.math.is_finite(m_new), m_new, tf.zeros_like(m_new))
     scale = tf.where(tf.math.is_inf(m) & (m < 0), tf.zeros_like(m), tf.exp(m - m_safe))
     acc_new = acc * scale + tf.reduce_sum(tf.where(live, s * tf.exp(a - m_safe), tf.zeros_like(a)))
-    return m_new, _poison(bad, acc_new), n + tf.reduce_sum(s)
+    return m_new, _poison(bad, acc_new), _poison(bad, n + tf.reduce_sum(s))
 
 
 def kl_dro_exact_state_result(m, acc, n, lam):
-    """``lam (m + log acc - log n)``; 0 before any example was seen."""
+    """``lam (m + log acc - log n)``; 0 before any example was seen (``n == 0``); a NaN
+    state (NaN losses or, under XLA, invalid weights) gives NaN."""
     lam = check_lam(lam)
     dt = tf.as_dtype(m.dtype)
     val = _const(lam, dt) * (m + tf.math.log(acc) - tf.math.log(n))
-    return tf.where(n > 0, val, tf.zeros_like(val))
+    return tf.where(tf.equal(n, 0), tf.zeros_like(val), val)
