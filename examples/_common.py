@@ -91,7 +91,8 @@ class RunProgress:
     loops that train epoch by epoch call :meth:`update` themselves.
     """
 
-    def __init__(self, label: str, epochs: int, enabled: bool = True, metrics=("loss",)):
+    def __init__(self, label: str, epochs: int, enabled: bool = True, metrics=("loss",),
+                 unit_name: str = "epoch"):
         import keras
 
         self.enabled = enabled
@@ -102,7 +103,7 @@ class RunProgress:
             print(label, flush=True)
             verbose = 1 if sys.stdout.isatty() else 2
             self.bar = keras.utils.Progbar(
-                epochs, verbose=verbose, stateful_metrics=list(metrics), unit_name="epoch"
+                epochs, verbose=verbose, stateful_metrics=list(metrics), unit_name=unit_name
             )
 
     def update(self, values: dict | None = None, finished: bool = False) -> None:

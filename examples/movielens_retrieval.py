@@ -52,7 +52,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common  # noqa: E402
-
 import losszoo  # noqa: E402
 from losszoo.datasets import movielens  # noqa: E402
 
