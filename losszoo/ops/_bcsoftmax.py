@@ -340,7 +340,7 @@ def _solve_newton(x, a, b):
         hard = tf.logical_and(tf.logical_not(no_free), big_e < e_min)
         return code, s, big_e, no_free, hard
 
-    code, s, big_e, no_free, hard = stats(nu0)
+    code, s, big_e, no_free, _ = stats(nu0)
     # nu0 is the closed-form root of the all-free pattern.
     conv = tf.logical_or(tf.logical_and(no_free, tf.abs(s) <= tol), tf.equal(code, 0))
     done = conv
@@ -712,7 +712,7 @@ def _bcsoftmax_impl(x, a, b, tau, axis, method, clip):
 
     def make_grad(saved, inputs):
         y, state, xs, t2, a2, b2, xt, undo = saved
-        x, a, b, tau = inputs
+        _, a, b, tau = inputs
 
         def unflat(g):
             return undo(tf.reshape(g, tf.shape(xt)))
