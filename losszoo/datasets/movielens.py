@@ -146,11 +146,21 @@ def read_folder(folder) -> MovieLens100K:
     folder = Path(folder).expanduser()
     if not folder.exists():
         raise FileNotFoundError(f"{folder} does not exist")
+    if not folder.is_dir():
+        raise NotADirectoryError(f"{folder} is not a folder")
     found, reader = _find_layout(folder)
-    if found is None and (folder / "ml-100k.zip").is_file():
-        with zipfile.ZipFile(folder / "ml-100k.zip") as archive:
-            _extract_members(archive, "ml-100k/", folder / "ml-100k",
-                             ("u.data", "u.item", "u.user", "u.genre", "README"))
+    archive_path = folder / "ml-100k.zip"
+    if found is None and archive_path.is_file():
+        try:
+            with zipfile.ZipFile(archive_path) as archive:
+                _extract_members(archive, "ml-100k/", folder / "ml-100k",
+                                 ("u.data", "u.item", "u.user", "u.genre", "README"))
+        except zipfile.BadZipFile as err:
+            raise ValueError(
+                f"{archive_path} is not a valid zip archive ({err}); it is probably corrupt or "
+                "an incomplete download. Delete it and download ml-100k.zip again from "
+                f"{GROUPLENS_URL}, or put the extracted u.data and u.item in {folder}."
+            ) from None
         found, reader = _find_layout(folder)
     if found is None:
         raise FileNotFoundError(
@@ -222,14 +232,29 @@ def load_100k(data_dir=None, download: bool = True, verbose: bool = False) -> Mo
       :class:`MovieLens100K`.
 
     Raises:
-      FileNotFoundError: listing every source tried and why it failed.
+      FileNotFoundError: ``data_dir`` is given but holds no readable copy (the cache and the
+        downloads are then *not* tried: a typo must not silently load other data), or, with
+        ``data_dir=None``, no source worked; the message lists every source tried and why.
+      ValueError: a corrupt ``ml-100k.zip`` or malformed files in ``data_dir``, naming the file.
+      TypeError: ``data_dir`` is not a path, or ``download`` / ``verbose`` is not a bool.
     """
-    failures = []
+    if data_dir is not None and not isinstance(data_dir, (str, os.PathLike)):
+        raise TypeError(f"`data_dir` must be a path (str or os.PathLike) or None, got "
+                        f"{type(data_dir).__name__}.")
+    for arg, value in (("download", download), ("verbose", verbose)):
+        if not isinstance(value, bool):
+            raise TypeError(f"`{arg}` must be True or False, got {value!r}.")
     if data_dir is not None:
         try:
             return _report(read_folder(data_dir), verbose)
-        except (OSError, ValueError) as err:
-            failures.append(f"data_dir={data_dir}: {err}")
+        except OSError as err:
+            raise FileNotFoundError(
+                f"`data_dir`={str(data_dir)!r} holds no MovieLens 100K copy: {err}. Fix the "
+                "path, or pass data_dir=None to use the cache / download."
+            ) from None
+        except ValueError as err:
+            raise ValueError(f"`data_dir`={str(data_dir)!r}: {err}") from None
+    failures = []
     cached = cache_dir()
     try:
         return _report(read_folder(cached), verbose)
@@ -281,7 +306,14 @@ def split_pairs(data: MovieLens100K, seed: int = 0, fractions=(0.8, 0.1, 0.1)) -
     Every rating counts as an implicit positive. The split is over pairs (not users), so a
     user's items are spread over the three parts.
     """
-    if len(fractions) != 3 or not np.isclose(sum(fractions), 1.0) or min(fractions) < 0:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"`seed` must be a non-negative integer, got {seed!r}.")
+    try:
+        values = np.asarray(fractions, np.float64)
+    except (TypeError, ValueError):
+        values = np.full(1, np.nan)
+    if (values.shape != (3,) or not np.all(np.isfinite(values)) or values.min() < 0
+            or not np.isclose(values.sum(), 1.0)):
         raise ValueError(f"`fractions` must be three non-negative numbers summing to 1, got "
                          f"{fractions}.")
     u, i, nu, ni = data.indexed()
@@ -293,40 +325,101 @@ def split_pairs(data: MovieLens100K, seed: int = 0, fractions=(0.8, 0.1, 0.1)) -
 
 
 def pairs_to_mask(pairs: np.ndarray, num_users: int, num_items: int) -> np.ndarray:
+    """``[num_users, num_items]`` bool mask, True at the 0-based ``(user, item)`` ``pairs``."""
+    for arg, value in (("num_users", num_users), ("num_items", num_items)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"`{arg}` must be a positive integer, got {value!r}.")
+    pairs = np.asarray(pairs)
+    if pairs.ndim != 2 or pairs.shape[1] != 2 or not np.issubdtype(pairs.dtype, np.integer):
+        if not (pairs.size == 0 and pairs.ndim == 2 and pairs.shape[1] == 2):
+            raise ValueError(f"`pairs` must be integer (user, item) indices of shape [P, 2], got "
+                             f"shape {pairs.shape} and dtype {pairs.dtype}.")
+        pairs = pairs.astype(np.int64)
+    if pairs.size and (pairs.min() < 0 or pairs[:, 0].max() >= num_users
+                       or pairs[:, 1].max() >= num_items):
+        raise ValueError(f"`pairs` must hold 0-based indices below (num_users, num_items) = "
+                         f"({num_users}, {num_items}); got users in [{pairs[:, 0].min()}, "
+                         f"{pairs[:, 0].max()}], items in [{pairs[:, 1].min()}, "
+                         f"{pairs[:, 1].max()}].")
     mask = np.zeros((num_users, num_items), bool)
     mask[pairs[:, 0], pairs[:, 1]] = True
     return mask
+
+
+def _mask_argument(value, name, shape):
+    mask = np.asarray(value)
+    if mask.shape != shape:
+        raise ValueError(f"`{name}` must have the shape of `scores` {shape}, got {mask.shape}.")
+    if mask.dtype != bool:
+        if not (np.issubdtype(mask.dtype, np.number) and np.all((mask == 0) | (mask == 1))):
+            raise ValueError(f"`{name}` must be a bool mask (or 0/1 values); got dtype "
+                             f"{mask.dtype} with other values.")
+        mask = mask.astype(bool)
+    return mask
+
+
+def _cutoff(value, name):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"`{name}` must hold positive integers, got {value!r}.")
+    return int(value)
 
 
 def ranking_metrics(scores, heldout, exclude=None, ks=(1, 5, 10, 50, 100), ap_k=10):
     """Rank all items per user and score against the user's held-out items.
 
     Args:
-      scores: ``[U, I]`` scores (higher is better).
+      scores: ``[U, I]`` real scores (higher is better); ``-inf`` ranks an item last. NaN
+        and ``+inf`` are rejected (a NaN has no rank).
       heldout: ``[U, I]`` bool, the items to find (e.g. the test pairs).
-      exclude: ``[U, I]`` bool, items removed from the ranking (e.g. the user's training items).
-      ks: cut-offs for Recall@K. ap_k: the cut-off of AP.
+      exclude: ``[U, I]`` bool, items removed from the ranking (e.g. the user's training
+        items). Must not overlap ``heldout`` (an item both to find and removed is ambiguous).
+      ks: cut-offs for Recall@K (positive integers). ap_k: the cut-off of AP.
+        Cut-offs larger than the number of items rank every item (so with 5 items, AP@10 is
+        AP over all 5 positions and R@100 the recall of the whole ranking).
 
     Returns:
       dict with ``AP@{ap_k}``, ``Accuracy`` (top-1 hit = Precision@1) and ``R@K`` for each K,
       averaged over users with at least one held-out item (spec section 5 definitions), and
       ``users`` (how many were averaged).
+
+    Raises:
+      ValueError: naming the argument: shapes that differ, non-2-D or empty ``scores``, NaN or
+        +inf scores, non-bool masks, overlapping ``heldout`` and ``exclude``, non-positive
+        cut-offs, or no user with a held-out item (nothing to average).
     """
-    scores = np.asarray(scores, np.float64)
-    heldout = np.asarray(heldout, bool)
+    scores = np.asarray(scores)
+    if scores.ndim != 2 or scores.size == 0 or not np.issubdtype(scores.dtype, np.number):
+        raise ValueError(f"`scores` must be a non-empty numeric [users, items] array, got shape "
+                         f"{scores.shape} and dtype {scores.dtype}.")
+    scores = scores.astype(np.float64)
+    if np.isnan(scores).any() or np.isposinf(scores).any():
+        raise ValueError("`scores` must not hold NaN or +inf (-inf is allowed: ranked last).")
+    heldout = _mask_argument(heldout, "heldout", scores.shape)
     if exclude is not None:
+        exclude = _mask_argument(exclude, "exclude", scores.shape)
+        if (exclude & heldout).any():
+            raise ValueError("`heldout` and `exclude` overlap: an item cannot be both found and "
+                             "removed from the ranking.")
         scores = np.where(exclude, -np.inf, scores)
+    ks = tuple(_cutoff(k, "ks") for k in np.atleast_1d(np.asarray(ks, dtype=object)))
+    if not ks:
+        raise ValueError("`ks` must hold at least one cut-off.")
+    ap_k = _cutoff(ap_k, "ap_k")
     users = heldout.sum(1) > 0
+    if not users.any():
+        raise ValueError("`heldout` has no user with a held-out item: nothing to average.")
     scores, heldout = scores[users], heldout[users]
-    kmax = min(max(max(ks), ap_k), scores.shape[1])
+    n_items = scores.shape[1]
+    kmax = min(max(max(ks), ap_k), n_items)
     top = np.argpartition(-scores, kmax - 1, axis=1)[:, :kmax]
     top = np.take_along_axis(top, np.argsort(-np.take_along_axis(scores, top, 1), 1,
                                              kind="stable"), 1)
     rel = np.take_along_axis(heldout, top, 1).astype(np.float64)
     count = heldout.sum(1).astype(np.float64)
     out = {}
-    prec = np.cumsum(rel[:, :ap_k], 1) / np.arange(1, ap_k + 1)
-    out[f"AP@{ap_k}"] = float(np.mean((rel[:, :ap_k] * prec).sum(1) / np.minimum(ap_k, count)))
+    depth = min(ap_k, n_items)
+    prec = np.cumsum(rel[:, :depth], 1) / np.arange(1, depth + 1)
+    out[f"AP@{ap_k}"] = float(np.mean((rel[:, :depth] * prec).sum(1) / np.minimum(ap_k, count)))
     out["Accuracy"] = float(np.mean(rel[:, 0]))
     for k in ks:
         out[f"R@{k}"] = float(np.mean(rel[:, :k].sum(1) / count))

@@ -6,8 +6,8 @@ import keras
 import tensorflow as tf
 
 from losszoo import ops
-from losszoo.losses._targets import class_ids, is_sparse
-from losszoo.ops._common import to_compute_dtype
+from losszoo.losses._targets import class_ids_and_invalid, is_sparse
+from losszoo.ops._common import nan_where, to_compute_dtype
 from losszoo.registry import register
 
 
@@ -80,7 +80,9 @@ class RankmaxLoss(keras.losses.Loss):
         y_true = tf.convert_to_tensor(y_true)
         n = y_pred.shape[-1]
         if is_sparse(y_true, y_pred):
-            labels = class_ids(y_true, y_pred)
+            labels, invalid = class_ids_and_invalid(y_true, y_pred)
+            loss = ops.rankmax_loss(labels, y_pred, k=self.k, margin=self.margin)
+            return nan_where(invalid, loss)
         elif y_true.shape.rank == y_pred.shape.rank and y_true.shape[-1] != n:
             labels = y_true  # padded ids [B, M]
             if labels.dtype.is_floating:

@@ -53,7 +53,7 @@ import numbers
 import numpy as np
 import tensorflow as tf
 
-from losszoo.ops._common import check_not_nan, static_value, to_compute_dtype
+from losszoo.ops._common import check_not_nan, nan_where, static_value, to_compute_dtype
 
 __all__ = ["rankmax", "rankmax_loss"]
 
@@ -133,21 +133,24 @@ def _ids_to_positives(labels, z, n):
             )
     else:
         labels = _assert_ids_in_range(labels, n)
-    labels = tf.cast(labels, tf.int32)
     m = labels.shape[-1] if labels.shape[-1] is not None else tf.shape(labels)[-1]
     ids = tf.reshape(labels, [-1, m])
+    # Under XLA the assertions above vanish: rows holding an id outside [-1, n) are poisoned
+    # with NaN by the callers (a gather would clamp the id silently).
+    invalid = tf.reduce_any((ids < -1) | (ids >= tf.cast(n, ids.dtype)), axis=-1)
+    ids = tf.cast(tf.where(invalid[:, None], -tf.ones_like(ids), ids), tf.int32)
     valid = ids >= 0
     w = tf.cast(valid, z.dtype)
     ids = tf.where(valid, ids, tf.zeros_like(ids))
-    return ids, w, multi
+    return ids, w, multi, invalid
 
 
 def _assert_ids_in_range(labels, n):
     ok = tf.logical_and(tf.reduce_all(labels >= -1), tf.reduce_all(labels < n))
     bound = n if _static(n) is not None else "n"
     with tf.control_dependencies(
-        [tf.debugging.Assert(ok, [f"Integer `labels` must lie in [0, {bound}) or be -1 "
-                                  "(padding); n =", n])]
+        [tf.debugging.Assert(ok, [(f"Integer `labels` must lie in [0, {bound}) or be -1 "
+                                  "(padding); n ="), n])]
     ):
         return tf.identity(labels)
 
@@ -410,8 +413,8 @@ def rankmax_loss(labels, scores, k: int = 1, margin: float = 1.0, max_positives=
     z2 = tf.reshape(z, [-1, n])
     labels = tf.convert_to_tensor(labels)
     if labels.dtype.is_integer:
-        ids, w, _ = _ids_to_positives(labels, z, n)
-        loss = _rankmax_loss_ids(z2, ids, w, k, eta)
+        ids, w, _, invalid = _ids_to_positives(labels, z, n)
+        loss = nan_where(invalid, _rankmax_loss_ids(z2, ids, w, k, eta))
     elif labels.dtype.is_floating:
         labels = _check_dense_labels(labels, z)
         w = tf.reshape(tf.cast(labels, z.dtype), [-1, n])
@@ -507,8 +510,9 @@ def rankmax(scores, labels, k: int = 1, margin: float = 1.0):
             "`labels` of `rankmax` must be integer ids (one projection per positive); got "
             f"dtype {labels.dtype.name}. Use rankmax_loss for dense multi-hot labels."
         )
-    ids, w, multi = _ids_to_positives(labels, z, n)
+    ids, w, multi, invalid = _ids_to_positives(labels, z, n)
     p = _rankmax_projection_ids(tf.reshape(z, [-1, n]), ids, w, k, eta)
+    p = nan_where(invalid[:, None, None], p)
     lead = tf.shape(z)[:-1]
     if multi:
         shape = tf.concat([lead, tf.shape(ids)[-1:], tf.shape(z)[-1:]], 0)

@@ -7,10 +7,18 @@ our names to those tables. This touches a private Keras module, so
 ``tests/registry/test_keras_integration.py`` pins the behaviour: a Keras upgrade that moves
 the table fails that test loudly instead of silently breaking ``compile(loss="rankmax")``.
 
-tf_keras resolves strings through its global custom objects, where we install a tf_keras
-``Loss`` adapter per registered loss (see :func:`tf_keras_loss`). TensorFlow Recommenders
-0.7 uses tf_keras, so this is what makes ``tfrs.tasks.Retrieval(loss="rankmax")``-style
-code and ``tf.keras`` models (with ``TF_USE_LEGACY_KERAS=1``) work.
+tf_keras resolves strings through its global custom objects. There a registered name or
+alias (``"rankmax"``) maps to a loss *function*, as tf_keras' own snake-case names do
+(``"categorical_crossentropy"``), and the class name (``"RankmaxLoss"``) maps to a tf_keras
+``Loss`` adapter class (see :func:`tf_keras_loss`). A function, not a class, is what makes a
+``.keras`` file of a model compiled with ``loss="rankmax"`` load and evaluate: tf_keras'
+``compile_from_config`` resolves the saved string to the custom object itself and calls it
+as ``fn(y_true, y_pred)``; a class would be instantiated with the tensors as arguments.
+
+TensorFlow Recommenders 0.7 uses tf_keras, so this is what makes
+``tfrs.tasks.Retrieval(loss=losszoo.tf_keras_loss("rankmax"))`` and ``tf.keras`` models work.
+Both need ``TF_USE_LEGACY_KERAS=1`` in the environment before TensorFlow is imported (TFRS
+refuses Keras 3); ``import keras`` stays Keras 3 and losszoo's own classes are Keras 3.
 """
 
 from __future__ import annotations
@@ -18,6 +26,8 @@ from __future__ import annotations
 import functools
 import importlib.util
 from typing import Any
+
+import tensorflow as tf
 
 _KERAS3_TABLES = {
     "loss": ("keras.src.losses", "ALL_OBJECTS_DICT"),
@@ -54,9 +64,8 @@ def install(entry) -> None:
             table.setdefault(key, entry.cls)
     if entry.kind == "loss" and tf_keras_available():
         custom = _tf_keras().utils.get_custom_objects()
-        adapter = _tf_keras_adapter(entry.cls)
-        for key in _keys(entry):
-            custom.setdefault(key, adapter)
+        for key, obj in _tf_keras_objects(entry).items():
+            custom.setdefault(key, obj)
 
 
 def uninstall(entry) -> None:
@@ -65,9 +74,10 @@ def uninstall(entry) -> None:
     for key in _keys(entry):
         if table is not None and table.get(key) is entry.cls:
             del table[key]
-        if entry.kind == "loss" and tf_keras_available():
-            custom = _tf_keras().utils.get_custom_objects()
-            if custom.get(key) is _tf_keras_adapter(entry.cls):
+    if entry.kind == "loss" and tf_keras_available():
+        custom = _tf_keras().utils.get_custom_objects()
+        for key, obj in _tf_keras_objects(entry).items():
+            if custom.get(key) is obj:
                 del custom[key]
 
 
@@ -82,18 +92,76 @@ def _tf_keras():
     return tf_keras
 
 
+def _is_batch_risk(cls: type) -> bool:
+    # The DRO losses: a risk over the whole batch, computed in ``__call__``; their ``call``
+    # only gives the per-example base losses (Keras' contract), so it must not be reduced.
+    return callable(getattr(cls, "per_example_losses", None))
+
+
+def _tf_keras_objects(entry) -> dict:
+    """What tf_keras' custom objects hold for one entry: name -> function, class -> adapter."""
+    adapter = _tf_keras_adapter(entry.cls)
+    function = _tf_keras_function(entry.cls, entry.name)
+    objects = {key: function for key in (entry.name, *entry.aliases)}
+    objects[entry.cls.__name__] = adapter
+    return objects
+
+
+@functools.cache
+def _tf_keras_function(keras3_loss_cls: type, name: str):
+    """The loss as a tf_keras loss function ``fn(y_true, y_pred)`` with default arguments.
+
+    Per-example losses return one value per example (tf_keras then applies sample weights
+    and its default mean reduction, as for ``"categorical_crossentropy"``); batch risks
+    return the scalar risk of the unweighted batch.
+    """
+    batch_risk = _is_batch_risk(keras3_loss_cls)
+
+    def loss_function(y_true, y_pred):
+        loss = keras3_loss_cls()
+        if any(isinstance(v, tf.Variable) for v in vars(loss).values()):
+            raise TypeError(
+                f"{name!r} keeps state between training steps ({keras3_loss_cls.__name__}), "
+                f"which a tf_keras loss given by name cannot hold. Pass an instance instead: "
+                f"compile(loss=losszoo.tf_keras_loss({name!r}, ...))."
+            )
+        if batch_risk:
+            return loss(y_true, y_pred)
+        return loss.call(y_true, y_pred)
+
+    loss_function.__name__ = loss_function.__qualname__ = name
+    loss_function.__module__ = keras3_loss_cls.__module__
+    loss_function.__doc__ = (
+        f"tf_keras loss function for :class:`{keras3_loss_cls.__module__}."
+        f"{keras3_loss_cls.__name__}` with its default arguments (what ``compile(loss="
+        f"{name!r})`` uses in tf_keras). Configure it with ``losszoo.tf_keras_loss``."
+    )
+    return loss_function
+
+
 @functools.cache
 def _tf_keras_adapter(keras3_loss_cls: type) -> type:
-    """A tf_keras ``Loss`` subclass computing the same per-example values as a Keras 3 loss.
+    """A tf_keras ``Loss`` subclass computing the same values as a Keras 3 loss.
 
-    tf_keras applies sample weights and its reduction to what ``call`` returns, exactly as
-    Keras 3 does for the original class, and the op underneath is the same TensorFlow code.
+    For per-example losses tf_keras applies sample weights and its reduction to what
+    ``call`` returns, exactly as Keras 3 does for the original class, and the op underneath
+    is the same TensorFlow code. Batch risks (the DRO losses) delegate ``__call__`` to the
+    Keras 3 loss, which computes the risk with the sample weights as reference
+    probabilities; ``reduction`` does not apply to them.
     """
     tf_keras = _tf_keras()
     base = tf_keras.losses.Loss
+    batch_risk = _is_batch_risk(keras3_loss_cls)
 
     class Adapter(base):
         def __init__(self, reduction=tf_keras.losses.Reduction.AUTO, name=None, **config: Any):
+            if not isinstance(reduction, str) or (name is not None and not isinstance(name, str)):
+                raise TypeError(
+                    f"`reduction` must be a tf_keras Reduction string and `name` a string or "
+                    f"None; got {type(reduction).__name__} and {type(name).__name__}. Build "
+                    f"the loss with losszoo.tf_keras_loss({keras3_loss_cls.__name__!r}, ...) "
+                    "or pass the registered name as a string to compile()."
+                )
             self._losszoo_config = dict(config)
             self.losszoo_loss = keras3_loss_cls(**config)
             super().__init__(reduction=reduction, name=name or self.losszoo_loss.name)
@@ -101,8 +169,17 @@ def _tf_keras_adapter(keras3_loss_cls: type) -> type:
         def call(self, y_true, y_pred):
             return self.losszoo_loss.call(y_true, y_pred)
 
+        if batch_risk:
+            def __call__(self, y_true, y_pred, sample_weight=None):
+                return self.losszoo_loss(y_true, y_pred, sample_weight=sample_weight)
+
         def get_config(self):
             return {**super().get_config(), **self._losszoo_config}
+
+    # A loss class may refine the adapter (e.g. batch risks that must see the whole batch).
+    refine = getattr(keras3_loss_cls, "_refine_tf_keras_adapter", None)
+    if refine is not None:
+        Adapter = refine(Adapter)
 
     Adapter.__name__ = Adapter.__qualname__ = keras3_loss_cls.__name__
     Adapter.__module__ = keras3_loss_cls.__module__
@@ -115,18 +192,36 @@ def _tf_keras_adapter(keras3_loss_cls: type) -> type:
 
 
 def tf_keras_loss(loss, **config: Any):
-    """Return a tf_keras (Keras 2) loss computing a registered losszoo loss.
+    """Return a tf_keras (Keras 2) loss computing a registered losszoo loss, TFRS-ready.
 
-    Use it where a Keras 2 loss object is required, e.g. ``tfrs.tasks.Retrieval(loss=...)``
-    in TensorFlow Recommenders 0.7. A plain string also works in a tf_keras ``compile``.
+    Made for ``tfrs.tasks.Retrieval(loss=...)`` in TensorFlow Recommenders 0.7 (and any
+    tf_keras model). **The default reduction is SUM over the batch**, the reduction of
+    ``tfrs.tasks.Retrieval``'s default loss (``CategoricalCrossentropy(reduction=SUM)``), so a
+    recipe tuned for TFRS' default (e.g. the basic-retrieval tutorial's Adagrad 0.1, batch
+    8192) trains as well with a losszoo loss swapped in. A batch-mean loss would have
+    gradients ``batch_size`` times smaller there and barely learn. For a mean, pass
+    ``reduction="sum_over_batch_size"`` (what ``compile(loss="rankmax")`` uses in tf_keras,
+    as for tf_keras' own string losses).
+
+    Batch risks (the DRO losses ``cvar``, ``kl_dro_batch_lse``, ``kl_dro_sumexp``, ...) are a
+    single risk of the batch, on the scale of a mean; ``reduction`` does not apply to them.
+
+    tf_keras and TFRS need ``TF_USE_LEGACY_KERAS=1`` in the environment before TensorFlow is
+    first imported (otherwise ``tf.keras`` is Keras 3 and TFRS fails to import).
 
     Args:
       loss: a registered loss name (``"rankmax"``), a losszoo Keras 3 loss class, or an
         instance (whose config is copied; ``config`` then overrides it).
-      **config: constructor arguments of the losszoo loss, plus tf_keras' ``reduction``.
+      **config: constructor arguments of the losszoo loss, plus tf_keras' ``reduction``
+        (default ``"sum"``) and ``name``.
+
+    Returns:
+      A tf_keras ``Loss`` instance; its class is registered for tf_keras serialization, so
+      models compiled with it save to ``.keras`` and load without ``custom_objects``.
 
     Example:
-      >>> task = tfrs.tasks.Retrieval(loss=losszoo.tf_keras_loss("rankmax", k=1))
+      >>> # TF_USE_LEGACY_KERAS=1 python ...
+      >>> task = tfrs.tasks.Retrieval(loss=losszoo.tf_keras_loss("rankmax"))
     """
     if not tf_keras_available():
         raise ImportError(
@@ -134,7 +229,7 @@ def tf_keras_loss(loss, **config: Any):
         )
     from losszoo.registry import _core
 
-    reduction = config.pop("reduction", _tf_keras().losses.Reduction.AUTO)
+    reduction = config.pop("reduction", _tf_keras().losses.Reduction.SUM)
     if isinstance(loss, str):
         cls = _core.get_class(loss, "loss")
     elif isinstance(loss, type):

@@ -81,9 +81,9 @@ def test_reads_the_grouplens_zip(tmp_path):
 
 def test_cache_is_used_and_every_failure_is_reported(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError) as err:
-        load_100k(tmp_path / "missing", download=False)
+        load_100k(download=False)
     text = str(err.value)
-    assert "data_dir=" in text and "cache" in text and "download=False" in text
+    assert "cache" in text and "download=False" in text and "data_dir" in text
     write_recbole(movielens.cache_dir())
     check(load_100k(download=False))
 
@@ -183,3 +183,110 @@ def test_ranking_metrics_match_brute_force():
     top_train = np.where(exclude, 10.0, scores)
     assert movielens.ranking_metrics(top_train, heldout, exclude, ks=(100,))["AP@10"] == \
         pytest.approx(ap)
+
+
+# --------------------------------------------------------------------------- fail loud (issue 9)
+
+
+def test_a_wrong_data_dir_raises_instead_of_loading_the_cache(tmp_path):
+    write_recbole(movielens.cache_dir())  # a valid cached copy that must NOT be returned
+    with pytest.raises(FileNotFoundError, match=r"`data_dir`='/typo.*does not exist"):
+        load_100k(data_dir="/typo")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError, match="`data_dir`=.*neither u.data"):
+        load_100k(data_dir=empty)
+    check(load_100k(download=False))  # data_dir=None still uses the cache
+
+
+def test_a_corrupt_zip_names_the_file_and_the_remedy(tmp_path):
+    (tmp_path / "ml-100k.zip").write_bytes(b"PK\x03\x04 truncated download")
+    with pytest.raises(ValueError) as err:
+        load_100k(tmp_path, download=False)
+    text = str(err.value)
+    assert str(tmp_path / "ml-100k.zip") in text and "`data_dir`" in text
+    assert "not a valid zip" in text and "Delete it" in text
+    assert not isinstance(err.value, zipfile.BadZipFile)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"data_dir": 3}, "`data_dir` must be a path"),
+    ({"download": "yes"}, "`download` must be True or False"),
+    ({"verbose": 1}, "`verbose` must be True or False"),
+])
+def test_load_arguments_are_validated(kwargs, match):
+    with pytest.raises(TypeError, match=match):
+        load_100k(**kwargs)
+
+
+def test_split_and_mask_arguments_are_validated():
+    data = movielens.MovieLens100K(
+        user=np.array([1, 2, 3]), item=np.array([1, 2, 3]), rating=np.ones(3, np.float32),
+        timestamp=np.zeros(3, np.int64), item_ids=np.array([1, 2, 3]), titles=[""] * 3,
+        genres=[()] * 3)
+    for fractions in ((0.5, 0.5), (0.8, 0.1, float("nan")), (1.2, -0.1, -0.1), "abc"):
+        with pytest.raises(ValueError, match="`fractions`"):
+            movielens.split_pairs(data, fractions=fractions)
+    for seed in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="`seed`"):
+            movielens.split_pairs(data, seed=seed)
+    with pytest.raises(ValueError, match="`pairs` must hold 0-based indices"):
+        movielens.pairs_to_mask(np.array([[0, 3]]), 3, 3)
+    with pytest.raises(ValueError, match=r"`pairs` must be integer .* shape \[P, 2\]"):
+        movielens.pairs_to_mask(np.array([[0.0, 1.0]]), 3, 3)
+    with pytest.raises(ValueError, match="`num_items` must be a positive integer"):
+        movielens.pairs_to_mask(np.array([[0, 1]]), 3, 0)
+    mask = movielens.pairs_to_mask(np.array([[0, 1], [2, 2]]), 3, 3)
+    np.testing.assert_array_equal(mask, [[0, 1, 0], [0, 0, 0], [0, 0, 1]])
+
+
+def test_ranking_metrics_with_fewer_items_than_the_cutoffs():
+    rng = np.random.default_rng(2)
+    scores = rng.normal(size=(12, 5))  # 5 items < ap_k = 10 and < 100
+    heldout = rng.random((12, 5)) < 0.3
+    exclude = (rng.random((12, 5)) < 0.2) & ~heldout
+    heldout[heldout.sum(1) == 0, 0] = True
+    exclude[:, 0] &= ~heldout[:, 0]
+    got = movielens.ranking_metrics(scores, heldout, exclude, ks=(1, 100))
+    ap, acc, rec = brute_force_metrics(scores, heldout, exclude)
+    assert got["AP@10"] == pytest.approx(ap)
+    assert got["Accuracy"] == pytest.approx(acc)
+    assert got["R@100"] == pytest.approx(rec) and got["R@100"] == pytest.approx(1.0)
+    # a perfect ranking of 5 items scores AP 1 at any cut-off
+    perfect = np.where(heldout, 1.0, 0.0)
+    assert movielens.ranking_metrics(perfect, heldout, ap_k=10)["AP@10"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda s, h, e: (s[:, :-1], h, e), "`heldout` must have the shape"),
+    (lambda s, h, e: (np.where(h, np.nan, s), h, e), "`scores` must not hold NaN"),
+    (lambda s, h, e: (np.where(h, np.inf, s), h, e), r"\+inf"),
+    (lambda s, h, e: (s[0], h, e), "`scores` must be a non-empty numeric"),
+    (lambda s, h, e: (s, h * 0.5, e), "`heldout` must be a bool mask"),
+    (lambda s, h, e: (s, h, e | h), "overlap"),
+    (lambda s, h, e: (s, np.zeros_like(h), e), "no user with a held-out item"),
+])
+def test_ranking_metrics_rejects_bad_inputs(change, match):
+    rng = np.random.default_rng(3)
+    scores = rng.normal(size=(6, 20))
+    heldout = rng.random((6, 20)) < 0.2
+    heldout[:, 0] = True
+    exclude = (rng.random((6, 20)) < 0.2) & ~heldout
+    with pytest.raises(ValueError, match=match):
+        movielens.ranking_metrics(*change(scores, heldout, exclude))
+
+
+@pytest.mark.parametrize("kwargs", [{"ks": (0,)}, {"ks": (10.5,)}, {"ap_k": 0}, {"ks": ()}])
+def test_ranking_metrics_rejects_bad_cutoffs(kwargs):
+    scores = np.arange(8.0).reshape(2, 4)
+    heldout = np.eye(2, 4, dtype=bool)
+    with pytest.raises(ValueError, match="`ks`|`ap_k`"):
+        movielens.ranking_metrics(scores, heldout, **kwargs)
+
+
+def test_ranking_metrics_minus_inf_ranks_last():
+    scores = np.array([[-np.inf, 0.0, 1.0]])
+    heldout = np.array([[True, False, False]])
+    got = movielens.ranking_metrics(scores, heldout, ks=(1, 3), ap_k=3)
+    assert got["Accuracy"] == 0.0 and got["R@3"] == 1.0
+    assert got["AP@3"] == pytest.approx(1 / 3)

@@ -29,7 +29,8 @@ def test_unknown_name_lists_close_matches():
 
 
 def test_taken_name_and_alias_raise():
-    with pytest.raises(ValueError, match="name.='sparsemax': that name is already taken.*SparsemaxLoss"):
+    taken = "name.='sparsemax': that name is already taken.*SparsemaxLoss"
+    with pytest.raises(ValueError, match=taken):
 
         @register("sparsemax", kind="loss")
         class Duplicate(keras.losses.Loss):
@@ -115,7 +116,8 @@ def test_plugins_from_real_distributions(tmp_path):
         """
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            timeout=240, env={**__import__("os").environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+                            timeout=240,
+                            env={**__import__("os").environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
     assert result.returncode == 0, result.stderr
     out, err = result.stdout, result.stderr
     names = eval(out.split("NAMES ")[1].splitlines()[0])
