@@ -168,7 +168,7 @@ def acceptance_checks(per_seed, methods):
     ece = {m: np.array([s[m]["ECE"] for s in per_seed]) for m in ["uncal", *methods]}
     out = []
     if n < 2:
-        out.append("One seed: no noise estimate, so no 'within noise' verdicts; run with "
+        out.append("One seed: no noise estimate, so no verdicts on ECE differences; run with "
                    "--seeds 2 or more for the acceptance checks on ECE.")
     if "ts" in ece and n >= 2:
         for m in methods:
