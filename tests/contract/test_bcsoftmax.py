@@ -118,7 +118,7 @@ def test_infeasible_bounds_raise_or_give_nan_rows(method):
 
 @pytest.mark.parametrize("method", METHODS)
 def test_bad_temperature(method):
-    x, a, b = _problem(3)
+    x, _, b = _problem(3)
     runner = Modes(lambda x, t: bcsoftmax(x, None, b, t, method=method))
     for t in (0.0, -1.0, np.nan, np.inf):
         assert_rejects(runner, x, np.float32(t), name="temperature", rows=None, suite=SUITE)
