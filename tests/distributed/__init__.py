@@ -13,9 +13,9 @@ K = 3  # classes
 D = 4  # features
 BATCH = 16  # global batch (8 per replica on 2 replicas)
 
-#: Losses computing their risk per replica, so N replicas differ from one device until the
-#: global-batch fix lands (issue 10 item 6, dro engineer). Marked xfail(strict=True).
-PER_REPLICA_RISKS = ("cvar", "kl_dro_batch_lse")
+#: Losses computing their risk per replica (N replicas differ from one device); marked
+#: xfail(strict=True). Empty since the DRO losses got global-batch semantics (issue 10 item 6).
+PER_REPLICA_RISKS = ()
 
 
 def targets(name: str, x: np.ndarray) -> np.ndarray:

@@ -28,7 +28,8 @@ def test_mirrored_matches_single_device(name):
         dist.build_model, x, y, losszoo.get(name), steps=3, atol=1e-6, rtol=1e-5)
     # the reported loss: evaluate the global batch under the strategy vs eagerly on one device
     want = float(single.loss(y, single(x)))
-    got = mirrored.evaluate(x, y, batch_size=len(x), verbose=0)
+    # (a dict: safe_kl_dro adds its diagnostics to the logs, evaluate would return a list)
+    got = mirrored.evaluate(x, y, batch_size=len(x), verbose=0, return_dict=True)["loss"]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
     state_single, state_mirrored = dist.dro_state(single.loss), dist.dro_state(mirrored.loss)
     assert state_mirrored == pytest.approx(state_single, rel=1e-5, abs=1e-7)
