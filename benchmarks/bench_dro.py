@@ -21,8 +21,8 @@ import time
 
 import numpy as np
 import tensorflow as tf
-
 from harness import Case
+
 from losszoo import ops
 
 LAM, RHO = 1.0, 0.1

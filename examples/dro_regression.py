@@ -3,20 +3,21 @@
 The paper's Figure 3 setting (Gladin et al., section 3.2) on offline data: scikit-learn's
 bundled diabetes set (standardised features and target) and a synthetic heavy-tailed set.
 Objective: the exact KL-DRO risk ``R(theta) = lam log mean exp(l_i/lam)`` with squared loss.
-Both methods run Nesterov SGD (momentum 0.9) from the least-squares solution (as the authors' code) with the same batch sizes; the
-safe-KL method trains (theta, alpha) jointly with its unbiased gradient (alpha initialised on
-the first batch), the baseline follows the biased gradient of the batch LogSumExp. Step sizes
-are tuned per method and batch size on a grid (seed 0, final objective), then several seeds
-are run. Results: a table of final exact objectives and a plot of R per epoch.
+Both methods run Nesterov SGD (momentum 0.9) from the least-squares solution (as the authors'
+code) with the same batch sizes; the safe-KL method trains (theta, alpha) jointly with its
+unbiased gradient (alpha initialised on the first batch), the baseline follows the biased
+gradient of the batch LogSumExp. Step sizes are tuned per method and batch size on a grid
+(seed 0, final objective), then several seeds are run. Results: a table of final exact
+objectives and a plot of R per epoch.
 
 Usage:
-  python examples/dro_regression.py                  # default (about 2-3 minutes on 2 cores)
-  python examples/dro_regression.py --quick          # smoke run
+  python examples/dro_regression.py                  # default (about 3 minutes on 2 cores)
+  python examples/dro_regression.py --out examples/results   # rewrite the committed results
+  python examples/dro_regression.py --quick          # smoke run (5 epochs, 2 seeds, 3 steps)
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
@@ -28,10 +29,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common  # noqa: E402
 from losszoo import ops  # noqa: E402
 
-RESULTS = os.path.join(os.path.dirname(__file__), "results")
+SCRIPT = "dro_regression"
 
 
 def load_data(name, seed=0):
@@ -133,22 +136,24 @@ def run(X, y, method, batch, lr, lam, rho, epochs, seed):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--datasets", default="diabetes,heavy_tailed")
-    p.add_argument("--batches", default="10,50,200")
-    p.add_argument("--epochs", type=int, default=30)
-    p.add_argument("--seeds", type=int, default=5)
+    p = _common.make_parser(SCRIPT, __doc__)
+    p.add_argument("--datasets", default="diabetes,heavy_tailed",
+                   help="comma-separated data sets (diabetes, heavy_tailed)")
+    p.add_argument("--batches", default="10,50,200", help="comma-separated batch sizes |D|")
+    p.add_argument("--epochs", type=int, default=30, help="SGD epochs per run")
+    p.add_argument("--seeds", type=int, default=5, help="runs per setting (seeds 0..N-1)")
     p.add_argument("--lam", default="diabetes=1,heavy_tailed=2",
                    help="temperature per data set")
-    p.add_argument("--rho", type=float, default=1e-3)
-    p.add_argument("--grid", default="1e-6,3e-6,1e-5,3e-5,1e-4,3e-4,1e-3,3e-3")
-    p.add_argument("--quick", action="store_true")
+    p.add_argument("--rho", type=float, default=1e-3, help="safe-KL DRO level rho")
+    p.add_argument("--grid", default="1e-6,3e-6,1e-5,3e-5,1e-4,3e-4,1e-3,3e-3",
+                   help="step sizes tried per method and batch size (on seed 0)")
+    p.add_argument("--quick", action="store_true", help="5 epochs, 2 seeds, 3 step sizes")
     args = p.parse_args(argv)
     if args.quick:
         args.epochs, args.seeds, args.grid = 5, 2, "1e-5,1e-4,1e-3"
     grid = [float(g) for g in args.grid.split(",")]
     batches = [int(b) for b in args.batches.split(",")]
-    os.makedirs(RESULTS, exist_ok=True)
+    out = _common.output_dir(args.out, SCRIPT)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -157,15 +162,16 @@ def main(argv=None):
     datasets = args.datasets.split(",")
     lams = {k: float(v) for k, v in (kv.split("=") for kv in args.lam.split(","))}
     rows = []
-    fig, axes = plt.subplots(len(datasets), len(batches), figsize=(4 * len(batches), 3.2 * len(datasets)),
-                             squeeze=False)
+    fig, axes = plt.subplots(len(datasets), len(batches),
+                             figsize=(4 * len(batches), 3.2 * len(datasets)), squeeze=False)
     t0 = time.time()
     for di, name in enumerate(datasets):
         X, y = load_data(name)
         lam = lams[name]
         r_star = optimum(X, y, lam)
         print(f"{name}: n={len(X)}, min_theta R = {r_star:.4f}", flush=True)
-        rows.append((name, "-", "min_theta R (L-BFGS, full data)", float("nan"), r_star, 0.0))
+        rows.append((name, "-", "min_theta R (L-BFGS, full data)", float("nan"),
+                     np.array([r_star])))
         r_min = None
         for bi, batch in enumerate(batches):
             ax = axes[di, bi]
@@ -176,10 +182,11 @@ def main(argv=None):
                 best = min(finals, key=lambda k: finals[k] if np.isfinite(finals[k]) else np.inf)
                 curves = np.array([run(X, y, method, batch, best, lam, args.rho, args.epochs, s)
                                    for s in range(args.seeds)])
-                mean, std = curves.mean(0), curves.std(0)
-                rows.append((name, batch, method, best, mean[-1], std[-1]))
+                mean = curves.mean(0)
+                std = curves.std(0, ddof=1) if len(curves) > 1 else np.zeros_like(mean)
+                rows.append((name, batch, method, best, curves[:, -1]))
                 print(f"[{time.time() - t0:6.1f}s] {name:12s} B={batch:<4d} {method:9s} "
-                      f"lr={best:g}  final R = {mean[-1]:.4f} +- {std[-1]:.4f}", flush=True)
+                      f"lr={best:g}  final R = {_common.fmt_stat(curves[:, -1])}", flush=True)
                 ep = np.arange(len(mean))
                 ax.plot(ep, mean, color=color, label=f"{method} (lr={best:g})")
                 ax.fill_between(ep, mean - std, mean + std, color=color, alpha=0.2)
@@ -190,26 +197,34 @@ def main(argv=None):
             ax.axhline(r_star, color="k", lw=0.8, ls=":", label="min R")
             lo = r_star
             top = max(np.nanmax(np.where(np.isfinite(r[4]), r[4], np.nan)) for r in rows
-                      if r[0] == name)
+                      if r[0] == name and np.isfinite(r[4]).any())
             ax.set_ylim(lo - 0.02 * abs(lo), lo + 2.0 * (top - lo) + 1e-3)
             ax.legend(fontsize=7)
+    band = "mean ± std band over seeds" if args.seeds > 1 else "one seed"
+    fig.suptitle(f"Exact full-data KL-DRO objective per epoch ({band}; dotted: minimum)",
+                 fontsize=10)
     fig.tight_layout()
-    fig.savefig(os.path.join(RESULTS, "dro_regression.png"), dpi=110)
+    png = out / f"{SCRIPT}.png"
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
 
-    cmd = "python examples/dro_regression.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    lines = [f"Command: `{cmd.strip()}`", "",
+    lines = [f"Command: `{_common.command_line(SCRIPT, argv)}`", "",
              f"lam = {lams}, rho = {args.rho}, {args.epochs} epochs, Nesterov SGD (momentum 0.9) "
-             f"from the least-squares theta (alpha: first-batch solution), step size tuned on seed 0 over {grid}, mean +- std over "
-             f"{args.seeds} seeds. R = lam log mean exp(l/lam) on the full data (lower is better).",
+             "from the least-squares theta (alpha: first-batch solution), step size tuned on "
+             f"seed 0 over {grid}. {_common.seeds_note(args.seeds)} R = lam log mean exp(l/lam) "
+             "on the full data (lower is better). "
+             f"Total runtime {time.time() - t0:.0f}s on 2 shared CPU cores.",
              "", "| data | batch | method | step size | final exact R |", "|---|---|---|---|---|"]
-    for name, batch, method, lr, m, s in rows:
+    for name, batch, method, lr, finals in rows:
         step = "-" if not np.isfinite(lr) else f"{lr:g}"
-        lines.append(f"| {name} | {batch} | {method} | {step} | {m:.4f} ± {s:.4f} |")
+        lines.append(f"| {name} | {batch} | {method} | {step} | {_common.fmt_stat(finals)} |")
     table = "\n".join(lines)
     print("\n" + table)
-    with open(os.path.join(RESULTS, "dro_regression.md"), "w") as f:
-        f.write("# KL-DRO regression: safe-KL vs mini-batch LogSumExp\n\n" + table +
-                "\n\n![objective per epoch](dro_regression.png)\n")
+    md = out / f"{SCRIPT}.md"
+    md.write_text("# KL-DRO regression: safe-KL vs mini-batch LogSumExp\n\n" + table
+                  + f"\n\n![objective per epoch]({SCRIPT}.png)\n")
+    _common.wrote(md)
+    _common.wrote(png)
 
 
 if __name__ == "__main__":

@@ -12,15 +12,16 @@ distance to ``x`` with ``pi = rho + max(0, alpha(x) - 0.01 (r - 1))``). Linear s
 Adam with coupled L2 weight decay 1e-4 (as PyTorch's ``Adam(weight_decay=...)``), float64,
 W ~ N(0, 0.01^2), batch 64 (N_tr <= 200) or 128, 80 or 60 epochs. The learning rate of each
 model is chosen on validation accuracy over a grid, then several fresh runs report test
-accuracy (mean +- sd) beside the paper's Table 5.
+accuracy (mean ± sd when there are several runs) beside the paper's Table 5.
 
-    python examples/possibilistic_synthetic.py --quick     # a few minutes on 2 cores
+    python examples/possibilistic_synthetic.py --quick     # about 5 minutes on 2 cores
+    python examples/possibilistic_synthetic.py --quick --out examples/results  # committed
     python examples/possibilistic_synthetic.py --full      # the paper's 36 configurations
+    python examples/possibilistic_synthetic.py --smoke     # one configuration, 2 epochs
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -28,11 +29,15 @@ import time
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+import _common  # noqa: E402
 from losszoo import ops  # noqa: E402
+
+SCRIPT = "possibilistic_synthetic"
 
 K, RHO, SCALE = 20, 1e-6, 2.0
 BETA = {30: 1.5, 80: 0.9, 150: 0.6}
@@ -166,11 +171,12 @@ class LinearTrainer:
         return float(np.mean(pred == c))
 
 
-def run_once(trainers, seed, d, alpha, n_tr, model, lr):
+def run_once(trainers, seed, d, alpha, n_tr, model, lr, epochs=None):
     rng = np.random.default_rng(seed)
     mu, (xtr, ctr), (xva, cva), (xte, cte) = make_data(rng, d, n_tr)
     pi = staircase(rng, xtr, ctr, mu, alpha)
-    batch, epochs = (64, 80) if n_tr <= 200 else (128, 60)
+    batch, paper_epochs = (64, 80) if n_tr <= 200 else (128, 60)
+    epochs = epochs or paper_epochs
     key = (d, batch, model)
     if key not in trainers:
         trainers[key] = LinearTrainer(d, batch, model)
@@ -182,14 +188,24 @@ def run_once(trainers, seed, d, alpha, n_tr, model, lr):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__,
-                                      formatter_class=argparse.RawTextHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="small grid (default)")
-    parser.add_argument("--full", action="store_true", help="the paper's 36 configurations")
-    parser.add_argument("--runs", type=int, default=None, help="final runs per configuration")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    parser = _common.make_parser(SCRIPT, __doc__)
+    parser.add_argument("--quick", action="store_true",
+                        help="4 configurations, 3 learning rates per model, 3 runs (the default)")
+    parser.add_argument("--full", action="store_true",
+                        help="the paper's 36 configurations, 27 learning rates, 10 runs")
+    parser.add_argument("--smoke", action="store_true",
+                        help="one configuration, the paper's learning rates, 1 run, 2 epochs")
+    parser.add_argument("--runs", type=int, default=None,
+                        help="final runs per configuration (None: 3 quick, 10 full)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="also print a line per grid point")
     args = parser.parse_args(argv)
-    if args.full:
+    epochs = None
+    if args.smoke:
+        configs = [(30, .40, 200)]
+        grid_a, grid_b = [PAPER[configs[0]][0]], [PAPER[configs[0]][1]]
+        val_seeds, runs, epochs = 1, args.runs or 1, 2
+    elif args.full:
         configs = sorted(PAPER)
         grid_a = [m * 10.0 ** e for e in (-4, -3, -2) for m in range(1, 10)]
         grid_b, val_seeds, runs = grid_a, 3, args.runs or 10
@@ -197,39 +213,54 @@ def main(argv=None):
         configs = [(30, .40, 200), (30, .95, 200), (30, .40, 1000), (30, .95, 1000)]
         grid_a, grid_b = [0.004, 0.01, 0.02], [0.0003, 0.0008, 0.002]
         val_seeds, runs = 1, args.runs or 3
-    os.makedirs(args.out, exist_ok=True)
+    args.runs = runs
+    out = _common.output_dir(args.out, SCRIPT)
     trainers, rows = {}, []
     t0 = time.time()
     for d, alpha, n_tr in configs:
         best = {}
+        bar = _common.RunProgress(
+            f"d={d} alpha={alpha} N={n_tr}: learning-rate grid, then {runs} run(s) per model",
+            (len(grid_a) + len(grid_b)) * val_seeds + 2 * runs, metrics=("acc",),
+            unit_name="fit")
         for model, grid in (("A", grid_a), ("B", grid_b)):
             scores = []
             for lr in grid:
-                val = [run_once(trainers, 10_000 + s, d, alpha, n_tr, model, lr)[0]
-                       for s in range(val_seeds)]
+                val = []
+                for s in range(val_seeds):
+                    val.append(run_once(trainers, 10_000 + s, d, alpha, n_tr, model, lr,
+                                        epochs)[0])
+                    bar.update({"acc": val[-1]})
                 scores.append(np.mean(val))
-                print(f"[{time.time() - t0:6.0f}s] d={d} alpha={alpha} N={n_tr} model {model} "
-                      f"lr={lr:g}: val acc {np.mean(val):.4f}", flush=True)
+                if args.verbose:
+                    print(f"[{time.time() - t0:6.0f}s] d={d} alpha={alpha} N={n_tr} model "
+                          f"{model} lr={lr:g}: val acc {np.mean(val):.4f}", flush=True)
             best[model] = grid[int(np.argmax(scores))]
-        accs = {m: [run_once(trainers, s, d, alpha, n_tr, m, best[m])[1] for s in range(runs)]
-                for m in ("A", "B")}
+        accs = {}
+        for m in ("A", "B"):
+            accs[m] = []
+            for s in range(runs):
+                accs[m].append(run_once(trainers, s, d, alpha, n_tr, m, best[m], epochs)[1])
+                bar.update({"acc": accs[m][-1]})
         rows.append((d, alpha, n_tr, best["A"], best["B"], accs["A"], accs["B"]))
-        print(f"[{time.time() - t0:6.0f}s] d={d} alpha={alpha} N={n_tr}: "
-              f"A {np.mean(accs['A']):.4f} B {np.mean(accs['B']):.4f}", flush=True)
+        if args.verbose:
+            print(f"[{time.time() - t0:6.0f}s] d={d} alpha={alpha} N={n_tr}: "
+                  f"A {np.mean(accs['A']):.4f} B {np.mean(accs['B']):.4f}", flush=True)
     cyc = np.array(sum((t.cycles for key, t in trainers.items() if key[2] == "A"), []))
-    write_results(args, rows, cyc, time.time() - t0)
+    write_results(args, rows, cyc, time.time() - t0, out, argv)
 
 
-def write_results(args, rows, cycles, seconds):
+def write_results(args, rows, cycles, seconds, out, argv=None):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cmd = "python examples/possibilistic_synthetic.py " + " ".join(sys.argv[1:])
-    lines = [f"Command: `{cmd.strip()}`", "",
-             f"Runtime {seconds / 60:.1f} min. Test accuracy, mean +- sd over the final runs; "
-             "the paper's Table 5 (10 runs) in parentheses.", "",
+    fmt = _common.fmt_stat
+    lines = [f"Command: `{_common.command_line(SCRIPT, argv)}`", "",
+             f"Runtime {seconds / 60:.1f} min on 2 shared CPU cores. Test accuracy over "
+             f"{args.runs} final run(s) per configuration (mean ± sd when more than one); the "
+             "paper's Table 5 (10 runs, mean ± sd) in parentheses.", "",
              "| d | alpha | N_tr | lr_A (paper) | lr_B (paper) | Acc_A (paper) | Acc_B (paper) "
              "| A - B |", "|---|---|---|---|---|---|---|---|"]
     wins = 0
@@ -239,24 +270,28 @@ def write_results(args, rows, cycles, seconds):
         wins += diff > 0
         lines.append(
             f"| {d} | {alpha:.2f} | {n_tr} | {la:g} ({p[0]:g}) | {lb:g} ({p[1]:g}) | "
-            f"{np.mean(acc_a):.4f}+-{np.std(acc_a):.4f} ({p[2]:.4f}+-{p[3]:.4f}) | "
-            f"{np.mean(acc_b):.4f}+-{np.std(acc_b):.4f} ({p[4]:.4f}+-{p[5]:.4f}) | {diff:+.4f} |")
-    lines += ["", f"Model A beats Model B in {wins} of {len(rows)} configurations "
-              "(paper: 35 of 36)."]
+            f"{fmt(acc_a)} ({p[2]:.4f} ± {p[3]:.4f}) | "
+            f"{fmt(acc_b)} ({p[4]:.4f} ± {p[5]:.4f}) | {diff:+.4f} |")
+    lines += ["", f"Model A has the higher mean test accuracy in {wins} of {len(rows)} "
+              "configurations (paper: 35 of 36)."]
+    if args.runs == 1:
+        lines.append(_common.seeds_note(1))
     if len(cycles):
         lines.append(f"Dykstra cycles per training example (Model A, paper rule, tol 1e-8): "
                      f"mean {cycles.mean():.1f}, p90 {np.percentile(cycles, 90):.0f}, "
                      f"max {cycles.max()}, over {len(cycles)} projections.")
-    name = "possibilistic_synthetic" + ("_full" if args.full else "_quick")
-    with open(os.path.join(args.out, name + ".md"), "w") as fh:
-        fh.write("\n".join(lines) + "\n")
+    name = SCRIPT + ("_full" if args.full else "_smoke" if args.smoke else "_quick")
     print("\n".join(lines))
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    _common.wrote(out / f"{name}.md").write_text("\n".join(lines) + "\n")
+    fig, ax = plt.subplots(figsize=(max(6, 1.5 * len(rows) + 1), 3.8))
     labels = [f"d={r[0]}\na={r[1]}\nN={r[2]}" for r in rows]
     xs = np.arange(len(rows))
-    ax.bar(xs - 0.2, [np.mean(r[5]) for r in rows], 0.4, yerr=[np.std(r[5]) for r in rows],
+    def sd(values):
+        return np.std(values, ddof=1) if len(values) > 1 else 0.0
+
+    ax.bar(xs - 0.2, [np.mean(r[5]) for r in rows], 0.4, yerr=[sd(r[5]) for r in rows],
            label="A: projection")
-    ax.bar(xs + 0.2, [np.mean(r[6]) for r in rows], 0.4, yerr=[np.std(r[6]) for r in rows],
+    ax.bar(xs + 0.2, [np.mean(r[6]) for r in rows], 0.4, yerr=[sd(r[6]) for r in rows],
            label="B: antipignistic")
     ax.scatter(xs - 0.2, [PAPER[r[:3]][2] for r in rows], marker="x", color="k", zorder=3,
                label="paper")
@@ -264,9 +299,14 @@ def write_results(args, rows, cycles, seconds):
     ax.set_xticks(xs, labels)
     ax.set_ylabel("test accuracy")
     ax.set_ylim(0.5, 1.0)
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper left", fontsize=8, ncol=3)
+    bars = "error bars: sd over runs" if args.runs > 1 else "one run each"
+    ax.set_title(f"Synthetic study: test accuracy, Model A vs B ({bars}; x: paper)", fontsize=10)
     fig.tight_layout()
-    fig.savefig(os.path.join(args.out, name + ".png"), dpi=120)
+    png = out / f"{name}.png"
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+    _common.wrote(png)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,7 @@
-"""Command line: ``python -m losszoo list`` prints the registry as a table."""
+"""Command line: ``losszoo list`` (or ``python -m losszoo list``) prints the registry as a table.
+
+``losszoo`` with no command prints this help and exits 0.
+"""
 
 from __future__ import annotations
 
@@ -14,17 +17,34 @@ def format_table(rows: list[list[str]], header: list[str]) -> str:
     """Render rows as a GitHub-flavoured Markdown table (readable in a terminal too)."""
     rows = [[str(cell).replace("|", "\\|") for cell in row] for row in rows]
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    line = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"
+
+    def line(cells):
+        return "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"
+
     rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
     return "\n".join([line(header), rule, *map(line, rows)])
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m losszoo", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    listing = sub.add_parser("list", help="print registered names, kinds, classes, descriptions")
-    listing.add_argument("--kind", default=None, help="only this kind (loss, head, metric)")
+    parser = argparse.ArgumentParser(
+        prog="losszoo",
+        description="losszoo: output heads and losses beyond softmax for Keras 3.",
+        epilog="Also runnable as `python -m losszoo`. `losszoo list` prints the registry.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    listing = sub.add_parser(
+        "list",
+        help="print registered names, kinds, classes, descriptions",
+        description="Print the registry (built-ins and plugins) as a Markdown table.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    listing.add_argument("--kind", default=None, choices=("loss", "head", "metric"),
+                         help="only this kind; None lists every kind")
     args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
 
     import losszoo
 

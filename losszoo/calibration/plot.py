@@ -21,8 +21,15 @@ def reliability_curve(probs, labels, n_bins: int = 15):
     return mean_conf, acc, count
 
 
-def reliability_diagram(results, labels=None, n_bins: int = 15, path=None, title=None):
-    """Plot reliability diagrams, one panel per method.
+def reliability_diagram(results, labels=None, n_bins: int = 15, path=None, title=None,
+                        max_cols: int = 3):
+    """Plot reliability diagrams, one panel per method (at most ``max_cols`` per row).
+
+    Each bin's bar reaches its accuracy: blue up to the smaller of accuracy and mean
+    confidence, then red (hatched) from accuracy up to the mean confidence where the model is
+    overconfident, or green from the mean confidence up to the accuracy where it is
+    underconfident. A perfectly calibrated model's bars end on the dashed diagonal. Each
+    panel's title gives the method and its ECE; empty bins have no bar.
 
     Args:
       results: ``{name: probs}`` (probs ``[N, K]``), or a single probs array.
@@ -30,11 +37,21 @@ def reliability_diagram(results, labels=None, n_bins: int = 15, path=None, title
       n_bins: equal-width bins.
       path: if given, the figure is saved there (PNG) and closed.
       title: optional figure title.
+      max_cols: panels per row.
 
     Returns:
       The matplotlib figure (None if saved to ``path``).
+
+    Raises:
+      ImportError: matplotlib is not installed (``pip install 'losszoo[examples]'``).
     """
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError as err:  # ModuleNotFoundError included
+        raise ImportError(
+            "reliability_diagram needs matplotlib: pip install 'losszoo[examples]' "
+            "(or pip install matplotlib)"
+        ) from err
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
@@ -42,24 +59,40 @@ def reliability_diagram(results, labels=None, n_bins: int = 15, path=None, title
     if not isinstance(results, dict):
         results = {"model": results}
     n = len(results)
-    fig, axes = plt.subplots(1, n, figsize=(3.2 * n, 3.4), squeeze=False)
+    cols = max(1, min(n, max_cols))
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 3.4 * rows + 0.6), squeeze=False)
     centers = (np.arange(n_bins) + 0.5) / n_bins
-    for ax, (name, probs) in zip(axes[0], results.items()):
+    width = 1 / n_bins
+    for ax, (name, probs) in zip(axes.flat, results.items()):
         mean_conf, acc, count = reliability_curve(probs, labels, n_bins)
-        ax.bar(centers, np.nan_to_num(acc), width=1 / n_bins, edgecolor="k", alpha=0.7,
-               label="accuracy")
-        ax.bar(centers, np.nan_to_num(mean_conf - acc), bottom=np.nan_to_num(acc),
-               width=1 / n_bins, color="tab:red", alpha=0.3, label="gap")
-        ax.plot([0, 1], [0, 1], "k--", lw=1)
+        full = count > 0
+        c, a, x = mean_conf[full], acc[full], centers[full]
+        low = np.minimum(a, c)
+        ax.bar(x, low, width=width, color="tab:blue", edgecolor="k", lw=0.5,
+               label="accuracy (up to the mean confidence)")
+        over = c > a
+        ax.bar(x[over], (c - a)[over], bottom=a[over], width=width, color="tab:red", alpha=0.35,
+               hatch="//", edgecolor="tab:red", lw=0.5,
+               label="overconfident: confidence above accuracy")
+        under = a > c
+        ax.bar(x[under], (a - c)[under], bottom=c[under], width=width, color="tab:green",
+               alpha=0.8, edgecolor="k", lw=0.5,
+               label="underconfident: accuracy above confidence")
+        ax.plot([0, 1], [0, 1], "k--", lw=1, label="perfect calibration")
         ax.set_xlim(0, 1)
         ax.set_ylim(0, 1)
-        ax.set_xlabel("confidence")
-        ax.set_title(f"{name}\nECE={ece(probs, labels, n_bins):.4f}", fontsize=9)
-    axes[0][0].set_ylabel("accuracy")
-    axes[0][0].legend(loc="upper left", fontsize=7)
+        ax.set_xlabel("confidence (top-label probability)")
+        ax.set_ylabel("accuracy")
+        ax.set_title(f"{name}: ECE {ece(probs, labels, n_bins):.4f}", fontsize=10)
+    for ax in list(axes.flat)[n:]:
+        ax.set_visible(False)
+    handles, names = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", ncol=min(4, len(names)), fontsize=8,
+               frameon=False)
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.6 / (3.4 * rows + 0.6), 1, 1))
     if path is not None:
         fig.savefig(path, dpi=110)
         plt.close(fig)

@@ -35,23 +35,44 @@ exact statistics of the same fused pass as the risk (``sum pi w`` and the curvat
   step behind a ``tf.cond`` on the flag in the state variable; until then evaluation uses the batch
   solution without storing it.
 
-**When does alpha move?** Only in a training step. ``import losszoo`` wraps Keras 3's
+**When does alpha move?** Only in a training step. ``import losszoo`` changes nothing in
+Keras. The first :class:`SafeKLDRORisk` built in a process wraps Keras 3's private
 ``Trainer._compute_loss`` (the single entry point that ``train_step`` and ``test_step``
 call, with ``training=True`` / ``False``) so that it publishes ``(model, training)`` to a
-thread-local context during the call; the loss reads it at trace time. Hence
-``fit`` moves alpha; ``evaluate``, the validation pass of ``fit``, ``predict`` and the
-symbolic build never do. Outside a Keras trainer (custom loops, tf_keras) the loss falls
-back to "a GradientTape is recording", i.e. alpha moves exactly when you are computing
-gradients of the loss. ``update_alpha=True`` / ``False`` overrides both rules, and the
-context manager :func:`alpha_updates` overrides them temporarily.
+thread-local context during the call; the loss reads it at trace time. Hence ``fit`` moves
+alpha; ``evaluate``, the validation pass of ``fit``, ``predict`` and the symbolic build never
+do. Outside a Keras 3 trainer (custom loops, tf_keras / TFRS) the loss falls back to "a
+GradientTape is recording", i.e. alpha moves exactly when you are computing gradients of the
+loss (tf_keras' ``train_step`` records, its ``test_step`` does not). If a Keras release
+moves the private method, the loss warns once and uses the tape rule everywhere.
+``update_alpha=True`` / ``False`` overrides both rules, and the context manager
+:func:`alpha_updates` overrides them temporarily.
 
-**Distribution.** Under ``MirroredStrategy`` the variables are mirrored with
-``ONLY_FIRST_REPLICA`` aggregation and every replica applies the identical update computed
-from all-reduced sums (``sum s w``, ``sum s``), so alpha is one value across replicas and the
-update uses the exact global-batch gradient. The value is normalised by the global ``sum s``
-so that Keras' sum over replicas gives the exact global-batch risk. Create (or compile with
-the string name) inside ``strategy.scope()``; an instance created outside the scope raises
-a clear error when used under a multi-replica strategy.
+**Distribution.** Every DRO loss here has global-batch semantics: under
+``MirroredStrategy`` (or any strategy with a replica context) N replicas give the same loss,
+gradients and alpha as one device with the same global batch. For the safe-KL risk the
+variables are mirrored with ``ONLY_FIRST_REPLICA`` aggregation and every replica applies the
+identical update computed from all-reduced sums (``sum s w``, ``sum s``), so alpha is one
+value across replicas and the update uses the exact global-batch gradient; the value is
+normalised by the global ``sum s`` so that Keras' sum over replicas gives the exact
+global-batch risk. The baselines compute the global risk with collectives in the forward
+pass only (``kl_dro_batch_lse``: shared max shift and all-reduced sums; ``kl_dro_sumexp``:
+global ``sum s``; ``cvar``: all-gathered losses, each replica keeping its slice of the tail
+masses); each replica returns ``risk / N`` with the exact gradient of the global risk for its
+own examples. Uneven splits (a ragged last batch) are exact too. Create the safe-KL loss (or
+compile with the string name) inside ``strategy.scope()``; an instance created outside the
+scope raises a clear error when used under a multi-replica strategy.
+
+**tf_keras and TFRS.** ``losszoo.tf_keras_loss("safe_kl_dro", ...)`` (and
+``compile(loss="safe_kl_dro")`` in a tf_keras model, ``TF_USE_LEGACY_KERAS=1`` for TFRS)
+computes the same risk and trains alpha: tf_keras' and TFRS' ``train_step`` record a
+GradientTape, so alpha moves there (same update as under Keras 3), and their
+``test_step`` / ``evaluate`` never move it. Differences from Keras 3: the diagnostics are not
+added to tf_keras' logs (read ``adapter.losszoo_loss.alpha``), and with
+``alpha_optimizer="auto" | "sgd" | "adam"`` and no ``alpha_learning_rate`` the step size is
+1e-3 (the model's optimiser is not visible), so prefer the default ``"newton"``. The same
+adapter makes the baselines (``cvar``, ``kl_dro_batch_lse``, ``kl_dro_sumexp``) compute their
+batch risk under tf_keras (before, tf_keras averaged the per-example base losses: plain ERM).
 
 **Diagnostics in the logs.** The loss owns one Keras metric (one vector variable) whose
 dict result gives ``<name>_alpha``, ``<name>_mean_w`` (-> 1 at equilibrium) and ``<name>_saturation``
@@ -80,8 +101,8 @@ alpha is re-initialised from the first training batch.
 from __future__ import annotations
 
 import contextlib
-import math
 import threading
+import warnings
 
 import keras
 import tensorflow as tf
@@ -89,14 +110,15 @@ from tensorflow.python.eager import record as _tf_record
 
 from losszoo import ops
 from losszoo.ops import _common as ops_common
+from losszoo.ops import _dro as dro_ops
 from losszoo.ops._dro import _prepare, check_lam, check_rho
 from losszoo.registry import register
 
 __all__ = [
-    "SafeKLDRORisk",
+    "CVaRLoss",
     "KLDROBatchLSE",
     "KLDROSumExp",
-    "CVaRLoss",
+    "SafeKLDRORisk",
     "alpha_updates",
     "find_dro_losses",
 ]
@@ -128,17 +150,29 @@ def alpha_updates(enabled: bool):
 def _install_trainer_hook():
     """Wrap ``keras.src.trainers.trainer.Trainer._compute_loss`` to publish the training flag.
 
-    Idempotent. The wrapper only pushes ``(model, training)`` to a thread-local stack around
-    the original call; behaviour is otherwise unchanged.
+    Called by :class:`SafeKLDRORisk` when one is built, never at import: Keras stays
+    untouched for users who do not use a DRO loss. Idempotent. The wrapper only pushes
+    ``(model, training)`` to a thread-local stack around the original call. Returns whether
+    the hook is in place; if this Keras has no such method, the loss falls back to the
+    tape rule (alpha moves when a ``GradientTape`` records) and warns once.
     """
     try:
         from keras.src.trainers import trainer as trainer_module
-    except ImportError:  # pragma: no cover - Keras layout changed: fall back to tape rule
+        cls = trainer_module.Trainer
+    except (ImportError, AttributeError):  # pragma: no cover - Keras layout changed
+        cls = None
+    original = None if cls is None else cls.__dict__.get("_compute_loss")
+    if original is None:  # pragma: no cover - Keras layout changed
+        if not _HOOK["warned"]:
+            _HOOK["warned"] = True
+            warnings.warn(
+                "losszoo.SafeKLDRORisk could not find Keras' Trainer._compute_loss in this "
+                f"Keras ({keras.__version__}); it tells training from evaluation by the "
+                "GradientTape rule instead and cannot add its diagnostics to the logs.",
+                RuntimeWarning, stacklevel=3)
         return False
-    cls = trainer_module.Trainer
-    original = cls.__dict__.get("_compute_loss")
-    if original is None or getattr(original, "_losszoo_dro_hook", False):
-        return original is not None
+    if getattr(original, "_losszoo_dro_hook", False):
+        return True
 
     def _compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         _stack("trainer").append((self, bool(training)))
@@ -154,7 +188,7 @@ def _install_trainer_hook():
     return True
 
 
-_HOOKED = _install_trainer_hook()
+_HOOK = {"warned": False}
 
 
 def _current_trainer():
@@ -163,6 +197,13 @@ def _current_trainer():
 
 
 # ----------------------------------------------------------------------------- helpers
+def _python_number(value, name, **rules):
+    """A hyper-parameter given as a Python number (never a tensor), checked by ``rules``."""
+    if isinstance(value, (tf.Tensor, tf.Variable)):
+        raise TypeError(f"`{name}` must be a Python number, not a tensor.")
+    return ops_common.check_number(value, name, **rules)
+
+
 def _resolve_base_loss(base_loss):
     """Return ``(fn, config)`` where ``fn(y_true, y_pred)`` gives per-example losses."""
     if isinstance(base_loss, dict):
@@ -178,7 +219,7 @@ def _resolve_base_loss(base_loss):
             obj = obj.__class__.from_config(cfg)
         else:  # pragma: no cover - exotic losses without reduction in their config
             inner = obj
-            obj = lambda y_true, y_pred: inner.call(y_true, y_pred)  # noqa: E731
+            obj = lambda y_true, y_pred: inner.call(y_true, y_pred)
         return obj, (base_loss if isinstance(base_loss, str) else config)
     if callable(obj):
         if isinstance(base_loss, str):
@@ -254,6 +295,12 @@ class _BatchRiskLoss(keras.losses.Loss):
     weights as reference probabilities ``pi_i = s_i / sum s`` (Keras masks multiply them).
     The ``reduction`` argument is accepted for API compatibility and ignored: the risk is
     not a per-example mean.
+
+    Fail-loud: hyper-parameters are checked at construction (the error names the argument);
+    NaN, Inf or negative sample weights raise eagerly and through a graph assertion in
+    ``fit`` (skippable with ``losszoo.set_validation(False)``); a NaN per-example loss with
+    positive weight makes the risk NaN (pair with ``keras.callbacks.TerminateOnNaN``).
+    Under XLA: invalid sample weights make the risk and its gradients NaN.
     """
 
     def __init__(self, base_loss="sparse_categorical_crossentropy", name=None,
@@ -279,15 +326,139 @@ class _BatchRiskLoss(keras.losses.Loss):
     def _risk(self, l, s):  # pragma: no cover - abstract
         raise NotImplementedError
 
+    @staticmethod
+    def _refine_tf_keras_adapter(adapter):
+        """tf_keras (and so TFRS) adapter that computes the batch risk, not a mean.
+
+        The generic adapter reduces what ``call`` returns per example, which for a batch
+        risk would silently be plain ERM. This one calls the Keras 3 loss's ``__call__``
+        (the whole risk, sample weights as reference probabilities; safe-KL alpha moves in
+        training steps by the GradientTape rule, as tf_keras' and TFRS' ``train_step``
+        record a tape and their ``test_step`` does not). Its ``reduction`` is ``SUM``
+        whatever is asked: the risk is not a per-example mean, and tf_keras then counts
+        the replicas' shares of the global-batch risk correctly in its loss metric.
+        """
+        import tf_keras
+
+        class BatchRiskAdapter(adapter):
+            def __init__(self, reduction=None, name=None, **config):
+                del reduction  # ignored, see above
+                super().__init__(reduction=tf_keras.losses.Reduction.SUM, name=name, **config)
+
+            def __call__(self, y_true, y_pred, sample_weight=None):
+                return self.losszoo_loss(y_true, y_pred, sample_weight=sample_weight)
+
+            def get_config(self):
+                inner = {k: v for k, v in self.losszoo_loss.get_config().items()
+                         if k not in ("name", "reduction", "dtype")}
+                return {**super().get_config(), **inner}
+
+        return BatchRiskAdapter
+
     def get_config(self):
         return {**super().get_config(), "base_loss": self._base_config}
 
 
-def _scale_for_replicas(value):
-    n = _num_replicas()
-    if n > 1:
-        value = value * tf.constant(1.0 / n, value.dtype)
-    return value
+def _multi_replica():
+    return _num_replicas() > 1 and tf.distribute.get_replica_context() is not None
+
+
+def _global_flag(flag, dtype):
+    """A scalar bool that is true on every replica if it is true on any."""
+    if flag is None:
+        return None
+    return _replica_sum([tf.cast(flag, dtype)])[0] > 0
+
+
+def _global_share(fn, l):
+    """Global-batch value under a multi-replica strategy.
+
+    ``fn(l)`` returns ``(V, g)``: the global-batch risk ``V`` (computed with collectives, the
+    same on every replica) and its exact gradient ``g = dV/dl`` for this replica's losses.
+    Each replica returns ``V / n_replicas`` with the gradient ``g``: Keras sums the replicas'
+    losses and gradients, so the model gets exactly the global-batch value and gradient of
+    one device, and Keras' logged loss (replica values unscaled by ``n`` and averaged) is
+    ``V`` however unevenly the batch was split. No collective runs in the backward pass.
+    """
+    inv_n = 1.0 / _num_replicas()
+
+    @tf.custom_gradient
+    def share(l):
+        value, g = fn(l)
+
+        def grad(dv):
+            return dv * g
+
+        return value * tf.constant(inv_n, value.dtype), grad
+
+    return share(l)
+
+
+def _shown_as(x, shown):
+    """``shown`` as the value, with the gradient of ``x`` (``shown`` gets none)."""
+    shown = tf.stop_gradient(tf.cast(shown, x.dtype))
+
+    @tf.custom_gradient
+    def f(x):
+        return tf.identity(shown), lambda dv: dv
+
+    return f(x)
+
+
+def _global_batch_lse(l, s, lam):
+    """``kl_dro_batch_lse`` over the global batch (shared max shift, all-reduced sums)."""
+    l, s, _, bad = _prepare(l, s)
+    bad = _global_flag(dro_ops._any(bad, dro_ops._live_nan(l, s)), l.dtype)
+
+    def fn(l):
+        a, m = dro_ops._batch_lse_parts(l, s, lam)
+        ex, m_safe, m_inf = dro_ops._batch_lse_exp(a, s, _replica_max(m))
+        tot, s_sum = _replica_sum([tf.reduce_sum(ex), tf.reduce_sum(s)])
+        val = dro_ops._batch_lse_value(lam, m_safe, m_inf, tot, s_sum)
+        return (dro_ops._poison(bad, val),
+                dro_ops._poison(bad, tf.math.divide_no_nan(ex, tot)))
+
+    return _global_share(fn, l)
+
+
+def _global_sumexp(l, s, lam):
+    """``kl_dro_sumexp`` over the global batch (pi normalised by the global weight sum)."""
+    l, s, _, bad = _prepare(l, s)
+    bad = _global_flag(bad, l.dtype)
+
+    def fn(l):
+        (s_sum,) = _replica_sum([tf.reduce_sum(s)])
+        live = s > 0
+        pi = tf.where(live, tf.math.divide_no_nan(s, s_sum), tf.zeros_like(s))
+        ex = tf.where(live, tf.exp(l * tf.constant(1.0 / lam, l.dtype)), tf.zeros_like(l))
+        (val,) = _replica_sum([tf.reduce_sum(pi * ex)])
+        return (dro_ops._poison(bad, val),
+                dro_ops._poison(bad, pi * ex * tf.constant(1.0 / lam, l.dtype)))
+
+    return _global_share(fn, l)
+
+
+def _global_cvar(l, s, rho):
+    """``cvar_risk`` over the global batch: the tail masses come from the all-gathered
+    losses in replica order (what one device sees), each replica keeps its own slice."""
+    l, s, _, bad = _prepare(l, s)
+    bad = _global_flag(dro_ops._any(bad, dro_ops._live_nan(l, s)), l.dtype)
+    ctx = tf.distribute.get_replica_context()
+    n_local = tf.shape(l)[:1]
+    sizes = ctx.all_gather(n_local, axis=0)
+    offset = tf.reduce_sum(sizes[:ctx.replica_id_in_sync_group])
+    l_all = ctx.all_gather(tf.stop_gradient(l), axis=0)
+    s_all = ctx.all_gather(s, axis=0)
+    q = tf.slice(dro_ops._cvar_tail_mass(l_all, s_all, rho), offset[None], n_local)
+    q = tf.stop_gradient(q)
+
+    def fn(l):
+        dt = l.dtype
+        (val,) = _replica_sum([tf.reduce_sum(tf.where(q > 0, q * l, tf.zeros_like(l)))])
+        val = val * tf.constant(1.0 / rho, dt)
+        return dro_ops._poison(bad, val), dro_ops._poison(bad, q * tf.constant(1.0 / rho, dt))
+
+    return _global_share(fn, l)
 
 
 class _DRODiagnostics(keras.metrics.Metric):
@@ -389,34 +560,28 @@ class SafeKLDRORisk(_BatchRiskLoss):
         super().__init__(base_loss=base_loss, name=name, reduction=reduction, dtype=dtype)
         self.lam = check_lam(lam)
         self.rho = check_rho(rho)
-        self.alpha_init = float(alpha_init)
-        if not math.isfinite(self.alpha_init):
-            raise ValueError(f"`alpha_init` must be finite, got {alpha_init!r}.")
-        self.init_alpha_from_batch = bool(init_alpha_from_batch)
-        if alpha_learning_rate is not None:
-            alpha_learning_rate = float(alpha_learning_rate)
-            if not (alpha_learning_rate >= 0.0 and math.isfinite(alpha_learning_rate)):
-                raise ValueError(f"`alpha_learning_rate` must be finite and >= 0, got {alpha_learning_rate!r}.")
-        self.alpha_learning_rate = alpha_learning_rate
-        self.alpha_lr_multiplier = float(alpha_lr_multiplier)
-        if not (self.alpha_lr_multiplier >= 0.0 and math.isfinite(self.alpha_lr_multiplier)):
-            raise ValueError(f"`alpha_lr_multiplier` must be finite and >= 0, got {alpha_lr_multiplier!r}.")
-        if alpha_optimizer not in ("newton", "auto", "sgd", "adam"):
-            raise ValueError("`alpha_optimizer` must be 'newton', 'auto', 'sgd' or 'adam', got "
-                             f"{alpha_optimizer!r}.")
+        self.alpha_init = _python_number(alpha_init, "alpha_init")
+        self.init_alpha_from_batch = dro_ops._check_bool(init_alpha_from_batch,
+                                                         "init_alpha_from_batch")
+        self.alpha_learning_rate = _python_number(alpha_learning_rate, "alpha_learning_rate",
+                                                  low=0.0, allow_none=True)
+        self.alpha_lr_multiplier = _python_number(alpha_lr_multiplier, "alpha_lr_multiplier",
+                                                  low=0.0)
+        ops_common.check_choice(alpha_optimizer, "alpha_optimizer",
+                                ("newton", "auto", "sgd", "adam"))
         self.alpha_optimizer = alpha_optimizer
-        self.alpha_damping = float(alpha_damping)
-        if not (0.0 < self.alpha_damping <= 1.0):
-            raise ValueError(f"`alpha_damping` must lie in (0, 1], got {alpha_damping!r}.")
-        if update_alpha not in ("auto", True, False):
+        self.alpha_damping = _python_number(alpha_damping, "alpha_damping", low=0.0,
+                                            low_open=True, high=1.0)
+        if not any(update_alpha is v for v in ("auto", True, False)) and update_alpha != "auto":
             raise ValueError(f"`update_alpha` must be 'auto', True or False, got {update_alpha!r}.")
         self.update_alpha = update_alpha
-        self.calibrate = bool(calibrate)
+        self.calibrate = dro_ops._check_bool(calibrate, "calibrate")
+        _install_trainer_hook()  # first SafeKLDRORisk only: Keras is untouched until then
         self._strategy = tf.distribute.get_strategy()
         with tf.init_scope():
-            kw = dict(trainable=False, dtype=tf.float32,
-                      synchronization=tf.VariableSynchronization.ON_WRITE,
-                      aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+            kw = {"trainable": False, "dtype": tf.float32,
+                  "synchronization": tf.VariableSynchronization.ON_WRITE,
+                  "aggregation": tf.VariableAggregation.ONLY_FIRST_REPLICA}
             # [alpha, initialized, m, v, t]: alpha, the first-batch flag and alpha's optimiser
             # state in ONE variable: one read and one write per training step.
             self._state = tf.Variable(self._initial_state(None), name=f"{name}_alpha_state", **kw)
@@ -553,7 +718,7 @@ class SafeKLDRORisk(_BatchRiskLoss):
             l32, _ = ops_common.to_compute_dtype(l, "losses")
             l32, s32 = tf.reshape(l32, [-1]), None
         else:
-            l32, s32, _ = _prepare(l, s)
+            l32, s32, _, _ = _prepare(l, s)
         state = self._state.read_value()
         alpha_var = state[0]
         if self.init_alpha_from_batch:
@@ -576,14 +741,20 @@ class SafeKLDRORisk(_BatchRiskLoss):
         else:
             alpha_used = alpha_var
         value, stats = ops.safe_kl_dro_risk_and_stats(
-            l32, tf.cast(alpha_used, l32.dtype), self.lam, self.rho, s32, calibrate=self.calibrate)
+            l32, tf.cast(alpha_used, l32.dtype), self.lam, self.rho, s32, calibrate=self.calibrate,
+            _validate_alpha=False)
         mean_w, sat, curv = stats["mean_w"], stats["saturation"], stats["curvature"]
         if multi:
             s_local = (tf.cast(tf.size(l32), l32.dtype) if s32 is None else tf.reduce_sum(s32))
-            sw_glob, s_glob, sc_glob = _replica_sum([mean_w * s_local, s_local, curv * s_local])
+            share = value * s_local  # this replica's part of sum_i s_i g_i
+            sw_glob, s_glob, sc_glob, v_glob = _replica_sum(
+                [mean_w * s_local, s_local, curv * s_local, tf.where(s_local > 0, share, 0.0)])
             sat = _replica_max(sat)
-            # share of the global weighted mean; Keras sums the replicas' losses
-            value = value * tf.math.divide_no_nan(s_local, s_glob)
+            # Gradient: this replica's share of the global weighted mean (Keras sums the
+            # replicas' gradients). Value: global risk / N, as the baselines (Keras' logged
+            # loss is then exact however unevenly the batch is split).
+            value = _shown_as(value * tf.math.divide_no_nan(s_local, s_glob),
+                              tf.math.divide_no_nan(v_glob, s_glob) / _num_replicas())
             mean_w = tf.math.divide_no_nan(sw_glob, s_glob)
             curv = tf.math.divide_no_nan(sc_glob, s_glob)
             nonempty = s_glob > 0
@@ -601,8 +772,9 @@ class SafeKLDRORisk(_BatchRiskLoss):
     def call(self, y_true, y_pred):
         """Per-example terms ``alpha - lam + (lam/rho) softplus(z_i)`` at the current alpha.
 
-        Their mean is the risk; this is the path tf_keras' adapter uses (alpha is frozen
-        there, see the module docstring). ``__call__`` is the full Keras 3 path.
+        Their mean is the risk (without sample weights). Keras' ``Loss.call`` contract only:
+        training goes through ``__call__``, in Keras 3 and in tf_keras / TFRS alike (see
+        "tf_keras and TFRS" in the module docstring); this method never moves alpha.
         """
         l = self.per_example_losses(y_true, y_pred)
         a = tf.cast(self.alpha, l.dtype)
@@ -633,13 +805,16 @@ class _TemperedBatchRiskLoss(_BatchRiskLoss):
     """A batch risk with a temperature ``lam``, computed by the op in ``_op(l, lam, s)``."""
 
     _op = None
+    _global_op = None
 
     def __init__(self, base_loss, lam, name, reduction, dtype):
         super().__init__(base_loss=base_loss, name=name, reduction=reduction, dtype=dtype)
         self.lam = check_lam(lam)
 
     def _risk(self, l, s):
-        return _scale_for_replicas(self._op(l, self.lam, s))
+        if _multi_replica():
+            return type(self)._global_op(l, s, self.lam)
+        return self._op(l, self.lam, s)
 
     def get_config(self):
         return {**super().get_config(), "lam": self.lam}
@@ -655,8 +830,8 @@ class KLDROBatchLSE(_TemperedBatchRiskLoss):
 
     The exact KL-DRO risk of the batch (Levy et al. 2020); its expectation underestimates the
     full-data risk and its gradient is biased unless the batch is the whole data set. Under a
-    multi-replica strategy each replica uses its local batch (the replicas' risks are
-    averaged).
+    multi-replica strategy the risk is that of the global batch (see the module docstring,
+    "Distribution"). Fail-loud behaviour as :func:`losszoo.ops.kl_dro_batch_lse`.
 
     Args:
       base_loss: Keras loss computed per example.
@@ -667,6 +842,7 @@ class KLDROBatchLSE(_TemperedBatchRiskLoss):
     """
 
     _op = staticmethod(ops.kl_dro_batch_lse)
+    _global_op = staticmethod(_global_batch_lse)
 
     def __init__(self, base_loss="sparse_categorical_crossentropy", lam: float = 1.0,
                  name: str = "kl_dro_batch_lse", reduction="sum_over_batch_size", dtype=None):
@@ -683,7 +859,8 @@ class KLDROSumExp(_TemperedBatchRiskLoss):
     """Sum-of-exp KL-DRO objective ``sum_i pi_i exp(l_i/lam)`` (paper eq. 21 baseline).
 
     Same minimisers as the KL-DRO risk and unbiased, but overflows for ``l/lam > 88`` in
-    float32 and has large gradient variance; use small step sizes.
+    float32 and has large gradient variance; use small step sizes. Global-batch semantics
+    under a multi-replica strategy, as every DRO loss here.
 
     Args:
       base_loss: Keras loss computed per example.
@@ -694,6 +871,7 @@ class KLDROSumExp(_TemperedBatchRiskLoss):
     """
 
     _op = staticmethod(ops.kl_dro_sumexp)
+    _global_op = staticmethod(_global_sumexp)
 
     def __init__(self, base_loss="sparse_categorical_crossentropy", lam: float = 1.0,
                  name: str = "kl_dro_sumexp", reduction="sum_over_batch_size", dtype=None):
@@ -711,7 +889,9 @@ class CVaRLoss(_BatchRiskLoss):
     """Conditional value at risk at level rho of the batch's per-example losses.
 
     ``CVaR_rho = min_a a + (1/rho) sum_i pi_i (l_i - a)_+``, the mean of the worst ``rho``
-    fraction (computed exactly); the limit of the safe-KL risk as ``lam -> 0``.
+    fraction (computed exactly); the limit of the safe-KL risk as ``lam -> 0``. Under a
+    multi-replica strategy the tail is that of the global batch (all-gathered losses in
+    replica order, ties split as on one device). A NaN loss makes the value NaN.
 
     Args:
       base_loss: Keras loss computed per example.
@@ -727,7 +907,9 @@ class CVaRLoss(_BatchRiskLoss):
         self.rho = check_rho(rho)
 
     def _risk(self, l, s):
-        return _scale_for_replicas(ops.cvar_risk(l, self.rho, s))
+        if _multi_replica():
+            return _global_cvar(l, s, self.rho)
+        return ops.cvar_risk(l, self.rho, s)
 
     def get_config(self):
         return {**super().get_config(), "rho": self.rho}

@@ -37,10 +37,17 @@ sample weights ``s_i >= 0`` (default 1) and ``pi_i = s_i / sum_j s_j``, temperat
 
 Edge inputs (spec 6): entries with ``s_i = 0`` are ignored entirely (also NaN/inf there);
 an all-zero or empty batch gives value 0 and zero gradients; a ``+inf`` loss gives value
-``+inf`` with finite gradients; ``-inf`` gets weight 0; NaN with ``s_i > 0`` propagates.
-Negative sample weights raise ``ValueError`` when their value is known (eager); inside
-compiled graphs they are not checked (undefined). Half-precision inputs are computed in
-float32 and the result cast back; float64 stays float64.
+``+inf`` with finite gradients (``kl_dro_sumexp``: infinite, by design); ``-inf`` gets
+weight 0; NaN with ``s_i > 0`` propagates (NaN value, never silently dropped).
+Half-precision inputs are computed in float32 and the result cast back; float64 stays
+float64.
+
+Fail-loud contract (README, "Bad input"): hyper-parameters (``lam``, ``rho``,
+``iterations``, ``calibrate``) are checked when called and raise naming the argument.
+Sample weights must be finite and >= 0 and ``alpha`` finite: eagerly a ``ValueError``,
+inside ``tf.function`` a graph assertion (both skippable with
+``losszoo.set_validation(False)``). Under XLA, where assertions vanish, such values make
+the result and its gradients NaN (a scalar flag folded into the kernels, always on).
 """
 
 from __future__ import annotations
@@ -50,46 +57,45 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from losszoo.ops._common import static_value, to_compute_dtype
+from losszoo.ops._common import (
+    check_number,
+    nan_where,
+    static_value,
+    to_compute_dtype,
+    validation_enabled,
+)
 
 __all__ = [
-    "safe_kl_dro_risk",
-    "safe_kl_dro_risk_and_stats",
-    "safe_kl_dro_weights",
-    "safe_kl_dro_solve_alpha",
-    "kl_dro_batch_lse",
-    "kl_dro_sumexp",
-    "cvar_risk",
-    "kl_dro_exact_batch_max",
-    "kl_dro_exact_state_update",
-    "kl_dro_exact_state_result",
     "check_lam",
     "check_rho",
+    "cvar_risk",
+    "kl_dro_batch_lse",
+    "kl_dro_exact_batch_max",
+    "kl_dro_exact_state_result",
+    "kl_dro_exact_state_update",
+    "kl_dro_sumexp",
+    "safe_kl_dro_risk",
+    "safe_kl_dro_risk_and_stats",
+    "safe_kl_dro_solve_alpha",
+    "safe_kl_dro_weights",
 ]
 
 
 # ----------------------------------------------------------------------------- validation
-def check_lam(lam) -> float:
-    """Return ``lam`` as a Python float; ValueError unless finite and > 0."""
-    if isinstance(lam, (tf.Tensor, tf.Variable)):
-        raise TypeError("`lam` must be a Python number, not a tensor.")
-    try:
-        value = float(lam)
-    except (TypeError, ValueError):
-        raise TypeError(f"`lam` must be a real number, got {lam!r}.") from None
-    if not (math.isfinite(value) and value > 0.0):
-        raise ValueError(f"`lam` must be finite and > 0, got {lam!r}.")
+def _python_number(value, name):
+    if isinstance(value, (tf.Tensor, tf.Variable)):
+        raise TypeError(f"`{name}` must be a Python number, not a tensor.")
     return value
 
 
+def check_lam(lam) -> float:
+    """Return ``lam`` as a Python float; ``ValueError`` unless finite and > 0."""
+    return check_number(_python_number(lam, "lam"), "lam", low=0.0, low_open=True)
+
+
 def check_rho(rho) -> float:
-    """Return ``rho`` as a Python float; ValueError unless 0 < rho < 1 (spec 1.6 item 4)."""
-    if isinstance(rho, (tf.Tensor, tf.Variable)):
-        raise TypeError("`rho` must be a Python number, not a tensor.")
-    try:
-        value = float(rho)
-    except (TypeError, ValueError):
-        raise TypeError(f"`rho` must be a real number, got {rho!r}.") from None
+    """Return ``rho`` as a Python float; ``ValueError`` unless 0 < rho < 1 (spec 1.6 item 4)."""
+    value = check_number(_python_number(rho, "rho"), "rho")
     if not (0.0 < value < 1.0):
         raise ValueError(
             f"`rho` must lie in the open interval (0, 1), got {rho!r}; rho = 1 is "
@@ -98,27 +104,85 @@ def check_rho(rho) -> float:
     return value
 
 
+def _check_bool(value, name):
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"`{name}` must be a bool, got {value!r}.")
+    return bool(value)
+
+
+def _poison(bad, x):
+    """``x`` with NaN everywhere if the scalar flag ``bad`` is set (``None``: unchanged)."""
+    return x if bad is None else nan_where(bad, x)
+
+
+def _any(*flags):
+    flags = [f for f in flags if f is not None]
+    if not flags:
+        return None
+    out = flags[0]
+    for f in flags[1:]:
+        out = tf.logical_or(out, f)
+    return out
+
+
+def _live_nan(l, s):
+    """Scalar flag: a NaN loss with positive weight (reductions under XLA skip NaN)."""
+    nan = tf.math.is_nan(l)
+    return tf.reduce_any(nan if s is None else nan & (s > 0))
+
+
+def _check_sample_weight(sw):
+    """Eager / graph check that sample weights are finite and >= 0 (skippable); returns
+    the weights and the always-on scalar ``bad`` flag that poisons results under XLA."""
+    value = static_value(sw) if validation_enabled() else None
+    if value is not None:
+        value = np.asarray(value, np.float64)
+        if np.any(np.isnan(value)):
+            raise ValueError("`sample_weight` contains NaN values; weights must be finite "
+                             "and >= 0.")
+        if np.any(np.isinf(value)):
+            raise ValueError("`sample_weight` contains Inf values; weights must be finite "
+                             "and >= 0.")
+        if np.any(value < 0):
+            raise ValueError("`sample_weight` must be >= 0 (it defines reference "
+                             "probabilities); got a negative weight.")
+    ok = tf.reduce_all((sw >= 0) & tf.math.is_finite(sw))
+    if value is None and validation_enabled():
+        with tf.control_dependencies([tf.debugging.Assert(ok, [
+                "`sample_weight` must be finite and >= 0 (NaN, Inf or negative found)."])]):
+            sw = tf.identity(sw)
+    return sw, tf.logical_not(ok)
+
+
 def _prepare(losses, sample_weight):
     """Flatten losses (compute dtype) and weights (same dtype, default ones).
 
     Weights follow the Keras convention: a scalar, or a tensor whose shape is a prefix of
     the losses' shape (e.g. ``[B]`` for losses ``[B, T]``), broadcast over trailing axes.
+    Returns ``(l, s, original_dtype, bad)`` with ``bad`` a scalar flag for invalid weights
+    (``None`` without weights).
     """
     l, original = to_compute_dtype(losses, "losses")
     if sample_weight is None:
-        return tf.reshape(l, [-1]), tf.ones_like(tf.reshape(l, [-1])), original
+        return tf.reshape(l, [-1]), tf.ones_like(tf.reshape(l, [-1])), original, None
     sw = tf.convert_to_tensor(sample_weight)
-    value = static_value(sw)
-    if value is not None and np.any(np.asarray(value) < 0):
-        raise ValueError("`sample_weight` must be >= 0 (it defines reference probabilities).")
+    if not (sw.dtype.is_floating or sw.dtype.is_integer or sw.dtype == tf.bool):
+        raise TypeError(f"`sample_weight` must be real numbers, got dtype {sw.dtype.name}.")
     s = tf.cast(sw, l.dtype)
+    s, bad = _check_sample_weight(s)
     if s.shape.rank is not None and l.shape.rank is not None:
         while s.shape.rank > l.shape.rank and s.shape[-1] == 1:
             s = tf.squeeze(s, -1)
+        fits = s.shape.rank <= l.shape.rank and all(
+            a is None or b is None or a in (1, b) for a, b in zip(s.shape, l.shape))
+        if not fits:
+            raise ValueError(
+                f"`sample_weight` of shape {s.shape} does not fit the losses' shape "
+                f"{l.shape}: it must be a scalar or broadcast over a prefix of it.")
         for _ in range(l.shape.rank - s.shape.rank if s.shape.rank > 0 else 0):
             s = s[..., None]
     s = tf.broadcast_to(s, tf.shape(l))
-    return tf.reshape(l, [-1]), tf.reshape(s, [-1]), original
+    return tf.reshape(l, [-1]), tf.reshape(s, [-1]), original, bad
 
 
 def _const(x, dtype):
@@ -128,7 +192,7 @@ def _const(x, dtype):
 
 
 # ----------------------------------------------------------------------------- safe-KL
-def _safe_kl_core(lam: float, rho: float, calibrate: bool):
+def _safe_kl_core(lam: float, rho: float, calibrate: bool, bad=None):
     inv_lam, log_rho, inv_rho = 1.0 / lam, math.log(rho), 1.0 / rho
 
     @tf.custom_gradient
@@ -148,19 +212,20 @@ def _safe_kl_core(lam: float, rho: float, calibrate: bool):
         val = alpha + _const(lam / rho, dt) * tf.math.divide_no_nan(num, s_sum)
         if calibrate:
             val = val - _const(lam, dt)
-        val = tf.where(nonempty, val, tf.zeros_like(val))
+        val = _poison(bad, tf.where(nonempty, val, tf.zeros_like(val)))
         mean_w = tf.math.divide_no_nan(sw_sum, s_sum)
         # saturation rho * max_i w_i = max_i sigmoid(z_i) over live entries (0 if empty)
         sat = tf.reduce_max(tf.concat([tf.where(live, sig, zeros), tf.zeros([1], dt)], 0))
         grad_alpha = tf.where(nonempty, 1.0 - mean_w, tf.zeros_like(mean_w))
         # lam * d^2V/dalpha^2 = sum pi w (1 - rho w)   (spec 3.1; w (1 - rho w) = sw (1 - sig))
         curv = tf.math.divide_no_nan(tf.reduce_sum(sw * (1.0 - sig)), s_sum)
+        mean_w, sat, grad_alpha, curv = (_poison(bad, x) for x in (mean_w, sat, grad_alpha, curv))
 
         def grad(dv, d_mean_w, d_sat, d_galpha, d_curv):
             # Only the value is differentiable; the statistics are diagnostics
             # (stop-gradient semantics, documented).
             del d_mean_w, d_sat, d_galpha, d_curv
-            g_l = dv * tf.math.divide_no_nan(sw, s_sum)
+            g_l = _poison(bad, dv * tf.math.divide_no_nan(sw, s_sum))
             g_a = dv * grad_alpha
             return g_l, g_a, tf.zeros_like(s)
 
@@ -203,8 +268,34 @@ def _safe_kl_core_unweighted(lam: float, rho: float, calibrate: bool):
     return core
 
 
-def safe_kl_dro_risk_and_stats(losses, alpha, lam, rho, sample_weight=None, calibrate=True):
+def _as_alpha(alpha, dtype):
+    # Python / numpy numbers go straight to the compute dtype (no float32 detour).
+    if isinstance(alpha, (int, float, np.number)) and not isinstance(alpha, bool):
+        return tf.constant(float(alpha), dtype)
+    return tf.cast(tf.convert_to_tensor(alpha), dtype)
+
+
+def _check_alpha(alpha, dtype):
+    a = _as_alpha(alpha, dtype)
+    if a.shape.rank not in (None, 0):
+        if a.shape.num_elements() not in (None, 1):
+            raise ValueError(f"`alpha` must be a scalar, got shape {a.shape}.")
+        a = tf.reshape(a, [])
+    if validation_enabled():
+        value = static_value(a)
+        if value is not None:
+            if not np.all(np.isfinite(value)):
+                raise ValueError(f"`alpha` must be finite, got {float(value)!r}.")
+        else:
+            a = tf.debugging.assert_all_finite(a, "`alpha` must be finite (NaN or Inf found).")
+    return a
+
+
+def safe_kl_dro_risk_and_stats(losses, alpha, lam, rho, sample_weight=None, calibrate=True,
+                               _validate_alpha=True):
     """Safe-KL risk with its diagnostics in one pass.
+
+    Arguments and the fail-loud behaviour are those of :func:`safe_kl_dro_risk`.
 
     Returns:
       ``(value, stats)`` where ``value`` is the risk (differentiable in ``losses`` and
@@ -215,18 +306,26 @@ def safe_kl_dro_risk_and_stats(losses, alpha, lam, rho, sample_weight=None, cali
       (``lam`` times the exact second derivative in alpha, spec 3.1).
     """
     lam, rho = check_lam(lam), check_rho(rho)
+    calibrate = _check_bool(calibrate, "calibrate")
     if sample_weight is None:
         l, original = to_compute_dtype(losses, "losses")
-        l = tf.reshape(l, [-1])
+        l, bad = tf.reshape(l, [-1]), None
     else:
-        l, s, original = _prepare(losses, sample_weight)
-    a = tf.cast(tf.convert_to_tensor(alpha), l.dtype)
-    if a.shape.rank not in (None, 0):
-        a = tf.reshape(a, [])
+        l, s, original, bad = _prepare(losses, sample_weight)
+    if _validate_alpha:
+        a = _check_alpha(alpha, l.dtype)
+        bad_alpha = tf.logical_not(tf.math.is_finite(a))
+        bad = bad_alpha if bad is None else tf.logical_or(bad, bad_alpha)
+    else:
+        a = _as_alpha(alpha, l.dtype)
+        if a.shape.rank not in (None, 0):
+            a = tf.reshape(a, [])
     if sample_weight is None:
-        outs = _safe_kl_core_unweighted(lam, rho, bool(calibrate))(l, a)
+        outs = _safe_kl_core_unweighted(lam, rho, calibrate)(l, a)
+        if bad is not None:
+            outs = tuple(_poison(bad, x) for x in outs)
     else:
-        outs = _safe_kl_core(lam, rho, bool(calibrate))(l, a, s)
+        outs = _safe_kl_core(lam, rho, calibrate, bad)(l, a, s)
     val, mean_w, sat, g_a, curv = outs
     stats = {
         "mean_w": tf.stop_gradient(mean_w),
@@ -245,24 +344,47 @@ def safe_kl_dro_risk(losses, alpha, lam, rho, sample_weight=None, calibrate=True
     Args:
       losses: per-example losses, any shape (flattened; each entry is one sample).
       alpha: scalar dual variable (tensor or variable); gets the gradient ``1 - sum pi w``.
+        Must be finite.
       lam: temperature, Python float, finite and > 0.
       rho: accuracy, Python float in (0, 1); weights are capped at ``1/rho``.
-      sample_weight: optional non-negative weights broadcastable to ``losses``.
-      calibrate: subtract ``lam`` so that ``min_alpha V -> R_lam`` as rho -> 0 (spec 9.1).
+      sample_weight: optional weights, finite and >= 0, a scalar or broadcastable over a
+        prefix of the losses' shape.
+      calibrate: bool; subtract ``lam`` so that ``min_alpha V -> R_lam`` as rho -> 0
+        (spec 9.1).
 
     Returns:
       Scalar risk in the losses' dtype (half precision is computed in float32).
+
+    Raises:
+      TypeError / ValueError naming the argument: bad ``lam`` / ``rho`` / ``calibrate``,
+      NaN/Inf/negative ``sample_weight`` or non-finite ``alpha`` (eagerly; inside
+      ``tf.function`` an assertion, skippable with ``losszoo.set_validation(False)``).
+
+    Fail-loud behaviour: a NaN loss with positive weight gives a NaN value (and NaN
+    gradient for that entry); a ``+inf`` loss gives ``+inf`` with finite gradients; zero
+    weight entries are ignored; an empty batch gives 0. Under XLA: (assertions vanish)
+    invalid sample weights or a non-finite alpha make the value, its gradients and the
+    statistics NaN.
+
+    Example:
+      >>> float(safe_kl_dro_risk([1.0, 2.0, 3.0], alpha=2.0, lam=1.0, rho=0.1))  # doctest: +ELLIPSIS
+      2.9...
     """
     return safe_kl_dro_risk_and_stats(losses, alpha, lam, rho, sample_weight, calibrate)[0]
 
 
 def safe_kl_dro_weights(losses, alpha, lam, rho):
-    """Per-example weights ``w_i = sigmoid((l_i - alpha)/lam + ln rho)/rho`` (same shape)."""
+    """Per-example weights ``w_i = sigmoid((l_i - alpha)/lam + ln rho)/rho`` (same shape).
+
+    NaN losses give NaN weights. ``alpha`` must be finite (checked as in
+    :func:`safe_kl_dro_risk`). Under XLA: a non-finite alpha gives all-NaN weights.
+    """
     lam, rho = check_lam(lam), check_rho(rho)
     l, original = to_compute_dtype(losses, "losses")
-    a = tf.cast(alpha, l.dtype)
+    a = _check_alpha(alpha, l.dtype)
     z = (l - a) * _const(1.0 / lam, l.dtype) + _const(math.log(rho), l.dtype)
     w = tf.math.sigmoid(z) * _const(1.0 / rho, l.dtype)
+    w = nan_where(tf.logical_not(tf.math.is_finite(a)), w)
     return tf.cast(w, original) if original != l.dtype else w
 
 
@@ -270,11 +392,15 @@ def safe_kl_dro_solve_alpha(losses, lam, rho, sample_weight=None, iterations=80)
     """Batch optimal alpha: root of ``sum_i pi_i sigmoid((l_i-alpha)/lam + ln rho)/rho = 1``.
 
     Bisection on the bracket ``[min l + lam log(1-rho), max l]`` (spec 7, C0) over entries
-    with positive weight, with a fixed number of iterations (XLA-compilable). Non-finite
-    live losses give a non-finite result; an empty batch gives 0. No gradient.
+    with positive weight, with a fixed number of iterations (an integer >= 1;
+    XLA-compilable). A NaN live loss gives NaN, an infinite one a non-finite result; an
+    empty batch gives 0. No gradient. Under XLA: invalid sample weights give NaN.
     """
     lam, rho = check_lam(lam), check_rho(rho)
-    l, s, _ = _prepare(losses, sample_weight)
+    iterations = check_number(iterations, "iterations", low=1, integer=True)
+    if isinstance(iterations, (tf.Tensor, tf.Variable)):
+        raise TypeError("`iterations` must be a Python integer, not a tensor.")
+    l, s, _, bad = _prepare(losses, sample_weight)
     l = tf.stop_gradient(l)
     dt = l.dtype
     live = s > 0
@@ -283,7 +409,8 @@ def safe_kl_dro_solve_alpha(losses, lam, rho, sample_weight=None, iterations=80)
         lam * math.log1p(-rho), dt)
     hi = tf.reduce_max(tf.where(live, l, tf.fill(tf.shape(l), -big)))
     c = tf.constant([1.0 / lam, math.log(rho), 1.0 / rho], dt)
-    return _bisect(l, s, lo, hi, c, tf.constant(int(iterations)))
+    out = _bisect(l, s, lo, hi, c, tf.constant(int(iterations)))
+    return _poison(_any(bad, _live_nan(l, s)), out)
 
 
 @tf.function(reduce_retracing=True, autograph=False)
@@ -310,35 +437,66 @@ def _bisect(l, s, lo, hi, c, iterations):
 
 
 # ----------------------------------------------------------------------------- baselines
-def _normalised_weights(s):
-    return tf.math.divide_no_nan(s, tf.reduce_sum(s))
+def _normalised_weights(s, s_total=None):
+    return tf.math.divide_no_nan(s, tf.reduce_sum(s) if s_total is None else s_total)
+
+
+def _batch_lse_parts(l, s, lam):
+    """Shift-free pieces of ``log sum s exp(l/lam)``: ``a_i = l_i/lam + log s_i`` (-inf where
+    ``s_i = 0``), the maximum ``m`` of ``a`` and whether it is ``+inf``."""
+    dt = l.dtype
+    live = s > 0
+    ninf = tf.fill(tf.shape(l), _const(-np.inf, dt))
+    a = tf.where(live, l * _const(1.0 / lam, dt) + tf.math.log(tf.where(live, s, tf.ones_like(s))),
+                 ninf)
+    m = tf.reduce_max(tf.concat([a, _const([-np.inf], dt)], 0))
+    return a, m
+
+
+def _batch_lse_exp(a, s, m):
+    """``exp(a - m)`` with ``m`` made finite; at ``m = +inf`` the limit weights: ``s_i`` on the
+    ``+inf`` entries, 0 elsewhere (the softmax of an infinite logit)."""
+    m_inf = tf.math.is_inf(m) & (m > 0)
+    m_safe = tf.where(tf.math.is_finite(m), m, tf.zeros_like(m))
+    ex = tf.where(m_inf, tf.where(tf.math.is_inf(a) & (a > 0), s, tf.zeros_like(a)),
+                  tf.exp(a - m_safe))
+    return tf.where(s > 0, ex, tf.zeros_like(ex)), m_safe, m_inf
+
+
+def _batch_lse_value(lam, m_safe, m_inf, tot, s_sum):
+    dt = tot.dtype
+    val = _const(lam, dt) * (m_safe + tf.math.log(tot) - tf.math.log(s_sum))
+    val = tf.where(m_inf, _const(np.inf, dt), val)
+    return tf.where(s_sum > 0, val, tf.zeros_like(val))
 
 
 def kl_dro_batch_lse(losses, lam, sample_weight=None):
     """Naive mini-batch KL-DRO risk ``lam log sum_i pi_i exp(l_i/lam)`` (biased, spec 2.1).
 
     Max-shifted (no overflow); gradient ``softmax_i(l/lam + log pi)``. Zero-weight entries
-    are ignored; an empty batch gives 0.
+    are ignored; an empty batch gives 0. A ``+inf`` loss gives ``+inf`` with the limit
+    gradient (the ``+inf`` entries share the weight 1 in proportion to ``pi``, the others
+    get 0); ``-inf`` losses get weight 0; a NaN loss with positive weight gives a NaN value
+    and gradients. Bad ``lam`` or ``sample_weight`` raise as in :func:`safe_kl_dro_risk`.
+    Under XLA: invalid sample weights give a NaN value and gradients.
+
+    Example:
+      >>> float(kl_dro_batch_lse([0.0, 0.0], lam=1.0))
+      0.0
     """
     lam = check_lam(lam)
-    l, s, original = _prepare(losses, sample_weight)
+    l, s, original, bad = _prepare(losses, sample_weight)
+    bad = _any(bad, _live_nan(l, s))
 
     @tf.custom_gradient
     def core(l, s):
-        dt = l.dtype
-        live = s > 0
-        ninf = tf.fill(tf.shape(l), _const(-np.inf, dt))
-        a = tf.where(live, l * _const(1.0 / lam, dt) + tf.math.log(tf.where(live, s, tf.ones_like(s))), ninf)
-        m = tf.reduce_max(tf.concat([a, _const([-np.inf], dt)], 0))
-        m_safe = tf.where(tf.math.is_finite(m), m, tf.zeros_like(m))
-        ex = tf.where(live, tf.exp(a - m_safe), tf.zeros_like(a))
+        a, m = _batch_lse_parts(l, s, lam)
+        ex, m_safe, m_inf = _batch_lse_exp(a, s, m)
         tot = tf.reduce_sum(ex)
-        s_sum = tf.reduce_sum(s)
-        val = _const(lam, dt) * (m_safe + tf.math.log(tot) - tf.math.log(s_sum))
-        val = tf.where(s_sum > 0, val, tf.zeros_like(val))
+        val = _poison(bad, _batch_lse_value(lam, m_safe, m_inf, tot, tf.reduce_sum(s)))
 
         def grad(dv):
-            return dv * tf.math.divide_no_nan(ex, tot), tf.zeros_like(s)
+            return _poison(bad, dv * tf.math.divide_no_nan(ex, tot)), tf.zeros_like(s)
 
         return val, grad
 
@@ -350,68 +508,102 @@ def kl_dro_sumexp(losses, lam, sample_weight=None):
     """Sum-of-exp objective ``sum_i pi_i exp(l_i/lam)`` (paper eq. 21, spec 2.1).
 
     Same minimisers as the KL-DRO risk and unbiased, but it overflows for ``l/lam`` above
-    ~88.7 in float32 (by design: there is no safe form). Gradient ``pi_i exp(l_i/lam)/lam``.
+    ~88.7 in float32 (by design: there is no safe form): the value is then ``+inf`` and the
+    gradient of those entries ``+inf``. Gradient ``pi_i exp(l_i/lam)/lam``. NaN losses with
+    positive weight give NaN. Under XLA: invalid sample weights give a NaN value and
+    gradients.
+
+    Example:
+      >>> float(kl_dro_sumexp([0.0, 0.0], lam=1.0))
+      1.0
     """
     lam = check_lam(lam)
-    l, s, original = _prepare(losses, sample_weight)
+    l, s, original, bad = _prepare(losses, sample_weight)
+    return _sumexp(l, s, lam, bad, original)
 
+
+def _sumexp(l, s, lam, bad, original, s_total=None):
     @tf.custom_gradient
     def core(l, s):
         dt = l.dtype
         live = s > 0
-        pi = tf.where(live, _normalised_weights(s), tf.zeros_like(s))
+        pi = tf.where(live, _normalised_weights(s, s_total), tf.zeros_like(s))
         ex = tf.where(live, tf.exp(l * _const(1.0 / lam, dt)), tf.zeros_like(l))
-        val = tf.reduce_sum(pi * ex)
+        val = _poison(bad, tf.reduce_sum(pi * ex))
 
         def grad(dv):
-            return dv * pi * ex * _const(1.0 / lam, dt), tf.zeros_like(s)
+            return _poison(bad, dv * pi * ex * _const(1.0 / lam, dt)), tf.zeros_like(s)
 
         return val, grad
 
     val = core(l, s)
     return tf.cast(val, original) if original != l.dtype else val
+
+
+def _cvar_tail_mass(l, s, rho, s_total=None):
+    """``q_i``: the mass of example i inside the upper-``rho`` tail (stable sort by loss)."""
+    dt = l.dtype
+    live = s > 0
+    pi = tf.where(live, _normalised_weights(s, s_total), tf.zeros_like(s))
+    key = tf.where(live, l, tf.fill(tf.shape(l), _const(-np.inf, dt)))
+    order = tf.argsort(key, direction="DESCENDING", stable=True)
+    pi_sorted = tf.gather(pi, order)
+    before = tf.cumsum(pi_sorted, exclusive=True)
+    q_sorted = tf.clip_by_value(_const(rho, dt) - before, tf.zeros_like(before), pi_sorted)
+    return tf.scatter_nd(order[:, None], q_sorted, tf.shape(l, out_type=order.dtype))
+
+
+def _cvar_from_mass(l, q, rho, bad):
+    """``(1/rho) sum q_i l_i`` with the gradient ``q_i/rho`` (q fixed)."""
+
+    @tf.custom_gradient
+    def core(l):
+        dt = l.dtype
+        contrib = tf.where(q > 0, q * l, tf.zeros_like(l))
+        val = _poison(bad, tf.reduce_sum(contrib) * _const(1.0 / rho, dt))
+
+        def grad(dv):
+            return _poison(bad, dv * q * _const(1.0 / rho, dt))
+
+        return val, grad
+
+    return core(l)
 
 
 def cvar_risk(losses, rho, sample_weight=None):
     """CVaR at level rho: ``min_a a + (1/rho) sum_i pi_i (l_i - a)_+`` (exact, by sorting).
 
     Equals the average of the upper-``rho`` tail of the weighted empirical law; the
-    gradient gives example i the weight ``q_i/rho`` with ``q_i`` its mass inside the tail.
+    gradient gives example i the weight ``q_i/rho`` with ``q_i`` its mass inside the tail
+    (ties are split in index order). A NaN loss with positive weight makes the value and
+    every gradient NaN (the tail is undefined); ``+inf`` in the tail gives ``+inf`` with
+    finite gradients. Bad ``rho`` or ``sample_weight`` raise as in :func:`safe_kl_dro_risk`.
+    Under XLA: invalid sample weights give a NaN value and gradients.
+
+    Example:
+      >>> float(cvar_risk([1.0, 2.0, 3.0, 4.0], rho=0.5))
+      3.5
     """
     rho = check_rho(rho)
-    l, s, original = _prepare(losses, sample_weight)
-
-    @tf.custom_gradient
-    def core(l, s):
-        dt = l.dtype
-        live = s > 0
-        pi = tf.where(live, _normalised_weights(s), tf.zeros_like(s))
-        key = tf.where(live, l, tf.fill(tf.shape(l), _const(-np.inf, dt)))
-        order = tf.argsort(key, direction="DESCENDING", stable=True)
-        pi_sorted = tf.gather(pi, order)
-        before = tf.cumsum(pi_sorted, exclusive=True)
-        q_sorted = tf.clip_by_value(_const(rho, dt) - before, tf.zeros_like(before), pi_sorted)
-        q = tf.scatter_nd(order[:, None], q_sorted, tf.shape(l, out_type=order.dtype))
-        contrib = tf.where(q > 0, q * l, tf.zeros_like(l))
-        val = tf.reduce_sum(contrib) * _const(1.0 / rho, dt)
-
-        def grad(dv):
-            return dv * q * _const(1.0 / rho, dt), tf.zeros_like(s)
-
-        return val, grad
-
-    val = core(l, s)
+    l, s, original, bad = _prepare(losses, sample_weight)
+    bad = _any(bad, _live_nan(l, s))
+    q = tf.stop_gradient(_cvar_tail_mass(tf.stop_gradient(l), s, rho))
+    val = _cvar_from_mass(l, q, rho, bad)
     return tf.cast(val, original) if original != l.dtype else val
 
 
 # ----------------------------------------------------------------------------- streaming exact risk
 def kl_dro_exact_batch_max(losses, lam, sample_weight=None, dtype=tf.float64):
-    """``max_i l_i/lam`` over entries with positive weight (``-inf`` if none), in ``dtype``."""
+    """``max_i l_i/lam`` over entries with positive weight (``-inf`` if none), in ``dtype``.
+
+    NaN live losses give NaN. Under XLA: invalid sample weights give NaN.
+    """
     lam = check_lam(lam)
-    l, s, _ = _prepare(losses, sample_weight)
+    l, s, _, bad = _prepare(losses, sample_weight)
     l, s = tf.cast(l, dtype), tf.cast(s, dtype)
     a = tf.where(s > 0, l * _const(1.0 / lam, dtype), tf.fill(tf.shape(l), _const(-np.inf, dtype)))
-    return tf.reduce_max(tf.concat([a, _const([-np.inf], dtype)], 0))
+    out = tf.reduce_max(tf.concat([a, _const([-np.inf], dtype)], 0))
+    return _poison(_any(bad, _live_nan(l, s)), out)
 
 
 def kl_dro_exact_state_update(m, acc, n, losses, lam, sample_weight=None, batch_max=None):
@@ -420,11 +612,13 @@ def kl_dro_exact_state_update(m, acc, n, losses, lam, sample_weight=None, batch_
     State: ``m`` running max of ``l/lam`` (start -inf), ``acc = sum s exp(l/lam - m)``
     (start 0), ``n = sum s`` (start 0); all in the state's dtype. ``batch_max`` overrides
     the batch's own maximum (any value >= it works; replicas pass a shared one so that
-    their ``acc`` share the shift and can be summed). Returns the new state.
+    their ``acc`` share the shift and can be summed). Returns the new state. NaN losses
+    with positive weight make ``acc`` NaN (and so the result). Under XLA: invalid sample
+    weights make ``acc`` NaN.
     """
     lam = check_lam(lam)
     dt = tf.as_dtype(m.dtype)
-    l, s, _ = _prepare(losses, sample_weight)
+    l, s, _, bad = _prepare(losses, sample_weight)
     l, s = tf.cast(l, dt), tf.cast(s, dt)
     live = s > 0
     a = tf.where(live, l * _const(1.0 / lam, dt), tf.fill(tf.shape(l), _const(-np.inf, dt)))
@@ -434,12 +628,13 @@ def kl_dro_exact_state_update(m, acc, n, losses, lam, sample_weight=None, batch_
     m_safe = tf.where(tf.math.is_finite(m_new), m_new, tf.zeros_like(m_new))
     scale = tf.where(tf.math.is_inf(m) & (m < 0), tf.zeros_like(m), tf.exp(m - m_safe))
     acc_new = acc * scale + tf.reduce_sum(tf.where(live, s * tf.exp(a - m_safe), tf.zeros_like(a)))
-    return m_new, acc_new, n + tf.reduce_sum(s)
+    return m_new, _poison(bad, acc_new), _poison(bad, n + tf.reduce_sum(s))
 
 
 def kl_dro_exact_state_result(m, acc, n, lam):
-    """``lam (m + log acc - log n)``; 0 before any example was seen."""
+    """``lam (m + log acc - log n)``; 0 before any example was seen (``n == 0``); a NaN
+    state (NaN losses or, under XLA, invalid weights) gives NaN."""
     lam = check_lam(lam)
     dt = tf.as_dtype(m.dtype)
     val = _const(lam, dt) * (m + tf.math.log(acc) - tf.math.log(n))
-    return tf.where(n > 0, val, tf.zeros_like(val))
+    return tf.where(tf.equal(n, 0), tf.zeros_like(val), val)

@@ -101,3 +101,39 @@ def test_mixed_precision():
 def test_mirrored_strategy_matches_single_device():
     x, y = classification_data(n=64)
     assert_mirrored_matches_single(small_mlp, x, y, RankmaxLoss(k=2))
+
+
+_DYNAMIC = [tf.TensorSpec([None], tf.float32), tf.TensorSpec([None, None], tf.float32)]
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_ids_with_dynamic_class_count(jit):
+    """In-batch retrieval ids when the batch (= class) size is unknown (issue 10 item 4)."""
+    z = rng.normal(size=(5, 5)).astype(np.float32)
+    ids = np.array([0, 1, 2, 3, 4], np.float32)
+    loss = RankmaxLoss(reduction=None)
+
+    @tf.function(input_signature=_DYNAMIC, jit_compile=jit)
+    def run(y, s):
+        with tf.GradientTape() as tape:
+            tape.watch(s)
+            values = loss(y, s)
+            total = tf.reduce_sum(values)
+        return values, tape.gradient(total, s)
+
+    values, grad = run(ids, z)
+    np.testing.assert_allclose(values, ref_losses(z, [[(y, 1.0)] for y in range(5)]),
+                               rtol=1e-5, atol=1e-6)
+    want_grad = np.stack([ref.rankmax_loss_grad(r.astype(np.float64), y, 1)
+                          for y, r in enumerate(z)])
+    np.testing.assert_allclose(grad, want_grad, atol=1e-5)
+    values3, _ = run(ids[:3], z[:3, :3])
+    np.testing.assert_allclose(values3, ref_losses(z[:3, :3], [[(y, 1.0)] for y in range(3)]),
+                               rtol=1e-5, atol=1e-6)
+    bad = np.array([0, 1, 7, 3, np.nan], np.float32)
+    if jit:
+        values, _ = run(bad, z)
+        assert np.isnan(values[2]) and np.isnan(values[4]) and np.all(np.isfinite(values[:2]))
+    else:
+        with pytest.raises(tf.errors.InvalidArgumentError, match="`y_true`"):
+            run(bad, z)

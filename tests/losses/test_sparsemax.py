@@ -114,3 +114,45 @@ def test_mixed_precision():
 def test_mirrored_strategy_matches_single_device():
     x, y = classification_data(n=64)
     assert_mirrored_matches_single(small_mlp, x, y, SparsemaxLoss())
+
+
+# In-batch retrieval: the class axis is the batch axis, unknown when tracing (issue 10 item 4).
+_DYNAMIC = [tf.TensorSpec([None], tf.float32), tf.TensorSpec([None, None], tf.float32)]
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_ids_with_dynamic_class_count(jit):
+    z = rng.normal(size=(5, 5)).astype(np.float32)
+    ids = np.array([0, 1, 2, 3, 4], np.float32)
+    loss = SparsemaxLoss(reduction=None)
+
+    @tf.function(input_signature=_DYNAMIC, jit_compile=jit)
+    def run(y, s):
+        with tf.GradientTape() as tape:
+            tape.watch(s)
+            values = loss(y, s)
+            total = tf.reduce_sum(values)
+        return values, tape.gradient(total, s)
+
+    values, grad = run(ids, z)
+    np.testing.assert_allclose(values, ref_losses(z, np.eye(5)), rtol=1e-5, atol=1e-6)
+    want_grad = np.stack([ref.sparsemax(r.astype(np.float64))[0] for r in z]) - np.eye(5)
+    np.testing.assert_allclose(grad, want_grad, atol=1e-6)
+    # A different batch size through the same signature.
+    values3, _ = run(ids[:3], z[:3, :3])
+    np.testing.assert_allclose(values3, ref_losses(z[:3, :3], np.eye(3)), rtol=1e-5, atol=1e-6)
+    bad = np.array([0, 1, 7, 3, np.nan], np.float32)
+    if jit:  # assertions vanish under XLA: the bad rows' loss is NaN, the others untouched
+        values, grad = run(bad, z)
+        assert np.isnan(values[2]) and np.isnan(values[4])
+        np.testing.assert_allclose(values[:2], ref_losses(z[:2], np.eye(5)[:2]), rtol=1e-5)
+        assert np.all(np.isnan(grad[2])) and np.all(np.isfinite(grad[:2]))
+    else:
+        with pytest.raises(tf.errors.InvalidArgumentError, match="`y_true`"):
+            run(bad, z)
+
+
+@pytest.mark.parametrize("bad", [[0, 3], [0, -1], [0, 1.5], [0, np.nan]])
+def test_bad_ids_raise_eagerly(bad):
+    with pytest.raises(ValueError, match="`y_true`"):
+        SparsemaxLoss()(np.array(bad, np.float32), Z[:2, :3])

@@ -1,8 +1,8 @@
 """Streaming exact KL-DRO risk metric against the numpy reference."""
 
+import keras
 import numpy as np
 import tensorflow as tf
-import keras
 
 import losszoo.metrics  # noqa: F401  (the lead imports it from the package)
 from losszoo.metrics import ExactKLDRORisk

@@ -7,8 +7,12 @@ import pytest
 import tensorflow as tf
 
 from losszoo import ops
-from tests.helpers import (assert_grad_matches_fd, assert_grad_matches_reference,
-                           assert_xla_matches_eager, load_reference)
+from tests.helpers import (
+    assert_grad_matches_fd,
+    assert_grad_matches_reference,
+    assert_xla_matches_eager,
+    load_reference,
+)
 
 R = load_reference("safe_kl_dro")
 
@@ -43,7 +47,7 @@ def test_value_and_gradients_match_reference_weighted():
         w = R.safe_terms(l, a, lam, rho)[1]
         np.testing.assert_allclose(st["saturation"], rho * w[s > 0].max(), rtol=1e-12)
     # calibrate=False is the paper's G = V + lam; same gradients
-    v2, gl2, ga2, _ = _risk_grads(l, a, lam, rho, s, calibrate=False)
+    v2, gl2, _ga2, _ = _risk_grads(l, a, lam, rho, s, calibrate=False)
     np.testing.assert_allclose(v2, vr + lam, rtol=1e-13)
     np.testing.assert_allclose(gl2, glr, rtol=1e-12, atol=1e-15)
 
@@ -52,7 +56,7 @@ def test_gradients_match_finite_differences_and_autodiff():
     rng = np.random.default_rng(2)
     l, s = rng.gamma(2.0, size=12) * 2, rng.uniform(0.1, 2, size=12)
     # alpha as a [1] array (the FD helper perturbs array entries)
-    f = lambda l, a: ops.safe_kl_dro_risk(l, a[0], 1.3, 0.05, s)  # noqa: E731
+    f = lambda l, a: ops.safe_kl_dro_risk(l, a[0], 1.3, 0.05, s)
 
     def plain(l, a):  # autodiff through the plain formula
         a = a[0]
@@ -86,8 +90,8 @@ def test_float32_matches_float64():  # C9
     for _ in range(20):
         l = rng.gamma(2.0, size=40) * 3
         lam, rho, a = rng.uniform(0.2, 5), 10 ** rng.uniform(-4, -0.1), rng.normal() * 2 + 5
-        v64, g64, ga64, _ = _risk_grads(l, a, lam, rho)
-        v32, g32, ga32, _ = _risk_grads(l.astype(np.float32), a, lam, rho)
+        v64, g64, _ga64, _ = _risk_grads(l, a, lam, rho)
+        v32, g32, _ga32, _ = _risk_grads(l.astype(np.float32), a, lam, rho)
         assert abs(v32 - v64) <= 1e-5 * max(1.0, abs(v64))
         assert np.max(np.abs(g32 - g64)) <= 1e-5 * np.max(np.abs(g64)) + 1e-7
 
@@ -322,3 +326,77 @@ def test_edge_inputs():
     assert h.dtype == tf.float16
     np.testing.assert_allclose(float(h), R.safe_risk(np.array([300.0, 1.0]), 0.0, 1.0, 0.1)[0],
                                rtol=1e-3)
+
+
+# ----------------------------------------------------------------------------- issue 9 regressions
+def test_issue9_nan_sample_weight_is_rejected_not_risk_zero():
+    """Before: a NaN weight was treated as 0, all-NaN weights gave risk 0 silently."""
+    l = np.array([1.0, 2.0, 3.0])
+    for fn in (lambda s: ops.safe_kl_dro_risk(l, 0.0, 1.0, 0.1, s),
+               lambda s: ops.kl_dro_batch_lse(l, 1.0, s), lambda s: ops.kl_dro_sumexp(l, 1.0, s),
+               lambda s: ops.cvar_risk(l, 0.5, s),
+               lambda s: ops.safe_kl_dro_solve_alpha(l, 1.0, 0.1, s)):
+        for s in ([np.nan] * 3, [1.0, np.nan, 1.0], [1.0, np.inf, 1.0], [1.0, -2.0, 1.0]):
+            with pytest.raises(ValueError, match="`sample_weight`"):
+                fn(np.array(s))
+    graph = tf.function(lambda s: ops.safe_kl_dro_risk(l, 0.0, 1.0, 0.1, s))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="`sample_weight`"):
+        graph(tf.constant([np.nan] * 3, tf.float64))
+    xla = tf.function(lambda s: ops.safe_kl_dro_risk(l, 0.0, 1.0, 0.1, s), jit_compile=True)
+    assert np.isnan(xla(tf.constant([np.nan] * 3, tf.float64)).numpy())
+    # validation off: no error, and NaN still comes out (never 0)
+    import losszoo
+
+    with losszoo.validation(False):
+        assert np.isnan(ops.safe_kl_dro_risk(l, 0.0, 1.0, 0.1, np.array([np.nan] * 3)).numpy())
+    with pytest.raises(ValueError, match="`sample_weight`.*shape"):
+        ops.safe_kl_dro_risk(l, 0.0, 1.0, 0.1, np.ones(4))
+
+
+def test_issue9_cvar_nan_loss_is_nan_not_dropped():
+    for mode in (lambda f: f, tf.function, lambda f: tf.function(f, jit_compile=True)):
+        l = tf.constant([np.nan, 1.0, 2.0, 3.0])
+        with tf.GradientTape() as tape:
+            tape.watch(l)
+            v = mode(lambda x: ops.cvar_risk(x, 0.5))(l)
+        assert np.isnan(v.numpy()) and np.all(np.isnan(tape.gradient(v, l).numpy()))
+    # a NaN with zero weight is padding: ignored
+    np.testing.assert_allclose(
+        ops.cvar_risk(np.array([np.nan, 1.0, 3.0]), 0.5, np.array([0.0, 1.0, 1.0])).numpy(), 3.0)
+
+
+def test_issue9_batch_lse_plus_inf_loss_has_inf_value_and_limit_gradient():
+    """Decision: +inf loss -> risk +inf with the softmax limit as gradient (the +inf entries
+    share weight 1 in proportion to pi, others 0), in every mode. Before: NaN gradient."""
+    for mode in (lambda f: f, tf.function, lambda f: tf.function(f, jit_compile=True)):
+        l = tf.constant([np.inf, 1.0, np.inf, 5.0], tf.float64)
+        s = tf.constant([1.0, 1.0, 3.0, 1.0], tf.float64)
+        with tf.GradientTape() as tape:
+            tape.watch(l)
+            v = mode(lambda x, w: ops.kl_dro_batch_lse(x, 2.0, w))(l, s)
+        assert v.numpy() == np.inf
+        np.testing.assert_allclose(tape.gradient(v, l).numpy(), [0.25, 0.0, 0.75, 0.0])
+    # NaN beside +inf stays NaN (not +inf)
+    assert np.isnan(ops.kl_dro_batch_lse(np.array([np.inf, np.nan]), 1.0).numpy())
+
+
+def test_issue9_solve_alpha_needs_iterations_and_propagates_nan():
+    l = np.array([1.0, 2.0])
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises((ValueError, TypeError), match="`iterations`"):
+            ops.safe_kl_dro_solve_alpha(l, 1.0, 0.1, iterations=bad)
+    xla = tf.function(lambda x: ops.safe_kl_dro_solve_alpha(x, 1.0, 0.1), jit_compile=True)
+    assert np.isnan(xla(tf.constant([np.nan, 1.0, 2.0])).numpy())  # XLA's max skips NaN
+
+
+def test_issue9_non_finite_alpha_rejected_or_nan_under_xla():
+    l = np.array([1.0, 2.0])
+    for alpha in (np.nan, np.inf, -np.inf):
+        with pytest.raises(ValueError, match="`alpha`"):
+            ops.safe_kl_dro_risk(l, alpha, 1.0, 0.1)
+        with pytest.raises(tf.errors.InvalidArgumentError, match="`alpha`"):
+            tf.function(lambda a: ops.safe_kl_dro_risk(l, a, 1.0, 0.1))(tf.constant(alpha))
+        xla = tf.function(lambda a: ops.safe_kl_dro_weights(l, a, 1.0, 0.1), jit_compile=True)
+        assert np.all(np.isnan(xla(tf.constant(alpha, tf.float64)).numpy()))
+    with pytest.raises(ValueError, match="`alpha`.*scalar"):
+        ops.safe_kl_dro_risk(l, [0.0, 1.0], 1.0, 0.1)
