@@ -50,6 +50,20 @@ def build_model():
     ])
 
 
+def make_loss(name: str):
+    """The registered loss ``name``; DRO risks over cross-entropy *on logits* (the model's
+    output), so their losses stay in a sane range and training moves every weight."""
+    import keras
+
+    import losszoo
+
+    entry_cls = losszoo.get_class(name, "loss")
+    if callable(getattr(entry_cls, "per_example_losses", None)):
+        base = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        return losszoo.get(name, base_loss=base)
+    return losszoo.get(name)
+
+
 def dro_state(loss) -> dict:
     """Observable DRO state of a loss (alpha of safe_kl_dro), empty for stateless losses."""
     alpha = getattr(loss, "alpha", None)
