@@ -284,7 +284,7 @@ def table(results, args, command):
               "accuracy / 0.387 R@100; softmax 0.147 / 0.300 / 0.401; sparsemax 0.147 / 0.286 / "
               "0.384.", "",
               "Sparsemax and shared hyper-parameters: with one learning rate for all losses "
-              "(`--settings shared`, lr 0.01, the example's former default) sparsemax peaks "
+              "(`--settings shared`, the `--lr` default 0.01) sparsemax peaks "
               "after one or two epochs at about a third of softmax's AP@10 (validation AP@10 "
               "0.054 vs 0.126, 3 seeds). That learning rate is too large for sparsemax: in the "
               "grid (`--tune`, movielens_retrieval_tuning.md) its validation AP@10 is 0.103 at "
@@ -314,6 +314,11 @@ def tuning_table(grid, best, args, command):
             mark = "**" if row["lr"] == best[name]["lr"] else ""
             lines.append(f"| {name} | {mark}{row['lr']:g}{mark} | {row['AP@10']:.4f} | "
                          f"{row['Accuracy']:.4f} | {row['R@100']:.4f} | {row['best_epoch']} |")
+    lrs = sorted(row["lr"] for rows in grid.values() for row in rows)
+    edge = [name for name in grid if best[name]["lr"] in (lrs[0], lrs[-1]) and len(set(lrs)) > 1]
+    if edge:
+        lines += ["", f"Best at the edge of the grid: {', '.join(edge)}; a wider grid may find a "
+                  "better learning rate for these."]
     return "\n".join(lines) + "\n"
 
 

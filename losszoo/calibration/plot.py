@@ -9,7 +9,16 @@ from losszoo.calibration.metrics import _bin_index, _prep, ece
 
 def reliability_curve(probs, labels, n_bins: int = 15):
     """Per-bin ``(mean confidence, accuracy, count)`` arrays of the top-label prediction over
-    ``n_bins`` right-closed equal-width bins (NaN for empty bins)."""
+    ``n_bins`` right-closed equal-width bins (NaN for empty bins).
+
+    Example:
+      >>> probs = np.array([[0.9, 0.1], [0.6, 0.4], [0.8, 0.2], [0.3, 0.7]])
+      >>> conf, acc, count = losszoo.calibration.reliability_curve(probs, [0, 1, 0, 1], 2)
+      >>> count
+      array([0., 4.])
+      >>> print(conf[1].round(3), acc[1])
+      0.75 0.75
+    """
     probs, labels = _prep(probs, labels)
     conf = probs.max(-1)
     correct = (probs.argmax(-1) == labels).astype(np.float64)
@@ -44,6 +53,12 @@ def reliability_diagram(results, labels=None, n_bins: int = 15, path=None, title
 
     Raises:
       ImportError: matplotlib is not installed (``pip install 'losszoo[examples]'``).
+
+    Example:
+      >>> probs = np.array([[0.9, 0.1], [0.6, 0.4], [0.8, 0.2], [0.3, 0.7]])
+      >>> fig = losszoo.calibration.reliability_diagram({"model": probs}, [0, 1, 0, 1])
+      >>> [ax.get_title() for ax in fig.axes]
+      ['model: ECE 0.3000']
     """
     try:
         import matplotlib
