@@ -119,8 +119,10 @@ def fit_step_rows(quick=False):
     variants = {
         "erm": ce,
         "safe_kl (default: newton alpha, first-batch init)": lambda: SafeKLDRORisk(ce()),
-        "safe_kl (alpha_optimizer='auto' -> Adam)": lambda: SafeKLDRORisk(ce(), alpha_optimizer="auto"),
-        "safe_kl (init_alpha_from_batch=False)": lambda: SafeKLDRORisk(ce(), init_alpha_from_batch=False),
+        "safe_kl (alpha_optimizer='auto' -> Adam)":
+            lambda: SafeKLDRORisk(ce(), alpha_optimizer="auto"),
+        "safe_kl (init_alpha_from_batch=False)":
+            lambda: SafeKLDRORisk(ce(), init_alpha_from_batch=False),
     }
     rounds, steps = (6, 10) if quick else (15, 20)
     rows = []

@@ -75,7 +75,8 @@ adapter makes the baselines (``cvar``, ``kl_dro_batch_lse``, ``kl_dro_sumexp``) 
 batch risk under tf_keras (before, tf_keras averaged the per-example base losses: plain ERM).
 
 **Diagnostics in the logs.** The loss owns one Keras metric (one vector variable) whose
-dict result gives ``<name>_alpha``, ``<name>_mean_w`` (-> 1 at equilibrium) and ``<name>_saturation``
+dict result gives ``<name>_alpha``, ``<name>_mean_w`` (-> 1 at equilibrium) and
+``<name>_saturation``
 (``rho * max w``; near 1 means the weight cap binds, CVaR regime). On its first call inside a
 Keras train/test step it appends them to the model's metrics, so they appear in ``fit`` /
 ``evaluate`` logs (epoch averages, reset with the other metrics; ``val_`` versions in
@@ -219,13 +220,16 @@ def _resolve_base_loss(base_loss):
             obj = obj.__class__.from_config(cfg)
         else:  # pragma: no cover - exotic losses without reduction in their config
             inner = obj
-            obj = lambda y_true, y_pred: inner.call(y_true, y_pred)
+
+            def obj(y_true, y_pred):
+                return inner.call(y_true, y_pred)
         return obj, (base_loss if isinstance(base_loss, str) else config)
     if callable(obj):
         if isinstance(base_loss, str):
             return obj, base_loss
         return obj, keras.losses.serialize(obj)
-    raise TypeError(f"`base_loss` must be a Keras loss name, instance or callable, got {base_loss!r}.")
+    raise TypeError(
+        f"`base_loss` must be a Keras loss name, instance or callable, got {base_loss!r}.")
 
 
 def _per_example(fn, y_true, y_pred):
@@ -495,7 +499,8 @@ class _DRODiagnostics(keras.metrics.Metric):
     "safe_kl_dro",
     kind="loss",
     aliases=("safe_kl_dro_risk",),
-    description="Safe-KL DRO risk (Gladin et al.): unbiased stochastic KL-DRO, trains its dual alpha",
+    description=("Safe-KL DRO risk (Gladin et al.): unbiased stochastic KL-DRO, trains its "
+                 "dual alpha"),
 )
 class SafeKLDRORisk(_BatchRiskLoss):
     """Safe-KL distributionally robust risk of any per-example Keras loss.
@@ -718,7 +723,7 @@ class SafeKLDRORisk(_BatchRiskLoss):
             l32, _ = ops_common.to_compute_dtype(l, "losses")
             l32, s32 = tf.reshape(l32, [-1]), None
         else:
-            l32, s32, _, _ = _prepare(l, s)
+            l32, s32, _, s_bad = _prepare(l, s)
         state = self._state.read_value()
         alpha_var = state[0]
         if self.init_alpha_from_batch:
@@ -742,7 +747,7 @@ class SafeKLDRORisk(_BatchRiskLoss):
             alpha_used = alpha_var
         value, stats = ops.safe_kl_dro_risk_and_stats(
             l32, tf.cast(alpha_used, l32.dtype), self.lam, self.rho, s32, calibrate=self.calibrate,
-            _validate_alpha=False)
+            _validate_alpha=False, _prepared_bad=False if s32 is None else s_bad)
         mean_w, sat, curv = stats["mean_w"], stats["saturation"], stats["curvature"]
         if multi:
             s_local = (tf.cast(tf.size(l32), l32.dtype) if s32 is None else tf.reduce_sum(s32))
@@ -823,7 +828,8 @@ class _TemperedBatchRiskLoss(_BatchRiskLoss):
 @register(
     "kl_dro_batch_lse",
     kind="loss",
-    description="Naive mini-batch KL-DRO risk lam*log mean exp(l/lam) over the batch (biased baseline)",
+    description=("Naive mini-batch KL-DRO risk lam*log mean exp(l/lam) over the batch "
+                 "(biased baseline)"),
 )
 class KLDROBatchLSE(_TemperedBatchRiskLoss):
     """Mini-batch LogSumExp KL-DRO risk ``lam log sum_i pi_i exp(l_i/lam)`` (biased baseline).

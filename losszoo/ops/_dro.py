@@ -292,7 +292,7 @@ def _check_alpha(alpha, dtype):
 
 
 def safe_kl_dro_risk_and_stats(losses, alpha, lam, rho, sample_weight=None, calibrate=True,
-                               _validate_alpha=True):
+                               _validate_alpha=True, _prepared_bad=False):
     """Safe-KL risk with its diagnostics in one pass.
 
     Arguments and the fail-loud behaviour are those of :func:`safe_kl_dro_risk`.
@@ -310,6 +310,11 @@ def safe_kl_dro_risk_and_stats(losses, alpha, lam, rho, sample_weight=None, cali
     if sample_weight is None:
         l, original = to_compute_dtype(losses, "losses")
         l, bad = tf.reshape(l, [-1]), None
+    elif _prepared_bad is not False:
+        # private: flat losses / weights already checked by ``_prepare`` (the Keras loss);
+        # ``_prepared_bad`` is its invalid-weight flag
+        l, s, bad = losses, sample_weight, _prepared_bad
+        original = l.dtype
     else:
         l, s, original, bad = _prepare(losses, sample_weight)
     if _validate_alpha:
@@ -339,7 +344,9 @@ def safe_kl_dro_risk_and_stats(losses, alpha, lam, rho, sample_weight=None, cali
 
 
 def safe_kl_dro_risk(losses, alpha, lam, rho, sample_weight=None, calibrate=True):
-    """Safe-KL DRO risk ``V = sum_i pi_i [alpha - lam + (lam/rho) softplus((l_i-alpha)/lam + ln rho)]``.
+    """Safe-KL DRO risk ``V = sum_i pi_i [alpha - lam + (lam/rho) softplus(z_i)]``.
+
+    With ``z_i = (l_i - alpha)/lam + ln rho``.
 
     Args:
       losses: per-example losses, any shape (flattened; each entry is one sample).
@@ -367,8 +374,8 @@ def safe_kl_dro_risk(losses, alpha, lam, rho, sample_weight=None, calibrate=True
     statistics NaN.
 
     Example:
-      >>> float(safe_kl_dro_risk([1.0, 2.0, 3.0], alpha=2.0, lam=1.0, rho=0.1))  # doctest: +ELLIPSIS
-      2.9...
+      >>> round(float(safe_kl_dro_risk([1.0, 2.0, 3.0], alpha=2.0, lam=1.0, rho=0.1)), 4)
+      2.2396
     """
     return safe_kl_dro_risk_and_stats(losses, alpha, lam, rho, sample_weight, calibrate)[0]
 

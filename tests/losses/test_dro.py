@@ -193,7 +193,8 @@ def test_custom_loop_tape_rule_and_overrides():
     X, y = _data(16)
     model = _linear()
     pred = model(X)
-    loss = SafeKLDRORisk("mse", alpha_init=0.0, init_alpha_from_batch=False, alpha_learning_rate=0.1)
+    loss = SafeKLDRORisk("mse", alpha_init=0.0, init_alpha_from_batch=False,
+                         alpha_learning_rate=0.1)
     loss(y, pred)  # no tape, no trainer: evaluation
     assert float(loss.alpha.numpy()) == 0.0
     with tf.GradientTape():
@@ -237,7 +238,8 @@ def test_mirrored_strategy_matches_single_device_with_one_alpha():
     np.testing.assert_allclose(replicas[0], float(ls.alpha.numpy()), rtol=1e-5)
     assert float(ls.alpha.numpy()) != 0.0
     # an instance created outside the strategy scope is rejected with a clear error
-    strategy = tf.distribute.MirroredStrategy([d.name for d in tf.config.list_logical_devices("CPU")][:2])
+    strategy = tf.distribute.MirroredStrategy(
+        [d.name for d in tf.config.list_logical_devices("CPU")][:2])
     outside = SafeKLDRORisk("mse")
     with strategy.scope():
         m = _linear()
@@ -287,7 +289,8 @@ def test_save_load_keeps_alpha_with_instance_reinitialises_by_name(tmp_path):
 def test_validation_errors_and_nan_policy():
     for kwargs, match in (({"lam": 0.0}, "lam"), ({"lam": float("nan")}, "lam"),
                           ({"lam": float("inf")}, "lam"), ({"rho": 1.0}, "rho"),
-                          ({"rho": 0.0}, "rho"), ({"alpha_optimizer": "rmsprop"}, "alpha_optimizer"),
+                          ({"rho": 0.0}, "rho"),
+                          ({"alpha_optimizer": "rmsprop"}, "alpha_optimizer"),
                           ({"alpha_lr_multiplier": -1.0}, "multiplier"),
                           ({"update_alpha": "sometimes"}, "update_alpha")):
         with pytest.raises(ValueError, match=match):
@@ -329,11 +332,13 @@ def test_end_to_end_regression_beats_least_squares_on_exact_risk():
 
 def test_baseline_losses_train():
     X, y = _data(64)
-    for loss in (KLDROBatchLSE("mse", lam=5.0), KLDROSumExp("mse", lam=20.0), CVaRLoss("mse", rho=0.3)):
+    for loss in (KLDROBatchLSE("mse", lam=5.0), KLDROSumExp("mse", lam=20.0),
+                 CVaRLoss("mse", rho=0.3)):
         model = _linear()
         model.compile(keras.optimizers.SGD(0.01), loss=loss)
         h = model.fit(X, y, batch_size=64, epochs=5, verbose=0)
-        assert np.all(np.isfinite(h.history["loss"])) and h.history["loss"][-1] < h.history["loss"][0]
+        hist = h.history["loss"]
+        assert np.all(np.isfinite(hist)) and hist[-1] < hist[0]
 
 
 _NO_GLOBAL_PATCH_SCRIPT = r"""

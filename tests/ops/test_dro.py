@@ -56,7 +56,8 @@ def test_gradients_match_finite_differences_and_autodiff():
     rng = np.random.default_rng(2)
     l, s = rng.gamma(2.0, size=12) * 2, rng.uniform(0.1, 2, size=12)
     # alpha as a [1] array (the FD helper perturbs array entries)
-    f = lambda l, a: ops.safe_kl_dro_risk(l, a[0], 1.3, 0.05, s)
+    def f(l, a):
+        return ops.safe_kl_dro_risk(l, a[0], 1.3, 0.05, s)
 
     def plain(l, a):  # autodiff through the plain formula
         a = a[0]
@@ -126,7 +127,8 @@ def test_solve_alpha_and_stationarity():
         assert abs(ga) < 1e-8 and abs(st["mean_w"] - 1) < 1e-8  # sum pi w = 1 at alpha*
     # C2 closed forms for constant losses
     for rho in (1e-3, 0.1, 0.5):
-        a = ops.safe_kl_dro_solve_alpha(tf.fill([7], tf.constant(1.3, tf.float64)), 2.0, rho).numpy()
+        const = tf.fill([7], tf.constant(1.3, tf.float64))
+        a = ops.safe_kl_dro_solve_alpha(const, 2.0, rho).numpy()
         np.testing.assert_allclose(a, 1.3 + 2.0 * math.log1p(-rho), atol=1e-9)
         v = ops.safe_kl_dro_risk(tf.fill([7], tf.constant(1.3, tf.float64)), a, 2.0, rho).numpy()
         np.testing.assert_allclose(v, 1.3 - 2.0 * R.f_rho(1.0, rho), atol=1e-12)
@@ -144,7 +146,8 @@ def test_min_over_alpha_sandwich_and_rho_limit():
         a = ops.safe_kl_dro_solve_alpha(lt, lam, rho)
         v = ops.safe_kl_dro_risk(lt, a, lam, rho).numpy()
         # a grid of other alphas never goes below the minimum (convex in alpha)
-        others = [ops.safe_kl_dro_risk(lt, a + d, lam, rho).numpy() for d in (-1.0, -1e-3, 1e-3, 1.0)]
+        others = [ops.safe_kl_dro_risk(lt, a + d, lam, rho).numpy()
+                  for d in (-1.0, -1e-3, 1e-3, 1.0)]
         assert min(others) >= v - 1e-12 * max(1, abs(v))
         r = R.exact_risk(l, lam)
         p = R.gibbs_weights(l, lam)
@@ -158,7 +161,8 @@ def test_min_over_alpha_sandwich_and_rho_limit():
     gaps = []
     for rho in (1e-2, 1e-4, 1e-6):
         a = ops.safe_kl_dro_solve_alpha(tf.constant(l), 1.0, rho)
-        gaps.append(R.exact_risk(l, 1.0) - ops.safe_kl_dro_risk(tf.constant(l), a, 1.0, rho).numpy())
+        gaps.append(R.exact_risk(l, 1.0)
+                    - ops.safe_kl_dro_risk(tf.constant(l), a, 1.0, rho).numpy())
     assert gaps[0] > gaps[1] > gaps[2] > 0
     assert abs(gaps[2] / 1e-6 - slope) / slope < 1e-3
 
@@ -179,7 +183,8 @@ def test_cvar_matches_rockafellar_uryasev_and_is_the_lam_to_zero_limit():  # C5
         lt = tf.constant(l)
         v = ops.safe_kl_dro_risk(lt, ops.safe_kl_dro_solve_alpha(lt, lam, rho), lam, rho).numpy()
         c = R.cvar(l, rho)
-        assert c + lam * (math.log(rho) - 1) - 1e-8 <= v <= c + lam * (math.log(rho) - 1 + 1 / rho) + 1e-8
+        low, high = c + lam * (math.log(rho) - 1), c + lam * (math.log(rho) - 1 + 1 / rho)
+        assert low - 1e-8 <= v <= high + 1e-8
     l = rng.normal(size=300)
     lt = tf.constant(l)
     lam = 1e-4
