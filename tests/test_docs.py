@@ -36,7 +36,6 @@ PENDING: dict[str, str] = {
         "losszoo/calibration/streaming.py",
         "losszoo/losses/dro.py",
         "losszoo/losses/possibilistic.py",
-        "losszoo/ops/_common.py",
         "losszoo/ops/_dro.py",
         "losszoo/ops/_possibilistic.py",
         "losszoo/ops/_rankmax.py",

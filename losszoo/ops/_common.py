@@ -54,8 +54,11 @@ def validation(enabled: bool):
     """Context manager form of :func:`set_validation`; restores the previous state on exit.
 
     Example:
-      >>> with losszoo.validation(False):      # trusted inputs, hot loop
-      ...     loss = losszoo.ops.sparsemax_loss(q, z)
+      >>> with losszoo.validation(False):      # trusted inputs: no host reads, no asserts
+      ...     print(losszoo.validation_enabled())
+      False
+      >>> losszoo.validation_enabled()
+      True
     """
     previous = validation_enabled()
     set_validation(enabled)
