@@ -7,7 +7,7 @@ where TensorFlow cannot be installed (e.g. an accelerator host with a different 
 
 Pipeline, per module (one forward+backward step of one op or anchor at one shape):
 
-1. ``manifest.json`` lists the cases; each names its modules (``*.hlo.pb``: the
+1. ``manifest.json`` lists the cases; each names its modules (``*.hlo.pb.gz``: the
    ``HloModuleProto`` that TensorFlow's tf2xla bridge produced for the
    ``tf.function(jit_compile=True)`` step, *before* any backend optimisation, so the device
    that runs it optimises it for itself) and the recipe of its inputs.
@@ -21,9 +21,10 @@ Pipeline, per module (one forward+backward step of one op or anchor at one shape
    positionally in the order of the step function's arguments (the order TF lowers them in);
    shapes and dtypes are checked against the module's program shape first.
 4. Outputs are compared with TensorFlow's (``reference.npz`` beside the modules): all of an
-   output when it was small enough to store, else its first rows (the ops are row-independent,
-   so the exporter computed those rows with a small-batch run of the same program); scalars
-   reduced over a batch that TF could not run here (``--large``) are not checked. Tolerances
+   output when it was small enough to store, else its leading block ``out[:r, :c]`` (for
+   ``--large`` the ops are row-independent, so the exporter computed those rows with a
+   small-batch run of the same step); scalars reduced over a batch that TF could not run
+   (``--large``) are not checked. Tolerances
    come from the manifest: ``|out - ref| <= atol * max(1, max|ref|) + rtol * |ref|``.
 5. Each case's op and anchors are timed in interleaved rounds (every round calls each module
    once; the median per module is reported), and the table has ``benchmarks/run.py``'s columns
@@ -36,6 +37,7 @@ writes every row (used by tests/benchmarks/test_xla_export.py).
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import pathlib
@@ -219,6 +221,11 @@ class XlaRunner:
         return outs
 
 
+def read_module(path: pathlib.Path) -> bytes:
+    data = path.read_bytes()
+    return gzip.decompress(data) if path.suffix == ".gz" else data
+
+
 def check_signature(program_shape, inputs) -> None:
     """Raise if the module's parameters do not match the regenerated inputs."""
     params = program_shape.parameter_shapes()
@@ -265,8 +272,8 @@ def check_module(runner, folder, case, name, outs, reference):
             continue
         ref = reference[key]
         out = np.asarray(outs[i])
-        if spec["reference"] == "rows":
-            out = out[: ref.shape[0]]
+        if spec["reference"] == "rows":  # a leading block out[:r, :c] of the output
+            out = out[tuple(slice(0, n) for n in ref.shape)]
         good, w = compare(out, ref, case["rtol"], case["atol"])
         ok &= good
         worst = max(worst, w)
@@ -301,7 +308,7 @@ def run_case(runner, folder, case, reference, repeats=None, check_only=False):
         compiled = {}
         for name in [case["op"], *case["anchors"]]:
             meta = case["modules"][name]
-            proto = (folder / meta["file"]).read_bytes()
+            proto = read_module(folder / meta["file"])
             start = time.perf_counter()
             exe, shape = runner.compile(proto)
             compile_s = time.perf_counter() - start

@@ -24,9 +24,11 @@ For each case (an op at one shape, with the anchors it is compared with, as in
 Folder layout: ``manifest.json`` (format version, TF version, preset, and per case: op,
 shape, target, repeats, tolerances, input recipe, anchors, and per function the module file,
 its outputs with shapes and how they are referenced, and the custom calls),
-``modules/*.hlo.pb`` and ``reference.npz`` (key ``"<module key>/<output index>"``). An output
-is stored whole up to ``--cap`` bytes, else as its first rows (run.py shapes, where TF ran the
-full batch). Presets:
+``modules/*.hlo.pb.gz`` (gzip: constants such as paper_alg5's K^2 masks shrink 20-100x)
+and ``reference.npz`` (key ``"<module key>/<output index>"``). An output is stored whole up to
+``--cap`` bytes, else as its leading block ``out[:r, :c]`` (up to ``run_xla.BLOCK`` rows, cut
+to the cap), so the bench folder stays around 10 MiB, far below the 64 MiB that may travel to
+an accelerator. Presets:
 
 * default: the shapes of ``benchmarks/bench_*.py``;
 * ``--small``: one tiny shape per op, same code paths (sparsemax's top_k warm start at
@@ -47,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gzip
 import json
 import os
 import pathlib
@@ -76,7 +79,7 @@ from run_xla import BLOCK, make_inputs
 from losszoo import ops
 
 FORMAT = 1
-DEFAULT_CAP = 1 << 20  # bytes per stored output
+DEFAULT_CAP = 128 << 10  # bytes per stored output
 
 
 @dataclasses.dataclass
@@ -278,22 +281,28 @@ def _inspect(proto: bytes, ir) -> tuple[list[str], dict]:
     return targets, {op: n for op, n in counts.items() if n}
 
 
-def export_module(fn, spec: Spec, inputs, large: bool, cap: int):
-    """Trace, run and export one function; returns ``(proto, ir, outputs_meta, refs)``."""
+def export_module(fn, spec: Spec, inputs, large: bool, cap: int, reference: str = "xla"):
+    """Trace, run and export one function; returns ``(proto, ir, outputs_meta, refs)``.
+
+    ``reference``: run the step for the reference outputs under XLA (``"xla"``, the program
+    that is exported) or as a plain ``tf.function`` (``"graph"``: no XLA compile in TF, which
+    is most of the export time; the ops promise that both agree).
+    """
     step = tf.function(forward_backward(fn, spec.wrt), jit_compile=True)
+    ref_step = step if reference == "xla" else tf.function(forward_backward(fn, spec.wrt))
     if large:
         batch = spec.recipe["batch"]
         tensor_specs = [tf.TensorSpec([batch, *x.shape[1:]] if x.ndim else [], x.dtype)
                         for x in inputs]
         ir = step.experimental_get_compiler_ir(*tensor_specs)
-        rows_out = _flat(step(*[tf.constant(x) for x in inputs]))  # TF on the first rows
+        rows_out = _flat(ref_step(*[tf.constant(x) for x in inputs]))  # TF, first rows
         full_shapes = [list(o.shape) for o in
                        tf.nest.flatten(step.get_concrete_function(*tensor_specs)
                                        .structured_outputs) if o is not None]
     else:
         args = [tf.constant(x) for x in inputs]
         ir = step.experimental_get_compiler_ir(*args)
-        full = _flat(step(*args))
+        full = _flat(ref_step(*args))
     proto = ir(stage="hlo_serialized")
     meta, refs = [], []
     if large:
@@ -308,12 +317,26 @@ def export_module(fn, spec: Spec, inputs, large: bool, cap: int):
             whole = o.nbytes <= cap or o.ndim == 0
             meta.append({"shape": list(o.shape), "dtype": o.dtype.name,
                          "reference": "full" if whole else "rows"})
-            refs.append(o if whole else o[:BLOCK])
+            refs.append(o)
+    refs = [r if r is None or r.ndim == 0 or r.nbytes <= cap else _leading_block(r, cap)
+            for r in refs]
     return proto, ir, meta, refs
 
 
+def _leading_block(x: np.ndarray, cap: int) -> np.ndarray:
+    """``x[:r, :c]`` with at most BLOCK rows, as many as fit in ``cap`` bytes (at least one
+    row; a row wider than ``cap`` is cut to its first columns)."""
+    row = x[0].nbytes
+    rows = int(min(BLOCK, len(x), max(1, cap // max(row, 1))))
+    x = x[:rows]
+    if x.nbytes > cap and x.ndim >= 2:
+        cols = max(1, cap // (rows * x.itemsize * int(np.prod(x.shape[2:]))))
+        x = x[:, :cols]
+    return np.ascontiguousarray(x)
+
+
 def export(preset: str, out: pathlib.Path, only=None, cap: int = DEFAULT_CAP, log=print,
-           cases: list[Spec] | None = None):
+           cases: list[Spec] | None = None, reference: str = "xla"):
     """Write the folder for ``preset`` (or for ``cases``, exported the preset's way: traced
     from shapes and referenced by rows for ``"large"``); returns the manifest dict."""
     if out.exists():
@@ -322,7 +345,8 @@ def export(preset: str, out: pathlib.Path, only=None, cap: int = DEFAULT_CAP, lo
     large = preset == "large"
     manifest = {"format": FORMAT, "tensorflow": tf.__version__, "preset": preset,
                 "created": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-                "reference": "reference.npz", "block_rows": BLOCK, "cases": []}
+                "reference": "reference.npz", "reference_mode": reference,
+                "block_rows": BLOCK, "cases": []}
     reference = {}
     done = {}  # (function name, recipe) -> module entry, so shared anchors are exported once
     for spec in specs(preset) if cases is None else cases:
@@ -339,11 +363,11 @@ def export(preset: str, out: pathlib.Path, only=None, cap: int = DEFAULT_CAP, lo
             key = (id(fn), json.dumps(spec.recipe, sort_keys=True), spec.wrt)
             if key not in done:
                 start = time.perf_counter()
-                proto, ir, meta, refs = export_module(fn, spec, inputs, large, cap)
+                proto, ir, meta, refs = export_module(fn, spec, inputs, large, cap, reference)
                 targets, counts = _inspect(proto, ir)
                 mkey = f"{len(done):03d}_{_slug(fn.__name__)}_{_slug(spec.shape)}"
-                path = f"modules/{mkey}.hlo.pb"
-                (out / path).write_bytes(proto)
+                path = f"modules/{mkey}.hlo.pb.gz"
+                (out / path).write_bytes(gzip.compress(proto, mtime=0))
                 for i, r in enumerate(refs):
                     if r is not None:
                         reference[f"{mkey}/{i}"] = r
@@ -356,7 +380,7 @@ def export(preset: str, out: pathlib.Path, only=None, cap: int = DEFAULT_CAP, lo
                        if done[key]["custom_calls"] else ""))
             case["modules"][name] = done[key]
         manifest["cases"].append(case)
-    np.savez(out / "reference.npz", **reference)
+    np.savez_compressed(out / "reference.npz", **reference)
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
     return manifest
 
@@ -371,12 +395,15 @@ def main(argv=None) -> int:
     size.add_argument("--large", action="store_true", help="GPU-only shapes")
     parser.add_argument("--only", action="append",
                         help="cases whose op contains this text (repeatable)")
+    parser.add_argument("--reference", choices=("xla", "graph"), default="xla",
+                        help="how TF computes the reference outputs: the exported program "
+                             "under XLA (default) or as a plain tf.function (faster export)")
     parser.add_argument("--cap", type=int, default=DEFAULT_CAP,
                         help="largest output stored whole, bytes (else its first rows)")
     args = parser.parse_args(argv)
     preset = "small" if args.small else "large" if args.large else "bench"
     start = time.perf_counter()
-    manifest = export(preset, args.out, args.only, args.cap)
+    manifest = export(preset, args.out, args.only, args.cap, reference=args.reference)
     size = sum(p.stat().st_size for p in args.out.rglob("*") if p.is_file())
     print(f"{len(manifest['cases'])} cases, "
           f"{len({m['key'] for c in manifest['cases'] for m in c['modules'].values()})} modules, "
