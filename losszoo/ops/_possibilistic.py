@@ -79,7 +79,16 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from losszoo.ops._common import check_static_rank
+import warnings
+
+from losszoo.ops._common import (
+    check_number,
+    check_static_rank,
+    nan_where,
+    row_has_nan,
+    static_value,
+    validation_enabled,
+)
 
 _STOPPING = ("certified", "paper", "fixed")
 _STOPPING_CODE = {"paper": 0, "certified": 1, "fixed": 2}
@@ -129,31 +138,92 @@ def _check_choice(value, choices, name):
 
 
 def _check_config(tol, gap_tol, max_cycles, stopping, support_mode, floor, eps_cap, tie_tol,
-                  gap_policy, q_clip, compute_dtype):
+                  gap_policy, q_clip, compute_dtype, method=None):
+    """Validate the hyper-parameters (Python numbers); raise naming the argument."""
     _check_choice(stopping, _STOPPING, "stopping")
     _check_choice(support_mode, _SUPPORT, "support_mode")
     _check_choice(gap_policy, _GAP_POLICY, "gap_policy")
     _check_choice(compute_dtype, ("float64", "float32"), "compute_dtype")
-    for name, value in (("tol", tol), ("gap_tol", gap_tol), ("q_clip", q_clip)):
-        if not (isinstance(value, (int, float, np.floating)) and np.isfinite(value) and value > 0):
-            raise ValueError(f"`{name}` must be a positive finite float, got {value!r}.")
-    if not (isinstance(max_cycles, (int, np.integer)) and not isinstance(max_cycles, bool)
-            and max_cycles >= 1):
-        raise ValueError(f"`max_cycles` must be an integer >= 1, got {max_cycles!r}.")
-    if not (0.0 < floor < 1.0):
-        raise ValueError(f"`floor` must be in (0, 1), got {floor!r}.")
-    if not (0.0 <= eps_cap < 0.5):
-        raise ValueError(f"`eps_cap` must be in [0, 0.5), got {eps_cap!r}.")
-    if not (0.0 <= tie_tol < 1.0):
-        raise ValueError(f"`tie_tol` must be in [0, 1), got {tie_tol!r}.")
-    if q_clip >= 1.0:
-        raise ValueError(f"`q_clip` must be < 1, got {q_clip!r}.")
+    tol = check_number(tol, "tol", low=0.0, low_open=True, high=1.0, high_open=True)
+    check_number(gap_tol, "gap_tol", low=0.0, low_open=True, high=1.0, high_open=True)
+    check_number(q_clip, "q_clip", low=0.0, low_open=True, high=1.0, high_open=True)
+    check_number(max_cycles, "max_cycles", low=1, integer=True)
+    check_number(floor, "floor", low=0.0, low_open=True, high=1.0, high_open=True)
+    eps_cap = check_number(eps_cap, "eps_cap", low=0.0, high=0.5, high_open=True)
+    check_number(tie_tol, "tie_tol", low=0.0, high=1.0, high_open=True)
     if compute_dtype == "float32" and (tol < 1e-5 or eps_cap < 1e-5):
         raise ValueError(
             "compute_dtype='float32' needs `tol` >= 1e-5 and `eps_cap` >= 1e-5 (eps=1e-9 and "
             f"tol=1e-8 are below float32 resolution); got tol={tol!r}, eps_cap={eps_cap!r}. "
             "Use the default compute_dtype='float64'."
         )
+    _resolve_method(method, stopping)
+
+
+_POSSIBILITY_RULE = ("must hold finite possibility degrees in [0, 1] with row maximum 1 "
+                     "(a normalised possibility distribution)")
+_MAX_ONE_TOL = 1e-6
+
+
+def _possibility_invalid(pi2):
+    """Rows of ``pi2`` [B, K] that are not normalised possibility distributions (bool [B])."""
+    pi2 = tf.cast(pi2, _F64)
+    bad = ~tf.reduce_all(tf.math.is_finite(pi2) & (pi2 >= 0.0) & (pi2 <= 1.0), axis=-1)
+    top = tf.reduce_max(tf.where(tf.math.is_finite(pi2), pi2, 0.0), axis=-1)
+    return bad | (top < 1.0 - _MAX_ONE_TOL)
+
+
+def _validate_possibility(pi, name):
+    """Eager ValueError / graph assertion naming ``name`` for invalid possibility rows."""
+    if not validation_enabled():
+        return pi
+    message = f"`{name}` {_POSSIBILITY_RULE}."
+    value = static_value(pi)
+    if value is not None:
+        v = np.asarray(value, np.float64)
+        if v.size == 0:
+            return pi
+        v2 = v.reshape(-1, v.shape[-1])
+        with np.errstate(invalid="ignore"):
+            bad = ~np.all(np.isfinite(v2) & (v2 >= 0) & (v2 <= 1), axis=-1)
+            bad |= np.max(np.where(np.isfinite(v2), v2, 0.0), axis=-1) < 1.0 - _MAX_ONE_TOL
+        if bad.any():
+            rows = np.flatnonzero(bad)[:5].tolist()
+            raise ValueError(f"{message[:-1]}; rows {rows} are not.")
+        return pi
+    pi2 = tf.reshape(pi, [-1, tf.shape(pi)[-1]])
+    check = tf.debugging.Assert(~tf.reduce_any(_possibility_invalid(pi2)), [message])
+    with tf.control_dependencies([check]):
+        return tf.identity(pi)
+
+
+def _validate_logits(z, name):
+    """NaN logits are rejected (eager ValueError / graph assertion); -inf means masked."""
+    if not validation_enabled():
+        return z
+    message = f"`{name}` contains NaN values."
+    value = static_value(z)
+    if value is not None:
+        if np.any(np.isnan(np.asarray(value, np.float64))):
+            raise ValueError(message)
+        return z
+    check = tf.debugging.Assert(~tf.reduce_any(tf.math.is_nan(z)), [message])
+    with tf.control_dependencies([check]):
+        return tf.identity(z)
+
+
+def _warn_uncertified(info):
+    """Eager RuntimeWarning when a valid row's projection was not certified."""
+    if not tf.executing_eagerly():
+        return
+    bad = info["valid"] & ~info["converged"]
+    if bool(tf.reduce_any(bad)):
+        n = int(tf.reduce_sum(tf.cast(bad, tf.int32)))
+        worst = float(tf.reduce_max(tf.where(bad, info["residual"], 0.0)))
+        warnings.warn(
+            f"possibilistic projection: {n} row(s) not certified (worst residual {worst:.3g}); "
+            "see info['converged'] / info['residual'] (raise `max_cycles`).",
+            RuntimeWarning, stacklevel=3)
 
 
 _METHODS = ("interior_point", "dykstra")
@@ -562,7 +632,7 @@ def _check_list(x, lp, ll, lu, cst):
 
 
 def _project_core_small(lq, pt_next, ratio, lo, up, act, active, tol, gap_tol, max_cycles,
-                        stopping, cycles_per_iter=_SMALL_K_CYCLES_PER_ITER, init=None):
+                        stopping, cycles_per_iter=_SMALL_K_CYCLES_PER_ITER, lam_init=None):
     """:func:`_project_core` for small K: every step unrolled on lists of [B] vectors.
 
     One while-loop iteration runs ``cycles_per_iter`` full cycles, each followed by the
@@ -595,7 +665,7 @@ def _project_core_small(lq, pt_next, ratio, lo, up, act, active, tol, gap_tol, m
                 v, gap)
 
     zeros = tf.zeros_like(pt_next)
-    lam0 = (zeros, zeros, zeros) if init is None else tuple(init)
+    lam0 = (zeros, zeros, zeros) if lam_init is None else tuple(lam_init)
     batch = tf.shape(active)[0]
     init = (tf.constant(0), *lam0, active, tf.zeros([batch], tf.int32),
             tf.zeros([batch], _F64), tf.zeros([batch], _F64))
@@ -614,7 +684,7 @@ def _cst_stacked(pt_next, ratio, lo, up, act):
 
 
 def _project_core(lq, pt_next, ratio, lo, up, act, active, tol, gap_tol, max_cycles,
-                  stopping, *, unroll, init=None):
+                  stopping, *, unroll, lam_init=None):
     """Dual-form Dykstra in sorted, time-major coordinates.
 
     Args: lq [K, B] sorted log q (normalised, -inf outside the support); pt_next, ratio,
@@ -625,12 +695,12 @@ def _project_core(lq, pt_next, ratio, lo, up, act, active, tol, gap_tol, max_cyc
     """
     if unroll:
         return _project_core_small(lq, pt_next, ratio, lo, up, act, active, tol, gap_tol,
-                                   max_cycles, stopping, init=init)
+                                   max_cycles, stopping, lam_init=lam_init)
     cst = {"pt_next": pt_next, "ratio": ratio, "lo": lo, "up": up, "neg_up": -up, "act": act}
     zeros = tf.zeros_like(pt_next)
     body = functools.partial(_rolled_body, tol=tol, gap_tol=gap_tol, stopping=stopping)
     batch = tf.shape(active)[0]
-    lam0 = (zeros, zeros, zeros) if init is None else tuple(init)
+    lam0 = (zeros, zeros, zeros) if lam_init is None else tuple(lam_init)
     init = (tf.constant(0), *lam0, active, tf.zeros([batch], tf.int32),
             tf.zeros([batch], _F64), tf.zeros([batch], _F64))
     sizes = _compaction_sizes(active.shape[0])
@@ -1020,7 +1090,7 @@ def _ipm_solve(lq, pt, strict, lo, up, in_support, run, tol, gap_tol, max_iter):
 
 _IPM_JIT = tf.function(_ipm_solve, jit_compile=True, autograph=False)
 
-_CORE_JIT = tf.function(_project_core, jit_compile=True)
+_CORE_JIT = tf.function(_project_core, jit_compile=True, autograph=False)
 
 
 def _run_core(*args, jit=True, **kwargs):
@@ -1077,7 +1147,7 @@ def _project_2d(lq_full, cons: PossibilityConstraints, support_mode, tol, gap_to
             tm(lq), tm(pt_next), tm(ratio), tm(cons.gap_lower), tm(cons.gap_upper),
             tm(cons.active), finish, tf.constant(tol, _F64), tf.constant(gap_tol, _F64),
             tf.constant(max_cycles, tf.int32), tf.constant(1, tf.int32),
-            unroll=bool(k <= unroll_max_k), jit=jit, init=tuple(tf.unstack(lam)))
+            unroll=bool(k <= unroll_max_k), jit=jit, lam_init=tuple(tf.unstack(lam)))
         x = tf.where(finish[None, :], x2, x)
         lam = tf.where(finish[None, None, :], lam2, lam)
     else:
@@ -1137,15 +1207,17 @@ def _prepare(logits, possibility, cfg):
     _check_same_shape(z, pi, "logits", "possibility")
     z2, restore = _flatten(z, "logits")
     pi2, _ = _flatten(pi, "possibility", k=z2.shape[-1])
+    z2 = _validate_logits(z2, "logits")
+    pi2 = _validate_possibility(pi2, "possibility")
     return z, z2, tf.cast(pi2, _F64), restore
 
 
 def _config(tol, gap_tol, max_cycles, stopping, support_mode, floor, eps_cap, tie_tol,
-            gap_policy, q_clip, compute_dtype):
+            gap_policy, q_clip, compute_dtype, method=None):
     return {"check": dict(tol=tol, gap_tol=gap_tol, max_cycles=max_cycles, stopping=stopping,
                           support_mode=support_mode, floor=floor, eps_cap=eps_cap,
                           tie_tol=tie_tol, gap_policy=gap_policy, q_clip=q_clip,
-                          compute_dtype=compute_dtype)}
+                          compute_dtype=compute_dtype, method=method)}
 
 
 def _projection_from_z(z2, pi2, *, tol, gap_tol, max_cycles, stopping, support_mode, floor,
@@ -1209,7 +1281,7 @@ def possibilistic_projection(logits_or_log_probs, possibility, tol: float = 1e-8
       array([[0.49    , 0.255981, 0.254019]], dtype=float32)
     """
     cfg = _config(tol, gap_tol, max_cycles, stopping, support_mode, floor, eps_cap, tie_tol,
-                  gap_policy, q_clip, compute_dtype)
+                  gap_policy, q_clip, compute_dtype, method)
     with tf.name_scope(name or "possibilistic_projection"):
         z, z2, pi2, restore = _prepare(logits_or_log_probs, possibility, cfg)
         dtype = z.dtype if z.dtype.is_floating else tf.float32
@@ -1219,7 +1291,12 @@ def possibilistic_projection(logits_or_log_probs, possibility, tol: float = 1e-8
             support_mode=support_mode, floor=floor, eps_cap=eps_cap, tie_tol=tie_tol,
             gap_policy=gap_policy, q_clip=q_clip, unroll_max_k=unroll_max_k, jit=jit,
             method=_resolve_method(method, stopping))
+        invalid = _possibility_invalid(pi2) | row_has_nan(z2)
+        p = nan_where(invalid[:, None], p)
+        info["valid"] = info["valid"] & ~invalid
+        info["converged"] = info["converged"] & ~invalid
         info = {key: restore(val) for key, val in info.items()}
+        _warn_uncertified(info)
         return tf.cast(restore(p), dtype), info
 
 
@@ -1283,7 +1360,7 @@ def possibilistic_projection_loss(logits, possibility, tol: float = 1e-8,
       >>> loss, info = possibilistic_projection_loss([[2.0, 0.0, -1.0]], [[0.3, 1.0, 0.2]])
     """
     cfg = _config(tol, gap_tol, max_cycles, stopping, support_mode, floor, eps_cap, tie_tol,
-                  gap_policy, q_clip, compute_dtype)
+                  gap_policy, q_clip, compute_dtype, method)
     with tf.name_scope(name or "possibilistic_projection_loss"):
         z, z2, pi2, restore = _prepare(logits, possibility, cfg)
         dtype = z.dtype if z.dtype.is_floating else tf.float32
@@ -1294,8 +1371,12 @@ def possibilistic_projection_loss(logits, possibility, tol: float = 1e-8,
             gap_policy=gap_policy, q_clip=q_clip, unroll_max_k=unroll_max_k, jit=jit,
             method=_resolve_method(method, stopping))
         loss = _kl_from_logits(p, zm)
-        loss = tf.where(info["valid"], loss, tf.zeros_like(loss))
+        invalid = _possibility_invalid(pi2) | row_has_nan(z64)
+        loss = nan_where(invalid, loss)
+        info["valid"] = info["valid"] & ~invalid
+        info["converged"] = info["converged"] & ~invalid
         info = {key: restore(val) for key, val in info.items()}
+        _warn_uncertified(info)
         return tf.cast(restore(loss), dtype), info
 
 
