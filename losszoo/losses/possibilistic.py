@@ -21,7 +21,7 @@ from losszoo import ops
 from losszoo._logits import attached_logits
 from losszoo.losses._targets import is_sparse, class_ids
 from losszoo.ops._common import to_compute_dtype
-from losszoo.ops._possibilistic import _check_config
+from losszoo.ops._possibilistic import _check_config, _validate_possibility
 from losszoo.registry import register
 
 
@@ -70,10 +70,12 @@ class PossibilisticProjectionLoss(keras.losses.Loss):
     exact (Danskin's theorem). ``loss >= 0`` with equality iff ``q`` is admissible, and it
     never exceeds the antipignistic loss ``KL(pdot || q)``.
 
-    Labels are possibility degrees of shape ``[B, K]`` (any positive scale: rows are divided
-    by their maximum; integer class ids are read as one-hot ``pi``). Rows with NaN/Inf or no
-    positive entry get loss 0. Diagnostics of the last call are available to
-    :class:`ProjectionDiagnostic` metrics: ``model.compile(...,
+    Labels are possibility degrees of shape ``[B, K]`` (they
+    must hold values in ``[0, 1]`` with row maximum 1; integer class ids are read as one-hot
+    ``pi``). Invalid labels (NaN, negative, > 1, maximum below 1, ids out of range) and NaN
+    logits raise naming the argument, eagerly and in graphs. Under XLA: assertions vanish,
+    so the affected rows' loss is NaN instead (never a finite number). Diagnostics of the
+    last call are available to :class:`ProjectionDiagnostic` metrics: ``model.compile(...,
     metrics=loss.diagnostic_metrics())`` logs the mean and p90 Dykstra cycles and the count
     of non-converged projections.
 
@@ -92,6 +94,8 @@ class PossibilisticProjectionLoss(keras.losses.Loss):
       gap_policy: ``"wide"`` (default) or ``"antipignistic_tight"``.
       q_clip: the prediction is clipped at this probability before projecting.
       from_logits: ``y_pred`` holds logits (default) or probabilities.
+      method: ``None`` (interior point for the certified rule, Dykstra otherwise),
+        ``"interior_point"`` or ``"dykstra"``.
       reduction, name, dtype: as for any Keras loss.
 
     Example:
@@ -104,23 +108,25 @@ class PossibilisticProjectionLoss(keras.losses.Loss):
     def __init__(self, tol: float = 1e-8, max_cycles: int = 2000, stopping: str = "certified",
                  support_mode: str = "floor", gap_tol: float = 1e-10, floor: float = 1e-6,
                  eps_cap: float = 1e-9, tie_tol: float = 0.0, gap_policy: str = "wide",
-                 q_clip: float = 1e-15, from_logits: bool = True,
+                 q_clip: float = 1e-15, from_logits: bool = True, method: str | None = None,
                  reduction="sum_over_batch_size", name: str = "possibilistic_projection",
                  dtype=None):
         super().__init__(reduction=reduction, name=name, dtype=dtype)
-        self.projection_config = dict(
-            tol=float(tol), max_cycles=int(max_cycles), stopping=stopping,
-            support_mode=support_mode, gap_tol=float(gap_tol), floor=float(floor),
-            eps_cap=float(eps_cap), tie_tol=float(tie_tol), gap_policy=gap_policy,
-            q_clip=float(q_clip))
-        _check_config(compute_dtype="float64", **self.projection_config)
+        raw = dict(tol=tol, max_cycles=max_cycles, stopping=stopping,
+                   support_mode=support_mode, gap_tol=gap_tol, floor=floor, eps_cap=eps_cap,
+                   tie_tol=tie_tol, gap_policy=gap_policy, q_clip=q_clip, method=method)
+        _check_config(compute_dtype="float64", **raw)  # before any conversion
+        self.projection_config = {
+            **raw, "tol": float(tol), "max_cycles": int(max_cycles), "gap_tol": float(gap_tol),
+            "floor": float(floor), "eps_cap": float(eps_cap), "tie_tol": float(tie_tol),
+            "q_clip": float(q_clip)}
         self.from_logits = bool(from_logits)
         self._store = threading.local()
 
     def compute(self, y_true, y_pred):
         """Per-example loss and the projection diagnostics (dict of tensors)."""
         z = _scores(y_pred, self.from_logits)
-        pi = _labels(y_true, z, "y_true")
+        pi = _validate_possibility(_labels(y_true, z, "y_true"), "y_true")
         loss, info = ops.possibilistic_projection_loss(z, pi, **self.projection_config)
         return loss, info
 

@@ -79,7 +79,16 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from losszoo.ops._common import check_static_rank
+import warnings
+
+from losszoo.ops._common import (
+    check_number,
+    check_static_rank,
+    nan_where,
+    row_has_nan,
+    static_value,
+    validation_enabled,
+)
 
 _STOPPING = ("certified", "paper", "fixed")
 _STOPPING_CODE = {"paper": 0, "certified": 1, "fixed": 2}
@@ -129,31 +138,108 @@ def _check_choice(value, choices, name):
 
 
 def _check_config(tol, gap_tol, max_cycles, stopping, support_mode, floor, eps_cap, tie_tol,
-                  gap_policy, q_clip, compute_dtype):
+                  gap_policy, q_clip, compute_dtype, method=None):
+    """Validate the hyper-parameters (Python numbers); raise naming the argument."""
     _check_choice(stopping, _STOPPING, "stopping")
     _check_choice(support_mode, _SUPPORT, "support_mode")
     _check_choice(gap_policy, _GAP_POLICY, "gap_policy")
     _check_choice(compute_dtype, ("float64", "float32"), "compute_dtype")
-    for name, value in (("tol", tol), ("gap_tol", gap_tol), ("q_clip", q_clip)):
-        if not (isinstance(value, (int, float, np.floating)) and np.isfinite(value) and value > 0):
-            raise ValueError(f"`{name}` must be a positive finite float, got {value!r}.")
-    if not (isinstance(max_cycles, (int, np.integer)) and not isinstance(max_cycles, bool)
-            and max_cycles >= 1):
-        raise ValueError(f"`max_cycles` must be an integer >= 1, got {max_cycles!r}.")
-    if not (0.0 < floor < 1.0):
-        raise ValueError(f"`floor` must be in (0, 1), got {floor!r}.")
-    if not (0.0 <= eps_cap < 0.5):
-        raise ValueError(f"`eps_cap` must be in [0, 0.5), got {eps_cap!r}.")
-    if not (0.0 <= tie_tol < 1.0):
-        raise ValueError(f"`tie_tol` must be in [0, 1), got {tie_tol!r}.")
-    if q_clip >= 1.0:
-        raise ValueError(f"`q_clip` must be < 1, got {q_clip!r}.")
+    tol = check_number(tol, "tol", low=0.0, low_open=True, high=1.0, high_open=True)
+    check_number(gap_tol, "gap_tol", low=0.0, low_open=True, high=1.0, high_open=True)
+    check_number(q_clip, "q_clip", low=0.0, low_open=True, high=1.0, high_open=True)
+    check_number(max_cycles, "max_cycles", low=1, integer=True)
+    check_number(floor, "floor", low=0.0, low_open=True, high=1.0, high_open=True)
+    eps_cap = check_number(eps_cap, "eps_cap", low=0.0, high=0.5, high_open=True)
+    check_number(tie_tol, "tie_tol", low=0.0, high=1.0, high_open=True)
     if compute_dtype == "float32" and (tol < 1e-5 or eps_cap < 1e-5):
         raise ValueError(
             "compute_dtype='float32' needs `tol` >= 1e-5 and `eps_cap` >= 1e-5 (eps=1e-9 and "
             f"tol=1e-8 are below float32 resolution); got tol={tol!r}, eps_cap={eps_cap!r}. "
             "Use the default compute_dtype='float64'."
         )
+    _resolve_method(method, stopping)
+
+
+_POSSIBILITY_RULE = ("must hold finite possibility degrees in [0, 1] with row maximum 1 "
+                     "(a normalised possibility distribution)")
+_MAX_ONE_TOL = 1e-6
+
+
+def _possibility_invalid(pi2):
+    """Rows of ``pi2`` [B, K] that are not normalised possibility distributions (bool [B])."""
+    pi2 = tf.cast(pi2, _F64)
+    bad = ~tf.reduce_all(tf.math.is_finite(pi2) & (pi2 >= 0.0) & (pi2 <= 1.0), axis=-1)
+    top = tf.reduce_max(tf.where(tf.math.is_finite(pi2), pi2, 0.0), axis=-1)
+    return bad | (top < 1.0 - _MAX_ONE_TOL)
+
+
+def _validate_possibility(pi, name):
+    """Eager ValueError / graph assertion naming ``name`` for invalid possibility rows."""
+    if not validation_enabled():
+        return pi
+    message = f"`{name}` {_POSSIBILITY_RULE}."
+    value = static_value(pi)
+    if value is not None:
+        v = np.asarray(value, np.float64)
+        if v.size == 0:
+            return pi
+        v2 = v.reshape(-1, v.shape[-1])
+        with np.errstate(invalid="ignore"):
+            bad = ~np.all(np.isfinite(v2) & (v2 >= 0) & (v2 <= 1), axis=-1)
+            bad |= np.max(np.where(np.isfinite(v2), v2, 0.0), axis=-1) < 1.0 - _MAX_ONE_TOL
+        if bad.any():
+            rows = np.flatnonzero(bad)[:5].tolist()
+            raise ValueError(f"{message[:-1]}; rows {rows} are not.")
+        return pi
+    pi2 = tf.reshape(pi, [-1, tf.shape(pi)[-1]])
+    check = tf.debugging.Assert(~tf.reduce_any(_possibility_invalid(pi2)), [message])
+    with tf.control_dependencies([check]):
+        return tf.identity(pi)
+
+
+def _validate_logits(z, name):
+    """NaN logits are rejected (eager ValueError / graph assertion); -inf means masked."""
+    if not validation_enabled():
+        return z
+    message = f"`{name}` contains NaN values."
+    value = static_value(z)
+    if value is not None:
+        if np.any(np.isnan(np.asarray(value, np.float64))):
+            raise ValueError(message)
+        return z
+    check = tf.debugging.Assert(~tf.reduce_any(tf.math.is_nan(z)), [message])
+    with tf.control_dependencies([check]):
+        return tf.identity(z)
+
+
+def _warn_uncertified(info):
+    """Eager RuntimeWarning when a valid row's projection was not certified."""
+    if not tf.executing_eagerly():
+        return
+    bad = info["valid"] & ~info["converged"]
+    if bool(tf.reduce_any(bad)):
+        n = int(tf.reduce_sum(tf.cast(bad, tf.int32)))
+        worst = float(tf.reduce_max(tf.where(bad, info["residual"], 0.0)))
+        warnings.warn(
+            f"possibilistic projection: {n} row(s) not certified (worst residual {worst:.3g}); "
+            "see info['converged'] / info['residual'] (raise `max_cycles`).",
+            RuntimeWarning, stacklevel=3)
+
+
+_METHODS = ("interior_point", "dykstra")
+
+
+def _resolve_method(method, stopping):
+    """``None`` -> interior point for the certified rule, Dykstra for "paper" / "fixed"."""
+    if method is None:
+        return "interior_point" if stopping == "certified" else "dykstra"
+    _check_choice(method, _METHODS, "method")
+    if method == "interior_point" and stopping != "certified":
+        raise ValueError(
+            f"`method`='interior_point' only supports stopping='certified' (the 'paper' and "
+            f"'fixed' rules count Dykstra cycles); got `stopping`={stopping!r}. Use "
+            "method='dykstra'.")
+    return method
 
 
 def _as_float(x, name):
@@ -546,7 +632,7 @@ def _check_list(x, lp, ll, lu, cst):
 
 
 def _project_core_small(lq, pt_next, ratio, lo, up, act, active, tol, gap_tol, max_cycles,
-                        stopping, cycles_per_iter=_SMALL_K_CYCLES_PER_ITER):
+                        stopping, cycles_per_iter=_SMALL_K_CYCLES_PER_ITER, lam_init=None):
     """:func:`_project_core` for small K: every step unrolled on lists of [B] vectors.
 
     One while-loop iteration runs ``cycles_per_iter`` full cycles, each followed by the
@@ -579,8 +665,9 @@ def _project_core_small(lq, pt_next, ratio, lo, up, act, active, tol, gap_tol, m
                 v, gap)
 
     zeros = tf.zeros_like(pt_next)
+    lam0 = (zeros, zeros, zeros) if lam_init is None else tuple(lam_init)
     batch = tf.shape(active)[0]
-    init = (tf.constant(0), zeros, zeros, zeros, active, tf.zeros([batch], tf.int32),
+    init = (tf.constant(0), *lam0, active, tf.zeros([batch], tf.int32),
             tf.zeros([batch], _F64), tf.zeros([batch], _F64))
 
     def cond(k, lp, ll, lu, active, *_):
@@ -597,7 +684,7 @@ def _cst_stacked(pt_next, ratio, lo, up, act):
 
 
 def _project_core(lq, pt_next, ratio, lo, up, act, active, tol, gap_tol, max_cycles,
-                  stopping, *, unroll):
+                  stopping, *, unroll, lam_init=None):
     """Dual-form Dykstra in sorted, time-major coordinates.
 
     Args: lq [K, B] sorted log q (normalised, -inf outside the support); pt_next, ratio,
@@ -608,12 +695,13 @@ def _project_core(lq, pt_next, ratio, lo, up, act, active, tol, gap_tol, max_cyc
     """
     if unroll:
         return _project_core_small(lq, pt_next, ratio, lo, up, act, active, tol, gap_tol,
-                                   max_cycles, stopping)
+                                   max_cycles, stopping, lam_init=lam_init)
     cst = {"pt_next": pt_next, "ratio": ratio, "lo": lo, "up": up, "neg_up": -up, "act": act}
     zeros = tf.zeros_like(pt_next)
     body = functools.partial(_rolled_body, tol=tol, gap_tol=gap_tol, stopping=stopping)
     batch = tf.shape(active)[0]
-    init = (tf.constant(0), zeros, zeros, zeros, active, tf.zeros([batch], tf.int32),
+    lam0 = (zeros, zeros, zeros) if lam_init is None else tuple(lam_init)
+    init = (tf.constant(0), *lam0, active, tf.zeros([batch], tf.int32),
             tf.zeros([batch], _F64), tf.zeros([batch], _F64))
     sizes = _compaction_sizes(active.shape[0])
     _, lp, ll, lu, _, cycles, _, _ = _run_stages(lq, cst, init, sizes, body, max_cycles,
@@ -706,7 +794,303 @@ def _run_stages(lq, cst, state, sizes, body, max_cycles, stopping):
             put(cycles, scycles, 0), put(v, sv, 0), put(gap, sgap, 0))
 
 
-_CORE_JIT = tf.function(_project_core, jit_compile=True)
+
+# --------------------------------------------------------------------------------------
+# Interior-point solver on the tie-reduced chain (default; docs/design/possibilistic_solver.md)
+# --------------------------------------------------------------------------------------
+
+_IPM_STEP = 0.99  # fraction to the boundary
+_IPM_MAX_ITER = 60
+_IPM_SIGMA_MIN = 1e-3
+
+
+def _prev(x):
+    return tf.concat([tf.zeros_like(x[:1]), x[:-1]], axis=0)
+
+
+def _next(x):
+    return tf.concat([x[1:], tf.zeros_like(x[:1])], axis=0)
+
+
+def _cumsum_rows(x):
+    """Inclusive cumulative sum along axis 1 of ``[B, K]`` (doubling scan; XLA-friendly)."""
+    return tf.transpose(tf.reverse(_rcumsum(tf.reverse(tf.transpose(x), [0])), [0]))
+
+
+def _penta_solve(d0, d1, d2, rhs):
+    """Solve ``H x = rhs`` for SPD pentadiagonal ``H`` (time-major [n, B]) by banded Cholesky.
+
+    ``d0[i] = H[i, i]``, ``d1[i] = H[i, i+1]``, ``d2[i] = H[i, i+2]`` (trailing entries
+    unused). Two sequential sweeps of ``n`` steps, vectorised over the batch.
+    """
+    n = d0.shape[0]
+    d1p = tf.concat([tf.zeros_like(d1[:1]), d1[:-1]], 0)  # H[i-1, i]
+    d2p = tf.concat([tf.zeros_like(d2[:2]), d2[:-2]], 0)  # H[i-2, i]
+    one = tf.ones_like(d0[0])
+    zero = tf.zeros_like(d0[0])
+
+    def fwd(i, l0a, l0b, l1a, ya, yb, ta0, ta1, ta2, tay):
+        # a: row i-1, b: row i-2
+        l2 = d2p[i] / l0b
+        l1 = (d1p[i] - l2 * l1a) / l0a
+        l0 = tf.sqrt(tf.maximum(d0[i] - l1 * l1 - l2 * l2, 1e-300))
+        y = (rhs[i] - l2 * yb - l1 * ya) / l0
+        return (i + 1, l0, l0a, l1, y, ya, ta0.write(i, l0), ta1.write(i, l1),
+                ta2.write(i, l2), tay.write(i, y))
+
+    tas = [tf.TensorArray(_F64, size=n, element_shape=one.shape) for _ in range(4)]
+    res = tf.while_loop(lambda i, *_: i < n, fwd,
+                        (tf.constant(0), one, one, zero, zero, zero, *tas))
+    l0, l1, l2, y = [t.stack() for t in res[6:]]
+    l1n = tf.concat([l1[1:], tf.zeros_like(l1[:1])], 0)  # L[i+1, i]
+    l2n = tf.concat([l2[2:], tf.zeros_like(l2[:2])], 0)  # L[i+2, i]
+
+    def bwd(j, xa, xb, tax):
+        i = n - 1 - j
+        x = (y[i] - l1n[i] * xa - l2n[i] * xb) / l0[i]
+        return j + 1, x, xa, tax.write(i, x)
+
+    tax = tf.TensorArray(_F64, size=n, element_shape=one.shape)
+    res = tf.while_loop(lambda j, *_: j < n, bwd, (tf.constant(0), zero, zero, tax))
+    return res[3].stack()
+
+
+def _reduce_ties(lq, pt, strict, lo, up, in_support, pdot):
+    """Pool tied classes into blocks (batch-major [B, K] sorted inputs).
+
+    Returns time-major block data: ``w`` block sizes [K, B] (1 on padding), ``g`` log of the
+    block reference mass ``w * geomean(q)`` [K, B], ``c`` ceiling (possibility of the next
+    block) [K-1, B], ``lo``/``up`` shape bounds between consecutive blocks [K-1, B],
+    ``real`` [K, B] / ``var`` [K-1, B] masks, ``bid`` [B, K] block id of each sorted class.
+    """
+    k = pt.shape[-1]
+    batch = tf.shape(pt)[0]
+    start = tf.concat([tf.ones_like(strict[:, :1]), strict], axis=1) & in_support
+    bid = _cumsum_rows(tf.cast(start, tf.int32)) - 1
+    bid = tf.where(in_support, bid, k - 1)
+    n_blocks = tf.reduce_sum(tf.cast(start, tf.int32), axis=1)
+    ids = bid + tf.range(batch)[:, None] * k
+
+    def seg(v):
+        out = tf.math.unsorted_segment_sum(tf.reshape(v, [-1]), tf.reshape(ids, [-1]),
+                                           batch * k)
+        return tf.reshape(out, [batch, k])
+
+    sup = tf.cast(in_support, _F64)
+    w = seg(sup)
+    slq = seg(tf.where(in_support, lq, 0.0))
+    jj = tf.range(k)[None, :]
+    real = jj < n_blocks[:, None]
+    w_safe = tf.where(real, w, 1.0)
+    g = tf.where(real, slq / w_safe + tf.math.log(w_safe), 0.0)
+    pblock = seg(tf.where(start, pt, 0.0))
+    ends = tf.concat([strict, tf.zeros_like(strict[:, :1])], axis=1)  # pair (r, r+1) strict
+    pad0 = tf.zeros_like(pt[:, :1])
+    lob = seg(tf.where(ends, tf.concat([lo, pad0], 1), 0.0))[:, :-1]
+    upb = seg(tf.where(ends, tf.concat([up, pad0], 1), 0.0))[:, :-1]
+    var = jj[:, :-1] < (n_blocks - 1)[:, None]
+    c = pblock[:, 1:]
+    tm = tf.transpose
+    mdot = seg(tf.where(in_support, pdot, 0.0))
+    return {"mdot": tm(mdot), "w": tm(w_safe), "g": tm(g), "c": tm(c), "lo": tm(lob), "up": tm(upb),
+            "real": tm(real), "var": tm(var), "bid": bid, "n_blocks": n_blocks}
+
+
+def _ipm_dual_point(red, lam1, lam2, lam3):
+    """Block log-masses of the dual point ``softmax(G + A^T lam)`` (normalised), [K, B]."""
+    big_lam = tf.concat([_rcumsum(lam1), tf.zeros_like(lam1[:1])], 0)
+    nu = tf.concat([lam2 - lam3, tf.zeros_like(lam2[:1])], 0)
+    x = red["g"] + big_lam + (nu - _prev(nu)) / red["w"]
+    x = tf.where(red["real"], x, tf.constant(-np.inf, _F64))
+    return _normalize_log(x)
+
+
+def _ipm_reduced_check(red, xm, lam1, lam2, lam3):
+    """V and duality gap of the dual point on the reduced chain, [B] each."""
+    m = tf.exp(xm)
+    tail = _rcumsum(m, exclusive=True)[:-1]
+    v = m / red["w"]
+    sh = v[:-1] - v[1:]
+    s1, s2, s3 = red["c"] - tail, sh - red["lo"], red["up"] - sh
+    var = red["var"]
+    zero = tf.zeros_like(s1)
+    viol = tf.maximum(tf.maximum(-s1, -s2), -s3)
+    big_v = tf.maximum(tf.reduce_max(tf.where(var, viol, zero), axis=0), 0.0)
+    gap = tf.reduce_sum(tf.where(var, lam1 * s1 + lam2 * s2 + lam3 * s3, zero), axis=0)
+    return big_v, gap
+
+
+def _ipm_core(red, m0, active, tol, gap_tol, max_iter):
+    """Primal-dual interior point on the tail masses ``U`` of the reduced chain.
+
+    Time-major: ``m0`` [K, B] starting block masses (> 0 on real blocks), ``active`` [B].
+    Returns ``(lam1, lam2, lam3)`` [K-1, B] (ceiling, lower and upper shape multipliers)
+    and the iteration count [B].
+    """
+    var = red["var"]
+    real = red["real"]
+    w = red["w"]
+    iw = 1.0 / w
+    kk = tf.range(var.shape[0])[:, None]
+    zero = tf.zeros_like(red["c"])
+    var_next = _next(var)
+    a_c = tf.where(var & (kk >= 1), iw[:-1], 0.0)  # coefficient of shape j on U_{j-1}
+    b_c = tf.where(var, -(iw[:-1] + iw[1:]), 0.0)  # on U_j
+    g_c = tf.where(var & var_next, iw[1:], 0.0)  # on U_{j+1}
+    n_con = tf.maximum(3.0 * tf.reduce_sum(tf.cast(var, _F64), axis=0), 1.0)
+
+    def shape_of(du):  # S du
+        return a_c * _prev(du) + b_c * du + g_c * _next(du)
+
+    def shape_t(z):  # S^T z
+        return _next(a_c * z) + b_c * z + _prev(g_c * z)
+
+    def masses(u):
+        ext_prev = tf.concat([tf.ones_like(u[:1]), u], 0)
+        ext_cur = tf.concat([u, tf.zeros_like(u[:1])], 0)
+        return tf.where(real, ext_prev - ext_cur, 0.0)
+
+    def constraints(u):
+        m = masses(u)
+        v = m / w
+        sh = v[:-1] - v[1:]
+        return m, red["c"] - u, sh - red["lo"], red["up"] - sh
+
+    u0 = _rcumsum(m0, exclusive=True)[:-1]
+    u0 = tf.where(var, u0, 0.0)
+    _, y1, y2, y3 = constraints(u0)
+    floor = tf.constant(1e-2, _F64)
+    s_init = [tf.where(var, tf.maximum(y, floor), 1.0) for y in (y1, y2, y3)]
+    l_init = [tf.where(var, tf.ones_like(zero), 0.0) for _ in range(3)]
+
+    def body(it, u, s1, s2, s3, l1, l2, l3, active, iters, best_score, *best):
+        m, y1, y2, y3 = constraints(u)
+        safe_m = tf.where(real & (m > 0.0), m, 1.0)
+        ell = tf.where(real, tf.math.log(safe_m) - red["g"], 0.0)
+        grad = tf.where(var, ell[1:] - ell[:-1], 0.0)
+        nu = l2 - l3
+        r_d = grad - (-l1 + shape_t(nu))
+        r_d = tf.where(var, r_d, 0.0)
+        rp = [tf.where(var, y - s, 0.0) for y, s in ((y1, s1), (y2, s2), (y3, s3))]
+        comp = tf.where(var, l1 * s1 + l2 * s2 + l3 * s3, 0.0)
+        mu = tf.reduce_sum(comp, axis=0) / n_con
+        sigma = tf.constant(0.1, _F64)
+        target = sigma * mu
+        ss, ll = (s1, s2, s3), (l1, l2, l3)
+        rc = [lam * s - target for lam, s in zip(ll, ss)]
+        psi = [tf.where(var, (c + lam * r) / s, 0.0) for c, lam, r, s in zip(rc, ll, rp, ss)]
+        rhs = -r_d - (-psi[0] + shape_t(psi[1] - psi[2]))
+        w1 = tf.where(var, l1 / s1, 0.0)
+        w2 = tf.where(var, l2 / s2 + l3 / s3, 0.0)
+        im = tf.where(real & (m > 0.0), 1.0 / safe_m, 0.0)
+        d0 = im[:-1] + im[1:] + w1 + _next(w2 * a_c * a_c) + w2 * b_c * b_c + _prev(
+            w2 * g_c * g_c)
+        d1 = -im[1:] + _next(w2 * a_c * b_c) + w2 * b_c * g_c
+        d2 = _next(w2 * a_c * g_c)
+        d0 = tf.where(var, d0, 1.0)
+        d1 = tf.where(var & var_next, d1, 0.0)
+        d2 = tf.where(var & _next(var_next), d2, 0.0)
+        rhs = tf.where(var, rhs, 0.0)
+        du = _penta_solve(d0, d1, d2, rhs)
+        du = tf.where(var, du, 0.0)
+        dsh = shape_of(du)
+        dy = (-du, dsh, -dsh)
+        ds = [tf.where(var, d + r, 0.0) for d, r in zip(dy, rp)]
+        dl = [tf.where(var, -(c + lam * d) / s, 0.0) for c, lam, d, s in zip(rc, ll, ds, ss)]
+        dm = tf.where(real, tf.concat([tf.zeros_like(du[:1]), du], 0)
+                      - tf.concat([du, tf.zeros_like(du[:1])], 0), 0.0)
+        inf = tf.constant(np.inf, _F64)
+
+        def max_step(x, dx, mask):
+            ratio = tf.where(mask & (dx < 0.0), -x / tf.where(dx < 0.0, dx, -1.0), inf)
+            return tf.reduce_min(ratio, axis=0)
+
+        steps = [max_step(s, d, var) for s, d in zip(ss, ds)]
+        steps += [max_step(lam, d, var) for lam, d in zip(ll, dl)]
+        steps.append(max_step(m, dm, real))
+        alpha = tf.minimum(tf.constant(1.0, _F64), _IPM_STEP * tf.reduce_min(tf.stack(steps), axis=0))
+        a = alpha[None, :]
+        nu_ = u + a * du
+        nss = [s + a * d for s, d in zip(ss, ds)]
+        nll = [lam + a * d for lam, d in zip(ll, dl)]
+        # Rows whose step is not finite (exhausted float64 near the solution) stop here.
+        fin = tf.reduce_all(tf.math.is_finite(tf.concat([nu_] + nss + nll, 0)), axis=0)
+        fin &= tf.reduce_all((tf.concat(nss + nll, 0) > 0.0) | ~tf.concat([var] * 6, 0),
+                             axis=0)
+        run = active & fin
+        sel = run[None, :]
+        u = tf.where(sel, nu_, u)
+        ss = [tf.where(sel, a_, b_) for a_, b_ in zip(nss, ss)]
+        ll = [tf.where(sel, a_, b_) for a_, b_ in zip(nll, ll)]
+        xm = _ipm_dual_point(red, *ll)
+        big_v, gap = _ipm_reduced_check(red, xm, *ll)
+        done = (big_v <= tol) & (tf.abs(gap) <= gap_tol)
+        score = tf.maximum(big_v / tol, tf.abs(gap) / gap_tol)
+        better = run & (score < best_score)
+        best = [tf.where(better[None, :], a_, b_) for a_, b_ in zip(ll, best)]
+        best_score = tf.where(better, score, best_score)
+        iters = iters + tf.cast(run, tf.int32)
+        return (it + 1, u, *ss, *ll, run & ~done, iters, best_score, *best)
+
+    batch = tf.shape(active)[0]
+    init = (tf.constant(0), u0, *s_init, *l_init, active, tf.zeros([batch], tf.int32),
+            tf.fill([batch], tf.constant(np.inf, _F64)), *[tf.zeros_like(zero)] * 3)
+
+    def cond(it, *state):
+        return (it < max_iter) & tf.reduce_any(state[7])
+
+    res = tf.while_loop(cond, body, init)
+    return res[11], res[12], res[13], res[9]
+
+
+def _ipm_solve(lq, pt, strict, lo, up, in_support, run, tol, gap_tol, max_iter):
+    """Interior-point projection in sorted coordinates (batch-major ``[B, K]`` inputs).
+
+    Returns (like :func:`_project_core`): ``x`` [K, B] normalised log projection, ``lam``
+    [3, m1, B] multipliers in the original constraint indexing (inner tie pairs carry the
+    signed multiplier that makes the tied coordinates equal), iterations [B].
+    """
+    pdot = _antipignistic_sorted(pt)
+    red = _reduce_ties(lq, pt, strict, lo, up, in_support, pdot)
+    qm = tf.exp(_normalize_log(tf.where(red["real"], red["g"], -np.inf)))
+    mdot = red["mdot"] / tf.reduce_sum(red["mdot"], axis=0, keepdims=True)
+    m0 = tf.where(red["real"], 0.5 * qm + 0.5 * mdot, 0.0)
+    lam1, lam2, lam3, iters = _ipm_core(red, m0, run, tol, gap_tol, max_iter)
+    xm = _ipm_dual_point(red, lam1, lam2, lam3)  # [K, B] block log masses
+    bid = red["bid"]
+    per_class = tf.gather(tf.transpose(xm - tf.math.log(red["w"])), bid, batch_dims=1)
+    x = tf.transpose(tf.where(in_support, per_class, tf.constant(-np.inf, _F64)))
+    # Multipliers in the original indexing: boundary r of block j carries block j's values;
+    # inside a tie block, nu_r = mu_r (lower minus upper) solves the stationarity of the
+    # tied coordinates: mu_i - mu_{i-1} = (block mean of log q) - log q_i + (nu_j - nu_{j-1})/w_j.
+    def to_orig(lam):
+        full = tf.concat([tf.transpose(lam), tf.zeros_like(pt[:, :1])], 1)  # [B, K]
+        return tf.gather(full, bid[:, :-1], batch_dims=1)
+
+    lp = tf.where(strict, to_orig(lam1), 0.0)
+    nu_blk = tf.concat([tf.transpose(lam2 - lam3), tf.zeros_like(pt[:, :1])], 1)  # [B, K]
+    nu_prev = tf.concat([tf.zeros_like(pt[:, :1]), nu_blk[:, :-1]], 1)
+    w_cls = tf.gather(tf.transpose(red["w"]), bid, batch_dims=1)
+    mean_lq = tf.gather(tf.transpose(red["g"] - tf.math.log(red["w"])), bid, batch_dims=1)
+    step = tf.where(in_support, mean_lq - tf.where(in_support, lq, 0.0)
+                    + (tf.gather(nu_blk, bid, batch_dims=1)
+                       - tf.gather(nu_prev, bid, batch_dims=1)) / w_cls, 0.0)
+    csum = _cumsum_rows(step)
+    w_start = _cumsum_rows(tf.transpose(red["w"])) - tf.transpose(red["w"])  # block starts
+    start_idx = tf.cast(tf.gather(w_start, bid, batch_dims=1), tf.int32)
+    base = tf.gather(csum - step, start_idx, batch_dims=1)  # sum before the block start
+    mu = tf.gather(nu_prev, bid, batch_dims=1) + csum - base  # [B, K]
+    mu = tf.where(strict, to_orig(lam2 - lam3), mu[:, :-1])
+    mu = tf.where(in_support[:, 1:], mu, 0.0)
+    ll = tf.where(strict, to_orig(lam2), tf.maximum(mu, 0.0))
+    lu = tf.where(strict, to_orig(lam3), tf.maximum(-mu, 0.0))
+    lam = tf.stack([tf.transpose(lp), tf.transpose(ll), tf.transpose(lu)], 0)
+    return x, lam, iters
+
+
+_IPM_JIT = tf.function(_ipm_solve, jit_compile=True, autograph=False)
+
+_CORE_JIT = tf.function(_project_core, jit_compile=True, autograph=False)
 
 
 def _run_core(*args, jit=True, **kwargs):
@@ -715,7 +1099,7 @@ def _run_core(*args, jit=True, **kwargs):
 
 
 def _project_2d(lq_full, cons: PossibilityConstraints, support_mode, tol, gap_tol, max_cycles,
-                stopping, q_clip, unroll_max_k, jit):
+                stopping, q_clip, unroll_max_k, jit, method="dykstra"):
     """lq_full [B, K] float64 log q (normalised on the support). Returns p [B, K], info."""
     k = lq_full.shape[-1]
     m1 = k - 1
@@ -724,7 +1108,8 @@ def _project_2d(lq_full, cons: PossibilityConstraints, support_mode, tol, gap_to
     if m1 == 0:
         p = tf.exp(lq_full)
         zeros = tf.zeros([batch], _F64)
-        info = {"cycles": tf.zeros([batch], tf.int32), "max_violation": zeros,
+        info = {"iterations": tf.zeros([batch], tf.int32),
+                "cycles": tf.zeros([batch], tf.int32), "residual": zeros, "max_violation": zeros,
                 "duality_gap": zeros, "converged": valid, "valid": valid,
                 "lambda": tf.zeros([batch, 3, 0], _F64)}
         return p, info
@@ -747,12 +1132,32 @@ def _project_2d(lq_full, cons: PossibilityConstraints, support_mode, tol, gap_to
     def tm(t):
         return tf.transpose(t)
 
-    x, lam, cycles, _, _ = _run_core(
-        tm(lq), tm(pt_next), tm(ratio), tm(cons.gap_lower), tm(cons.gap_upper),
-        tm(cons.active), run, tf.constant(tol, _F64), tf.constant(gap_tol, _F64),
-        tf.constant(max_cycles, tf.int32), tf.constant(_STOPPING_CODE[stopping], tf.int32),
-        unroll=bool(k <= unroll_max_k),
-        jit=jit)
+    if method == "interior_point":
+        fn = _IPM_JIT if jit else _ipm_solve
+        x, lam, iterations = fn(lq, pt, cons.strict, cons.gap_lower, cons.gap_upper,
+                                in_support, run, tf.constant(tol, _F64),
+                                tf.constant(gap_tol, _F64), tf.constant(_IPM_MAX_ITER, tf.int32))
+        # Rows the interior point could not certify (float64 exhausted near the solution)
+        # are finished by certified Dykstra warm-started from the interior-point multipliers.
+        cst = {"pt_next": tm(pt_next), "lo": tm(cons.gap_lower), "up": tm(cons.gap_upper),
+               "act": tm(cons.active)}
+        v0, gap0 = _check(x, lam[0], lam[1], lam[2], cst)
+        finish = run & ~((v0 <= tol) & (tf.abs(gap0) <= gap_tol))
+        x2, lam2, cycles, _, _ = _run_core(
+            tm(lq), tm(pt_next), tm(ratio), tm(cons.gap_lower), tm(cons.gap_upper),
+            tm(cons.active), finish, tf.constant(tol, _F64), tf.constant(gap_tol, _F64),
+            tf.constant(max_cycles, tf.int32), tf.constant(1, tf.int32),
+            unroll=bool(k <= unroll_max_k), jit=jit, lam_init=tuple(tf.unstack(lam)))
+        x = tf.where(finish[None, :], x2, x)
+        lam = tf.where(finish[None, None, :], lam2, lam)
+    else:
+        x, lam, cycles, _, _ = _run_core(
+            tm(lq), tm(pt_next), tm(ratio), tm(cons.gap_lower), tm(cons.gap_upper),
+            tm(cons.active), run, tf.constant(tol, _F64), tf.constant(gap_tol, _F64),
+            tf.constant(max_cycles, tf.int32), tf.constant(_STOPPING_CODE[stopping], tf.int32),
+            unroll=bool(k <= unroll_max_k),
+            jit=jit)
+        iterations = cycles
     x = tf.transpose(x)
     # Short-circuits: no strict drop -> uniform on the support; n <= 1 or invalid -> q.
     uniform = tf.where(in_support, 1.0 / tf.cast(tf.maximum(n, 1), _F64)[:, None], 0.0)
@@ -769,7 +1174,9 @@ def _project_2d(lq_full, cons: PossibilityConstraints, support_mode, tol, gap_to
         converged = (v <= tol) & (tf.abs(gap) <= gap_tol)
     p = tf.gather(p_sorted, inverse, batch_dims=1)
     info = {
+        "iterations": tf.stop_gradient(iterations),
         "cycles": tf.stop_gradient(cycles),
+        "residual": tf.stop_gradient(tf.maximum(v, tf.abs(gap))),
         "max_violation": tf.stop_gradient(v),
         "duality_gap": tf.stop_gradient(gap),
         "converged": tf.stop_gradient(converged & valid),
@@ -800,25 +1207,28 @@ def _prepare(logits, possibility, cfg):
     _check_same_shape(z, pi, "logits", "possibility")
     z2, restore = _flatten(z, "logits")
     pi2, _ = _flatten(pi, "possibility", k=z2.shape[-1])
+    z2 = _validate_logits(z2, "logits")
+    pi2 = _validate_possibility(pi2, "possibility")
     return z, z2, tf.cast(pi2, _F64), restore
 
 
 def _config(tol, gap_tol, max_cycles, stopping, support_mode, floor, eps_cap, tie_tol,
-            gap_policy, q_clip, compute_dtype):
+            gap_policy, q_clip, compute_dtype, method=None):
     return {"check": dict(tol=tol, gap_tol=gap_tol, max_cycles=max_cycles, stopping=stopping,
                           support_mode=support_mode, floor=floor, eps_cap=eps_cap,
                           tie_tol=tie_tol, gap_policy=gap_policy, q_clip=q_clip,
-                          compute_dtype=compute_dtype)}
+                          compute_dtype=compute_dtype, method=method)}
 
 
 def _projection_from_z(z2, pi2, *, tol, gap_tol, max_cycles, stopping, support_mode, floor,
-                       eps_cap, tie_tol, gap_policy, q_clip, unroll_max_k, jit):
+                       eps_cap, tie_tol, gap_policy, q_clip, unroll_max_k, jit,
+                       method="interior_point"):
     """z2 [B, K] float64 logits (may carry a tape) -> (p*, info, masked z, log q)."""
     support = _support_of(pi2, support_mode)
     lq, zm = _log_q(z2, support)
     cons = _constraints_2d(pi2, eps_cap, tie_tol, support_mode, floor, gap_policy)
     p, info = _project_2d(tf.stop_gradient(lq), cons, support_mode, tol, gap_tol, max_cycles,
-                          stopping, q_clip, unroll_max_k, jit)
+                          stopping, q_clip, unroll_max_k, jit, method=method)
     return p, info, zm, lq
 
 
@@ -828,7 +1238,8 @@ def possibilistic_projection(logits_or_log_probs, possibility, tol: float = 1e-8
                              floor: float = 1e-6, eps_cap: float = 1e-9, tie_tol: float = 0.0,
                              gap_policy: str = "wide", q_clip: float = 1e-15,
                              compute_dtype: str = "float64", unroll_max_k: int = 8,
-                             jit: bool = True, name: str | None = None):
+                             jit: bool = True, method: str | None = None,
+                             name: str | None = None):
     """KL projection ``p* = argmin_{p in F(pi)} KL(p || q)``, ``q = softmax(logits)``.
 
     Dykstra's algorithm with KL projections in its one-scalar-per-constraint dual form
@@ -870,7 +1281,7 @@ def possibilistic_projection(logits_or_log_probs, possibility, tol: float = 1e-8
       array([[0.49    , 0.255981, 0.254019]], dtype=float32)
     """
     cfg = _config(tol, gap_tol, max_cycles, stopping, support_mode, floor, eps_cap, tie_tol,
-                  gap_policy, q_clip, compute_dtype)
+                  gap_policy, q_clip, compute_dtype, method)
     with tf.name_scope(name or "possibilistic_projection"):
         z, z2, pi2, restore = _prepare(logits_or_log_probs, possibility, cfg)
         dtype = z.dtype if z.dtype.is_floating else tf.float32
@@ -878,8 +1289,14 @@ def possibilistic_projection(logits_or_log_probs, possibility, tol: float = 1e-8
         p, info, _, _ = _projection_from_z(
             z2, pi2, tol=tol, gap_tol=gap_tol, max_cycles=max_cycles, stopping=stopping,
             support_mode=support_mode, floor=floor, eps_cap=eps_cap, tie_tol=tie_tol,
-            gap_policy=gap_policy, q_clip=q_clip, unroll_max_k=unroll_max_k, jit=jit)
+            gap_policy=gap_policy, q_clip=q_clip, unroll_max_k=unroll_max_k, jit=jit,
+            method=_resolve_method(method, stopping))
+        invalid = _possibility_invalid(pi2) | row_has_nan(z2)
+        p = nan_where(invalid[:, None], p)
+        info["valid"] = info["valid"] & ~invalid
+        info["converged"] = info["converged"] & ~invalid
         info = {key: restore(val) for key, val in info.items()}
+        _warn_uncertified(info)
         return tf.cast(restore(p), dtype), info
 
 
@@ -922,7 +1339,7 @@ def possibilistic_projection_loss(logits, possibility, tol: float = 1e-8,
                                   tie_tol: float = 0.0, gap_policy: str = "wide",
                                   q_clip: float = 1e-15, compute_dtype: str = "float64",
                                   unroll_max_k: int = 8, jit: bool = True,
-                                  name: str | None = None):
+                                  method: str | None = None, name: str | None = None):
     """Per-example loss ``KL(p* || softmax(z))`` with ``p*`` the projection of ``softmax(z)``.
 
     ``p*`` is recomputed from the current logits and held fixed; by Danskin's theorem the
@@ -943,7 +1360,7 @@ def possibilistic_projection_loss(logits, possibility, tol: float = 1e-8,
       >>> loss, info = possibilistic_projection_loss([[2.0, 0.0, -1.0]], [[0.3, 1.0, 0.2]])
     """
     cfg = _config(tol, gap_tol, max_cycles, stopping, support_mode, floor, eps_cap, tie_tol,
-                  gap_policy, q_clip, compute_dtype)
+                  gap_policy, q_clip, compute_dtype, method)
     with tf.name_scope(name or "possibilistic_projection_loss"):
         z, z2, pi2, restore = _prepare(logits, possibility, cfg)
         dtype = z.dtype if z.dtype.is_floating else tf.float32
@@ -951,10 +1368,15 @@ def possibilistic_projection_loss(logits, possibility, tol: float = 1e-8,
         p, info, zm, _ = _projection_from_z(
             z64, pi2, tol=tol, gap_tol=gap_tol, max_cycles=max_cycles, stopping=stopping,
             support_mode=support_mode, floor=floor, eps_cap=eps_cap, tie_tol=tie_tol,
-            gap_policy=gap_policy, q_clip=q_clip, unroll_max_k=unroll_max_k, jit=jit)
+            gap_policy=gap_policy, q_clip=q_clip, unroll_max_k=unroll_max_k, jit=jit,
+            method=_resolve_method(method, stopping))
         loss = _kl_from_logits(p, zm)
-        loss = tf.where(info["valid"], loss, tf.zeros_like(loss))
+        invalid = _possibility_invalid(pi2) | row_has_nan(z64)
+        loss = nan_where(invalid, loss)
+        info["valid"] = info["valid"] & ~invalid
+        info["converged"] = info["converged"] & ~invalid
         info = {key: restore(val) for key, val in info.items()}
+        _warn_uncertified(info)
         return tf.cast(restore(loss), dtype), info
 
 

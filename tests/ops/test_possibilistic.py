@@ -19,6 +19,7 @@ import pytest
 import tensorflow as tf
 from scipy import optimize
 
+import losszoo
 from losszoo.ops import (
     antipignistic,
     antipignistic_kl_loss,
@@ -246,7 +247,7 @@ def test_softmax_counterexample_and_paper_flaw():
     # Spec 2.6: the paper's rule stops at a feasible, non-optimal point.
     q, pi = [[0.0095, 0.4667, 0.5238]], [[1.0, 0.4236, 0.0643]]
     paper, info_p = project(q, pi, stopping="paper")
-    cert, info_c = project(q, pi, stopping="certified")
+    cert, info_c = project(q, pi, stopping="certified", method="dykstra")
     np.testing.assert_allclose(paper[0], [0.695, 0.241, 0.0643], atol=1e-3)
     np.testing.assert_allclose(cert[0], [0.5764, 0.3593, 0.0643], atol=1e-4)
     np.testing.assert_allclose(kl(paper[0], q[0]), 2.690, atol=2e-3)
@@ -326,7 +327,7 @@ def test_idempotence_order_and_equivariance():
     pi, q = random_cases(rng, 8, n)
     pi[:, 4] = pi[:, 2]  # a tie in every row
     pdot = np.stack([ref_antipignistic(row) for row in pi])
-    p, info = project(pdot, pi)
+    p, info = project(pdot, pi, method="dykstra")
     assert np.all(info["cycles"] == 1)
     assert np.all(info["lambda"] == 0)
     assert np.max(np.abs(p - pdot)) <= 1e-15
@@ -343,8 +344,9 @@ def test_idempotence_order_and_equivariance():
     perm = rng.permutation(n)
     permuted, _ = project(q[:, perm], pi[:, perm])
     np.testing.assert_allclose(permuted, star[:, perm], atol=1e-8)
-    scaled, _ = project(q, 0.37 * pi)
-    np.testing.assert_allclose(scaled, star, atol=1e-14)
+    # A rescaled (sub-normalised) pi is ambiguous and rejected (issue 9).
+    with pytest.raises(ValueError, match="`possibility`"):
+        project(q, 0.37 * pi)
 
 
 @pytest.mark.parametrize("n", [3, 10])
@@ -509,33 +511,28 @@ def _loss_and_grad(logits, pi, **kw):
 
 
 def test_bad_input_unnormalized_and_out_of_range_possibility():
+    # Issue 9: a possibility row must lie in [0, 1] with maximum 1; anything else is rejected
+    # eagerly (naming the argument) and gives NaN rows when validation is off (as under XLA).
     rng = np.random.default_rng(8)
     pi, q = random_cases(rng, 3, 6)
-    base, _ = project(q, pi)
-    scaled, _ = project(q, 0.3 * pi)  # 0 < max < 1: divided by the max
-    np.testing.assert_allclose(scaled, base, atol=1e-14)
-    bigger, _ = project(q, 2.5 * pi)  # entries > 1: divided by the max
-    np.testing.assert_allclose(bigger, base, atol=1e-14)
-    neg = pi.copy()
-    neg[:, 5] = -0.5  # negative -> clipped to 0 (then floored)
-    zero = pi.copy()
-    zero[:, 5] = 0.0
-    np.testing.assert_allclose(project(q, neg)[0], project(q, zero)[0], atol=0)
+    for bad in (0.3 * pi, 2.5 * pi, np.where(np.arange(6) == 5, -0.5, pi)):
+        with pytest.raises(ValueError, match="`possibility`"):
+            possibilistic_projection(np.log(q), bad)
+        with losszoo.validation(False):
+            p, info = possibilistic_projection(np.log(q), bad)
+        assert np.isnan(p.numpy()).all() and not info["valid"].numpy().any()
 
 
-def test_bad_input_nan_or_all_zero_rows_are_invalid_with_zero_loss():
+def test_bad_input_nan_or_all_zero_rows_are_nan_not_zero():
     logits = np.array([[1.0, 0.0, -1.0]] * 3 + [[-1.0, 0.0, 1.0]])
     pi = np.array([[np.nan, 1.0, 0.2], [0.0, 0.0, 0.0], [-1.0, -2.0, 0.0], [1.0, 0.5, 0.1]])
-    loss, grad, info = _loss_and_grad(logits, pi)
+    with pytest.raises(ValueError, match="`possibility`"):
+        possibilistic_projection_loss(logits, pi)
+    with losszoo.validation(False):
+        loss, grad, info = _loss_and_grad(logits, pi)
     np.testing.assert_array_equal(info["valid"], [False, False, False, True])
-    np.testing.assert_array_equal(loss[:3], 0.0)
-    np.testing.assert_array_equal(grad[:3], 0.0)
-    assert loss[3] > 0 and np.all(np.isfinite(grad))
-    assert np.all(info["cycles"][:3] == 0)
-    pinf = np.array([[np.inf, 1.0, 0.2]])
-    assert not _loss_and_grad(logits[:1], pinf)[2]["valid"][0]
-    for name in (antipignistic_kl_loss, vote_kl_loss):
-        np.testing.assert_array_equal(name(logits, pi).numpy()[:3], 0.0)
+    assert np.isnan(loss[:3]).all() and loss[3] > 0
+    assert np.all(np.isfinite(grad[3]))
 
 
 def test_bad_input_zero_possibility_floor_and_restrict():

@@ -1,0 +1,130 @@
+"""Fail-loud contract (issue 9) for the possibilistic ops and losses.
+
+Bad labels / logits raise naming the argument eagerly and in graphs; under XLA the affected
+rows come back NaN. Valid inputs agree across modes and with the certified Dykstra oracle.
+"""
+
+from __future__ import annotations
+
+import hypothesis
+import hypothesis.strategies as st
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import losszoo
+from losszoo import ops
+from losszoo.losses import PossibilisticProjectionLoss
+from tests.contract import (
+    CONTRACT_SETTINGS,
+    Modes,
+    assert_hparam_rejected,
+    assert_modes_agree,
+    assert_rejects,
+)
+
+K = 4
+SUITE = "possibilistic"
+
+
+def _loss(z, pi):
+    return ops.possibilistic_projection_loss(z, pi)[0]
+
+
+def _proj(z, pi):
+    return ops.possibilistic_projection(z, pi)[0]
+
+
+LOSS = Modes(_loss)
+PROJ = Modes(_proj)
+GOOD_PI = np.array([[1.0, 0.5, 0.2, 0.1], [0.3, 1.0, 0.3, 0.0]])
+GOOD_Z = np.array([[0.5, -1.0, 2.0, 0.0], [1.0, 0.0, -0.5, 0.3]])
+
+
+def test_issue9_nan_logit_is_not_zero_loss():
+    # Issue 9: possibilistic_projection_loss([[nan, 1, 0]], [[1, .5, .2]]) returned 0.
+    with pytest.raises(ValueError, match="`logits`"):
+        ops.possibilistic_projection_loss([[np.nan, 1.0, 0.0]], [[1.0, 0.5, 0.2]])
+    with losszoo.validation(False):
+        loss, _ = ops.possibilistic_projection_loss([[np.nan, 1.0, 0.0]], [[1.0, 0.5, 0.2]])
+    assert np.isnan(loss.numpy()).all()
+    z = np.array([[np.nan, 1.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]])
+    assert_rejects(LOSS, z, GOOD_PI, name="logits", rows=[0], suite=SUITE)
+
+
+@pytest.mark.parametrize("bad_row", [
+    [1.0, np.nan, 0.2, 0.1],    # NaN
+    [1.0, -0.5, 0.2, 0.1],      # negative
+    [1.0, 1.5, 0.2, 0.1],       # > 1
+    [0.5, 0.4, 0.2, 0.1],       # maximum below 1 (not normalised: ambiguous)
+    [0.0, 0.0, 0.0, 0.0],       # no possible class
+])
+def test_invalid_possibility_rejected_or_nan(bad_row):
+    pi = np.array([bad_row, GOOD_PI[1]])
+    assert_rejects(LOSS, GOOD_Z, pi, name="possibility", rows=[0], suite=SUITE)
+    assert_rejects(PROJ, GOOD_Z, pi, name="possibility", rows=[0], suite=SUITE)
+
+
+def test_keras_loss_out_of_range_ids_and_nan_labels_under_xla():
+    # Issue 9: class id 7 with K=4 and NaN labels trained with finite losses under XLA.
+    loss = PossibilisticProjectionLoss(reduction=None)
+    z = tf.constant(GOOD_Z, tf.float32)
+    xla = tf.function(lambda y, p: loss(y, p), jit_compile=True)
+    with losszoo.validation(False):
+        out = xla(tf.constant([7, 1]), z).numpy()
+    assert np.isnan(out[0]) and np.isfinite(out[1])
+    nan_labels = np.array([[np.nan, 1.0, 0.0, 0.0], GOOD_PI[1]], np.float32)
+    out = xla(tf.constant(nan_labels), z).numpy()
+    assert np.isnan(out[0]) and np.isfinite(out[1])
+    with pytest.raises(ValueError, match="`y_true`"):
+        loss(nan_labels, z)
+    with pytest.raises((ValueError, tf.errors.InvalidArgumentError), match="`y_true`"):
+        loss(tf.constant([7, 1]), z)
+
+
+def test_hyper_parameters_rejected_naming_the_argument():
+    def build(**kw):
+        return lambda v: PossibilisticProjectionLoss(**{next(iter(kw)): v})
+
+    bad = (float("nan"), float("inf"), -1.0, 0.0)
+    assert_hparam_rejected(build(tol=0), "tol", bad, suite=SUITE)
+    assert_hparam_rejected(build(gap_tol=0), "gap_tol", bad, suite=SUITE)
+    assert_hparam_rejected(build(max_cycles=0), "max_cycles",
+                           (2.5, float("nan"), 0, -3, True, "10"), suite=SUITE)
+    assert_hparam_rejected(build(floor=0), "floor", bad + (1.0,), suite=SUITE)
+    assert_hparam_rejected(build(eps_cap=0), "eps_cap", (float("nan"), -1e-3, 0.5), suite=SUITE)
+    assert_hparam_rejected(build(q_clip=0), "q_clip", bad, suite=SUITE)
+    assert_hparam_rejected(build(method=0), "method", ("newton", 3), suite=SUITE)
+    with pytest.raises(ValueError, match="`method`"):
+        ops.possibilistic_projection(GOOD_Z, GOOD_PI, method="interior_point", stopping="paper")
+
+
+@st.composite
+def _valid_case(draw):
+    rows = draw(st.integers(1, 3))
+    pi = np.array(draw(st.lists(st.lists(st.sampled_from([0.0, 0.1, 0.25, 0.5, 0.7, 1.0]),
+                                         min_size=K, max_size=K),
+                                min_size=rows, max_size=rows)))
+    top = draw(st.lists(st.integers(0, K - 1), min_size=rows, max_size=rows))
+    pi[np.arange(rows), top] = 1.0
+    z = np.array(draw(st.lists(st.lists(st.floats(-6, 6), min_size=K, max_size=K),
+                               min_size=rows, max_size=rows)))
+    return np.pad(z, [(0, 3 - rows), (0, 0)]), np.pad(pi, [(0, 3 - rows), (0, 0)],
+                                                      constant_values=1.0)
+
+
+@hypothesis.given(_valid_case())
+@CONTRACT_SETTINGS
+def test_valid_inputs_agree_across_modes_and_with_dykstra(case):
+    z, pi = case
+    ref = ops.possibilistic_projection(z, pi, method="dykstra", max_cycles=20000)[0].numpy()
+    assert_modes_agree(PROJ, z, pi, reference=ref, atol=1e-6, suite=SUITE)
+    assert_modes_agree(LOSS, z, pi, atol=1e-6, grad_wrt=(0,), suite=SUITE)
+
+
+@hypothesis.given(st.integers(0, 3), st.sampled_from([np.nan, -0.1, 1.2]))
+@CONTRACT_SETTINGS
+def test_bad_possibility_entries_property(col, value):
+    pi = GOOD_PI.copy()
+    pi[0, col] = value
+    assert_rejects(LOSS, GOOD_Z, pi, name="possibility", rows=[0], suite=SUITE)
