@@ -15,6 +15,7 @@ from losszoo import heads
 from tests.contract import (
     BAD_NUMBERS,
     CONTRACT_SETTINGS,
+    OUTCOMES,
     Modes,
     assert_hparam_rejected,
     assert_modes_agree,
@@ -64,7 +65,6 @@ def test_logit_bounding_masked_class_gets_zero_and_the_rest_is_unchanged():
 
 @pytest.mark.parametrize("name", ["ts", "pb", "pb_lower", "lb", "bcs"])
 def test_heads_mask_minus_inf_classes(name):
-    layer = _HEADS[name]
     rng = np.random.default_rng(0)
     x = rng.normal(0, 2, (N, K)).astype(np.float32)
     x[0, 1] = x[2, 4] = x[2, 0] = -np.inf
@@ -122,6 +122,8 @@ def test_head_hyper_parameters_rejected():
 def test_heads_valid_random_inputs(seed, name, scale, n_masked):
     rng = np.random.default_rng(seed)
     x = (rng.normal(0, 3, (N, K)) * scale).astype(np.float32)
+    if name == "bcs":  # upper 0.6 on two live classes is the least that stays feasible
+        n_masked = min(n_masked, K - 2)
     for r in range(N):
         x[r, rng.choice(K, n_masked, replace=False)] = -np.inf
     ref = np_softmax(x.astype(np.float64) / 1.5, -1) if name == "ts" else None
@@ -217,9 +219,7 @@ def test_metric_functions_invalid_random_inputs(seed, fn, kind):
     else:
         p[r] *= 1.5
     _raises_naming(_FUNCTIONS[fn], "labels" if kind.startswith("label") else "probs", p, y)
-    OUTCOME_KEY = (SUITE, "bad", "eager", "error")
-    from tests.contract import OUTCOMES
-    OUTCOMES[OUTCOME_KEY] += 1
+    OUTCOMES[(SUITE, "bad", "eager", "error")] += 1
 
 
 # ------------------------------------------------------------------------------------------
@@ -253,7 +253,7 @@ _METRIC_RUNNERS = {name: _metric_runner(name) for name in _METRICS}
 
 def test_streaming_metric_regressions_out_of_range_labels():
     p = np.array([[0.9, 0.1, 0, 0, 0], [0.2, 0.8, 0, 0, 0]], np.float32)
-    for name, runner in _METRIC_RUNNERS.items():
+    for runner in _METRIC_RUNNERS.values():
         for labels in ([0, 5], [0, -1], [0.0, 1.5], [0.0, np.nan]):
             assert_rejects(runner, np.array(labels), p, name="y_true", rows=(), suite=SUITE)
         assert_rejects(runner, np.array([[1, 1, 0, 0, 0], [0, 1, 0, 0, 0]], np.float32), p,
