@@ -4,6 +4,15 @@ Spec ``shared/specs/bcsoftmax.md`` section 5 (paper Sec. 4). Each layer maps the
 model's logits -- and, for the linear variants, its penultimate embedding ``z`` -- to calibrated
 probabilities. Call them on ``logits`` or on ``[logits, z]``. Fit them with
 :func:`losszoo.calibration.fit_calibrator`.
+
+Fail-loud contract (README, "Bad input"), shared by the three layers: hyper-parameters are
+checked at construction (``temperature`` finite and > 0, ``init_lower`` / ``init_upper`` finite,
+``bound_fn`` / ``bounds`` / ``method`` from their lists), raising ``ValueError`` naming them.
+Logits with NaN or +inf, or a row whose logits are all -inf, raise ``ValueError`` eagerly and
+fail a graph assertion in ``tf.function`` (skipped with ``losszoo.set_validation(False)``).
+Under XLA those rows come back NaN. A ``-inf`` logit masks its class: probability exactly 0,
+and the other classes get what the calibrator gives on the unmasked classes alone (PB counts
+only unmasked classes in ``K``; LB-C's norm is over the unmasked logits).
 """
 
 from __future__ import annotations

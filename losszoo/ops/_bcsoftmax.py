@@ -51,6 +51,14 @@ Gradients (spec section 3; paper eqs. 23-25 with the erratum E5 fixed): with exc
 
 Bounds given with broadcast shapes get the gradient summed over the broadcast axes. O(K) per row.
 
+Pinned rows (every coordinate at a bound, e.g. ``sum(lower) = 1``, ``sum(upper) = 1``,
+``lower = upper``): the map is differentiable only along the face ``sum(bounds) = 1``; the
+one-sided derivatives into the interior (``vbar`` = the ``v`` of the coordinate that would come
+free) depend on which side of 0 the computed free mass rounds to, which differs between eager
+and XLA summation orders. Every mode uses the face derivative (spec section 3, ``S = 0``):
+``dL/da = g * v``, ``dL/db = h * v``, ``dL/dx = 0``; a row counts as pinned when each free
+coordinate lies within ``4 * eps * K`` of one of its bounds.
+
 Numerics (spec section 4): logits are divided by ``tau`` and shifted by the row max; the
 patterns are read from ``exp(x - nu)`` compared with the bounds, which overflows to ``+inf``
 (state U) or underflows to 0 (state L) harmlessly. ``lower < 0`` / ``upper > 1`` are clamped
@@ -58,10 +66,15 @@ patterns are read from ``exp(x - nu)`` compared with the bounds, which overflows
 the box holds exactly and the sum is 1 up to about ``K * eps``. A ``-inf`` logit forces
 ``y_k = a_k``; ``a_k = b_k = 0`` masks class ``k``. Half precision is computed in float32.
 
-Validation: whenever the values are known (eager mode, constants) infeasible bounds, a
-non-positive temperature and NaN/+inf logits raise ``ValueError`` naming the rule. Inside graphs
-with unknown values an infeasible row (``sum a > 1``, ``sum b < 1`` or some ``a_k > b_k``, with a
-tolerance of ``10 * eps * K``) gives a row of NaN.
+Fail-loud contract (README, "Bad input"): NaN or +inf logits, a row whose logits are all -inf,
+a temperature that is not finite and > 0, NaN bounds, bounds more than 1e-5 outside [0, 1] and
+infeasible bounds (``sum a > 1``, ``sum b < 1`` or some ``a_k > b_k``, tolerance
+``10 * eps * K``) raise ``ValueError`` when the values are known (eager, constants) and fail a
+graph assertion inside ``tf.function``, both naming the argument (``validate=False`` or
+``losszoo.set_validation(False)`` skips these checks). Under XLA, where assertions vanish, and
+with validation off, the affected rows come back NaN (the test is folded into the kernel and
+always runs). A ``-inf`` logit masks its class: ``y_k = max(lower_k, 0)``, i.e. 0 unless the
+caller demands a minimum mass for it; the other classes are BCSoftmax over the rest.
 """
 
 from __future__ import annotations
@@ -83,9 +96,9 @@ FREE, LOWER, UPPER = 0, 1, 2
 # it are clamped (the spec's random-problem recipe produces upper = 1 + 1e-6).
 _RANGE_TOL = 1e-5
 METHODS = ("newton", "sort", "bisect")
-# A row whose free mass S is at most this many eps * K is treated as having no free coordinate
-# in the backward pass (see the gradient notes in the module docstring).
-_FREE_MASS_TOL = 4.0
+# Backward pass: in a row where every free coordinate lies within this many eps * K of one of
+# its bounds, those coordinates count as at the bound (see the gradient notes in the docstring).
+_PIN_TOL = 4.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -722,24 +735,38 @@ def _bcsoftmax_impl(x, a, b, tau, axis, method, clip):
             v2 = tf.reshape(xt_v, [-1, k])
             zero = tf.zeros_like(y)
             free = tf.equal(state, FREE)
+            at_lower = tf.equal(state, LOWER)
+            at_upper = tf.equal(state, UPPER)
+            # Pinned rows (every coordinate at a bound up to rounding, e.g. sum(lower) = 1):
+            # the computed free mass lands on either side of 0 depending on the summation
+            # order (eager vs XLA), and the one-sided derivatives differ by O(|v|). A free
+            # coordinate within _PIN_TOL * eps * K of a bound is then counted at that bound, so
+            # every mode uses the derivative along the face sum(bounds) = 1 (spec section 3,
+            # S = 0): dL/da = g * v, dL/db = h * v, dL/dx = 0.
+            pin_tol = _PIN_TOL * np.finfo(y.dtype.as_numpy_dtype).eps * k
+            near_a = near_b = tf.zeros_like(free)
+            if a2 is not None:
+                near_a = tf.logical_and(free, y - tf.maximum(a2, 0.0) <= pin_tol)
+            if b2 is not None:
+                near_b = tf.logical_and(free, tf.minimum(b2, 1.0) - y <= pin_tol)
+            near = tf.logical_or(near_a, near_b)
+            pinned = tf.reduce_all(tf.logical_or(tf.logical_not(free), near), -1, keepdims=True)
+            to_upper = tf.logical_and(pinned, near_b)
+            to_lower = tf.logical_and(tf.logical_and(pinned, near_a), tf.logical_not(near_b))
+            at_lower = tf.logical_or(at_lower, to_lower)
+            at_upper = tf.logical_or(at_upper, to_upper)
+            free = tf.logical_and(free, tf.logical_not(tf.logical_and(pinned, near)))
             q = tf.where(free, y, zero)
             ssum = tf.reduce_sum(q, -1, keepdims=True)
-            # Free mass at rounding level counts as none (spec section 3, S = 0, as the
-            # authors' EPS threshold): which side of 0 the computed S lands on depends on the
-            # summation order (eager vs XLA), and the two one-sided derivatives differ by
-            # O(|v|). With S = 0 the bound gradients are those of the face sum(bounds) = 1.
-            tiny_free = ssum <= _FREE_MASS_TOL * np.finfo(y.dtype.as_numpy_dtype).eps * k
-            q = tf.where(tiny_free, zero, q)
-            ssum = tf.where(tiny_free, tf.zeros_like(ssum), ssum)
             vbar = tf.math.divide_no_nan(tf.reduce_sum(q * v2, -1, keepdims=True), ssum)
             w = v2 - vbar
             qw = q * w
             grads = [unflat(qw / t2)]
             if a is not None:
-                ga = tf.where(tf.logical_and(tf.equal(state, LOWER), a2 >= 0), w, zero)
+                ga = tf.where(tf.logical_and(at_lower, a2 >= 0), w, zero)
                 grads.append(_reduce_to(unflat(ga), a))
             if b is not None:
-                gb = tf.where(tf.logical_and(tf.equal(state, UPPER), b2 <= 1), w, zero)
+                gb = tf.where(tf.logical_and(at_upper, b2 <= 1), w, zero)
                 grads.append(_reduce_to(unflat(gb), b))
             xs_safe = tf.where(free, xs, zero)
             gt = -tf.reduce_sum(xs_safe * qw, -1, keepdims=True) / t2  # [N, 1]
@@ -787,8 +814,8 @@ def bcsoftmax(logits, lower=None, upper=None, temperature=1.0, axis: int = -1, *
 
     Args:
       logits: float tensor of rank >= 1 with a static class dimension. float16/bfloat16 are
-        computed in float32 and the result is cast back. ``-inf`` forces ``y_k = lower_k``;
-        ``+inf``/NaN are rejected when the values are known.
+        computed in float32 and the result is cast back. ``-inf`` masks class k
+        (``y_k = max(lower_k, 0)``); NaN / +inf / all -inf rows are invalid (see below).
       lower: lower bounds ``a`` broadcastable to ``logits`` (scalar, per-class vector,
         ``[..., 1]`` per-example uniform bound, or full tensor), or None (``a = 0``).
       upper: upper bounds ``b``, same broadcasting, or None (``b = 1``). ``lower = upper = 0``
@@ -801,10 +828,15 @@ def bcsoftmax(logits, lower=None, upper=None, temperature=1.0, axis: int = -1, *
       clip: clip the result into ``[lower, upper]`` so the box holds exactly (the sum is then 1
         up to about ``K * eps``).
       validate: check the feasibility rules ``0 <= lower <= upper <= 1``,
-        ``sum(lower) <= 1 <= sum(upper)`` and ``temperature > 0`` whenever the values are known
-        (eager mode, constants), raising ``ValueError``. In graphs with unknown values,
-        infeasible rows give NaN.
+        ``sum(lower) <= 1 <= sum(upper)``, ``temperature > 0`` and the logits (no NaN, no
+        +inf, not all -inf in a row): ``ValueError`` when the values are known, a graph
+        assertion otherwise. Also off when ``losszoo.set_validation(False)``.
       name: optional name scope.
+
+    Under XLA (``jit_compile=True``) the assertions vanish: rows with invalid logits,
+    temperature or bounds come back entirely NaN (also with validation off); gradients of those
+    rows are NaN too. Logit offsets and scales of 1e8 give the same result as the float64
+    solution of the rounded inputs, for every method.
 
     Returns:
       Probabilities with the shape and dtype of ``logits``.
