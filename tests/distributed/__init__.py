@@ -13,10 +13,6 @@ K = 3  # classes
 D = 4  # features
 BATCH = 16  # global batch (8 per replica on 2 replicas)
 
-#: Losses computing their risk per replica (N replicas differ from one device); marked
-#: xfail(strict=True). Empty since the DRO losses got global-batch semantics (issue 10 item 6).
-PER_REPLICA_RISKS = ()
-
 
 def targets(name: str, x: np.ndarray) -> np.ndarray:
     """What loss ``name`` takes as ``y_true`` for features ``x``: ids, possibilities or votes."""

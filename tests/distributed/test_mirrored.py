@@ -12,16 +12,7 @@ from tests import distributed as dist
 from tests.helpers import assert_mirrored_matches_single
 
 
-def _params():
-    for name in losszoo.names("loss"):
-        marks = []
-        if name in dist.PER_REPLICA_RISKS:
-            marks.append(pytest.mark.xfail(
-                strict=True, reason="risk computed per replica (issue 10 item 6, dro fix)"))
-        yield pytest.param(name, marks=marks, id=name)
-
-
-@pytest.mark.parametrize("name", list(_params()))
+@pytest.mark.parametrize("name", losszoo.names("loss"))
 def test_mirrored_matches_single_device(name):
     x, y = dist.data(name)
     single, mirrored = assert_mirrored_matches_single(

@@ -21,7 +21,6 @@ import numpy as np
 import pytest
 
 import losszoo
-from tests import distributed as dist
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 300
@@ -74,19 +73,10 @@ def runs(tmp_path_factory):
     return [json.loads(p.read_text()) for p in outs]
 
 
-def _params():
-    for name in LOSSES:
-        assert name in losszoo.names("loss"), name
-        marks = []
-        if name in dist.PER_REPLICA_RISKS:
-            marks.append(pytest.mark.xfail(
-                strict=True, reason="risk computed per replica (issue 10 item 6, dro fix)"))
-        yield pytest.param(name, marks=marks, id=name)
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(_params()))
+@pytest.mark.parametrize("name", LOSSES)
 def test_two_workers_match_single_device(runs, name):
+    assert name in losszoo.names("loss"), name
     worker0, worker1, single = (r[name] for r in runs)
     for worker in (worker0, worker1):
         np.testing.assert_allclose(worker["losses"], single["losses"], rtol=1e-5, atol=1e-7,
