@@ -21,7 +21,11 @@ Negatives (``--negatives``, one or both):
   uses a masked log-softmax, since Keras' ``CategoricalCrossentropy`` returns NaN on ``-inf``
   scores). keras-rs' own ``RemoveAccidentalHits`` does not mask: in keras-rs 0.4.0 it adds
   ``SMALLEST_FLOAT = finfo(float32).smallest_normal / 100`` (about +1.2e-40) to the duplicate
-  logits, which leaves them unchanged.
+  logits, which leaves them unchanged. With ``--sampling-correction`` (default on) the
+  in-batch scores get keras-rs' ``SamplingProbabilityCorrection`` (the "logQ" correction,
+  ``score - log q(movie)``, ``q`` the movie's share of the training pairs): popular movies
+  are over-represented as in-batch negatives, and without it the model learns to demote
+  them. Evaluation always ranks by the raw scores.
 
 Metrics: the Rankmax paper's AP@10, Accuracy (top-1 hit) and Recall@100 (the user's training
 movies removed from the ranking; for test also the validation movies), averaged over users
@@ -66,6 +70,9 @@ def parse_args(argv=None):
                    help="loss to train with; 'all' runs the three")
     p.add_argument("--negatives", choices=NEGATIVES, nargs="+", default=list(NEGATIVES),
                    help="negative sampling settings to run (one table row group each)")
+    p.add_argument("--sampling-correction", action=argparse.BooleanOptionalAction, default=True,
+                   help="in-batch only: subtract log(sampling probability) of each candidate "
+                   "(keras_rs.layers.SamplingProbabilityCorrection)")
     p.add_argument("--dim", type=int, default=32, help="embedding dimension")
     p.add_argument("--lr", type=float, default=0.01, help="Adam learning rate")
     p.add_argument("--l2", type=float, default=1e-4, help="L2 penalty on the embedding tables")
@@ -122,8 +129,9 @@ def make_loss(name, negatives, args):
     return losszoo.losses.RankmaxLoss(k=args.k, margin=args.margin, reduction="sum")
 
 
-def build_model(num_users, num_items, negatives, args, seed):
+def build_model(num_users, num_items, negatives, args, seed, item_probability=None):
     import keras
+    import keras_rs
     import tensorflow as tf
 
     def table(size, offset):
@@ -138,6 +146,10 @@ def build_model(num_users, num_items, negatives, args, seed):
             super().__init__()
             self.users = table(num_users, 0)
             self.items = table(num_items, 1)
+            self.correction = None
+            if negatives == "in-batch" and args.sampling_correction:
+                self.correction = keras_rs.layers.SamplingProbabilityCorrection()
+                self.probability = tf.constant(item_probability, tf.float32)
 
         def call(self, inputs):
             query = self.users(inputs["user"])
@@ -146,6 +158,9 @@ def build_model(num_users, num_items, negatives, args, seed):
                 return tf.matmul(query, self.items.embeddings, transpose_b=True)
             item = inputs["item"]
             scores = tf.matmul(query, self.items(item), transpose_b=True)
+            if self.correction is not None:
+                q = tf.gather(self.probability, item)[None, :]
+                scores = self.correction(scores, tf.broadcast_to(q, tf.shape(scores)))
             # Accidental hits: column j holds row i's own movie although j != i.
             same = tf.equal(item[:, None], item[None, :])
             hit = tf.logical_and(same, tf.logical_not(tf.eye(tf.shape(item)[0], dtype=tf.bool)))
@@ -197,7 +212,9 @@ def train_one(name, negatives, seed, split, masks, args, progress):
     import keras
 
     keras.utils.set_random_seed(seed)
-    model = build_model(split.num_users, split.num_items, negatives, args, seed)
+    counts = np.bincount(split.train[:, 1], minlength=split.num_items)
+    model = build_model(split.num_users, split.num_items, negatives, args, seed,
+                        item_probability=counts / counts.sum())
     model.compile(optimizer=keras.optimizers.Adam(args.lr), loss=make_loss(name, negatives, args))
     train = dataset(split.train, negatives, args.batch_size, seed)
     history, best, best_weights, wait, epoch_times = [], -np.inf, None, 0, []
@@ -271,7 +288,9 @@ def table(results, args, command, data_summary):
         "80/10/10 split of the (user, movie) pairs per seed (seeds 0.."
         f"{seeds - 1}). Model: two-tower (user/movie id embeddings, dim {args.dim}), Keras 3 "
         f"`model.fit`, Adam lr {args.lr}, L2 {args.l2}, batch {args.batch_size}, SUM reduction "
-        f"(as the TFRS example); Rankmax k={args.k}, margin={args.margin}. Early stopping on "
+        f"(as the TFRS example); in-batch negatives: accidental hits masked by -inf, "
+        f"sampling-probability (logQ) correction {'on' if args.sampling_correction else 'off'}"
+        f"; Rankmax k={args.k}, margin={args.margin}. Early stopping on "
         f"validation AP@10 (patience {args.patience}, at most {args.epochs} epochs). Cells: "
         f"{spread}.",
         "",

@@ -6,7 +6,13 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from losszoo.heads.calibration import LogitBounding, ProbabilityBounding, TemperatureScaling
+from losszoo.heads.calibration import (
+    LogitBounding,
+    ProbabilityBounding,
+    TemperatureScaling,
+    check_logits,
+)
+from losszoo.ops._common import check_number
 
 _ALIASES = {"ts": "temperature_scaling", "pb": "probability_bounding", "lb": "logit_bounding"}
 
@@ -19,18 +25,20 @@ def make_calibrator(method: str = "temperature_scaling", **kwargs) -> keras.laye
     ``"pb-c-l"`` (lower bound only), ``"pb-c-u"`` (upper only), ``"pb-l-l"``, ``"pb-l-u"``,
     ``"lb-c"``, ``"lb-l"``. ``kwargs`` go to the layer (e.g. ``fit_temperature=False``).
     """
+    if not isinstance(method, str):
+        raise TypeError(f"`method` must be a string, got {method!r}.")
     name = method.lower().replace("_", "-") if "-" in method else method.lower()
     parts = name.split("-")
     head = _ALIASES.get(parts[0], parts[0])
     if head in ("temperature_scaling",) and len(parts) == 1:
         return TemperatureScaling(**kwargs)
     if head not in ("probability_bounding", "logit_bounding") or len(parts) > 3:
-        raise ValueError(f"Unknown calibration method {method!r}.")
+        raise ValueError(f"`method`: unknown calibration method {method!r}.")
     if len(parts) >= 2:
         kwargs.setdefault("bound_fn", {"c": "constant", "l": "linear"}.get(parts[1], parts[1]))
     if len(parts) == 3:
         if head != "probability_bounding":
-            raise ValueError(f"Unknown calibration method {method!r}.")
+            raise ValueError(f"`method`: unknown calibration method {method!r}.")
         kwargs.setdefault("bounds", {"l": "lower", "u": "upper"}.get(parts[2], parts[2]))
     cls = ProbabilityBounding if head == "probability_bounding" else LogitBounding
     return cls(**kwargs)
@@ -101,6 +109,13 @@ def fit_calibrator(model_or_logits, x_val, y_val, method: str = "temperature_sca
       return_history: also return the per-epoch training NLL.
       **calibrator_kwargs: passed to the calibrator layer.
 
+    Raises:
+      ValueError / TypeError naming the argument, before any fitting: NaN / +inf / all -inf
+      logits (``model_or_logits``, also when computed by the model), labels that are not
+      integer ids in ``[0, K)`` (``y_val``), NaN/Inf features (``x_val``), mismatched lengths,
+      bad ``epochs`` / ``batch_size`` / ``learning_rate`` / ``epsilon`` / ``seed``, unknown
+      ``method``. Fitting runs eagerly on the host (no XLA case).
+
     Returns:
       A Keras model: the frozen base followed by the calibrator (inputs: the base's inputs), or,
       for logits input, a model on ``logits`` (and ``features``). It saves and loads by name
@@ -111,9 +126,26 @@ def fit_calibrator(model_or_logits, x_val, y_val, method: str = "temperature_sca
       >>> calibrated = losszoo.calibration.fit_calibrator(val_logits, None, y_val, "pb-c")
       >>> probs = calibrated.predict(test_logits)
     """
+    epochs = check_number(epochs, "epochs", low=1, integer=True)
+    batch_size = check_number(batch_size, "batch_size", low=1, integer=True)
+    learning_rate = check_number(learning_rate, "learning_rate", low=0.0, low_open=True)
+    epsilon = check_number(epsilon, "epsilon", low=0.0, low_open=True)
+    seed = check_number(seed, "seed", low=0, integer=True)
     calibrator = make_calibrator(method, **calibrator_kwargs)
     needs = _needs_features(calibrator)
-    labels = np.asarray(y_val).reshape(-1).astype(np.int32)
+    labels_raw = np.asarray(y_val)
+    if labels_raw.dtype == bool or not (np.issubdtype(labels_raw.dtype, np.integer)
+                                        or np.issubdtype(labels_raw.dtype, np.floating)):
+        raise TypeError(f"`y_val` must be integer class ids, got dtype {labels_raw.dtype}.")
+    if labels_raw.ndim > 2 or (labels_raw.ndim == 2 and labels_raw.shape[1] != 1):
+        raise ValueError(f"`y_val` must be class ids of shape [N] or [N, 1], got shape "
+                         f"{labels_raw.shape}.")
+    labels_raw = labels_raw.reshape(-1)
+    if np.issubdtype(labels_raw.dtype, np.floating) and (
+            not np.all(np.isfinite(labels_raw)) or np.any(labels_raw != np.round(labels_raw))):
+        raise ValueError("`y_val` must be integer class ids (got NaN, Inf or fractions).")
+    if labels_raw.size == 0:
+        raise ValueError("`y_val` is empty: nothing to fit on.")
     if isinstance(model_or_logits, keras.Model):
         base = model_or_logits
         logits_t = base.outputs[0]
@@ -131,9 +163,27 @@ def fit_calibrator(model_or_logits, x_val, y_val, method: str = "temperature_sca
             raise ValueError(f"Method {method!r} is linear in the features: pass them as `x_val`.")
         base = None
     logits = np.asarray(logits, np.float32)
-    feats = None if not needs else np.asarray(feats, np.float32).reshape(len(logits), -1)
-    if len(logits) != len(labels):
-        raise ValueError("`y_val` must have one label per validation example.")
+    if logits.ndim != 2:
+        raise ValueError(f"`model_or_logits`: the validation logits must be [N, K], got shape "
+                         f"{logits.shape}.")
+    check_logits(logits, "model_or_logits")  # NaN / +inf / all -inf rows: before fitting
+    k = logits.shape[1]
+    if len(logits) != len(labels_raw):
+        raise ValueError(f"`y_val` must have one label per validation example: "
+                         f"{len(labels_raw)} labels for {len(logits)} examples.")
+    if np.any(labels_raw < 0) or np.any(labels_raw >= k):
+        raise ValueError(f"`y_val` must be class ids in [0, {k}), got values in "
+                         f"[{labels_raw.min()}, {labels_raw.max()}].")
+    labels = labels_raw.astype(np.int32)
+    if needs:
+        feats = np.asarray(feats, np.float32)
+        if feats.shape[0] != len(logits):
+            raise ValueError(f"`x_val`: {feats.shape[0]} feature rows for {len(logits)} examples.")
+        feats = feats.reshape(len(logits), -1)
+        if not np.all(np.isfinite(feats)):
+            raise ValueError("`x_val`: the features must not contain NaN or Inf.")
+    else:
+        feats = None
     history = _train(calibrator, logits, feats, labels, epochs, batch_size, learning_rate,
                      epsilon, seed, verbose)
 

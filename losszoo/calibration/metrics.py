@@ -4,26 +4,78 @@ Top-label ECE follows the paper's eq. 28 (spec section 6): ``M`` equal-width bin
 ``((m-1)/M, m/M]``, weighted by bin size, empty bins contribute 0. Classwise ECE, adaptive
 (equal-mass) ECE, NLL and the Brier score are our additions (the paper reports only ECE and
 accuracy). ``probs`` is ``[N, K]``; ``labels`` are integer class ids ``[N]`` (or one-hot ``[N, K]``).
+
+Fail loud (README, "Bad input"): every function raises ``ValueError``/``TypeError`` naming the
+argument for probabilities that are not on the simplex (NaN, Inf, negative, rows not summing to
+1), labels outside ``[0, K)`` (``-1`` is an error, not the last class), fractional / NaN labels,
+malformed one-hot rows and ``n_bins`` that is not a positive integer. These are numpy functions:
+they run eagerly only, so there is no XLA case.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from losszoo.ops._common import check_number
+
 __all__ = ["accuracy", "adaptive_ece", "brier_score", "classwise_ece", "ece", "nll"]
+
+#: Rows of ``probs`` must sum to 1 within this tolerance (float16 softmax outputs pass).
+SUM_TOL = 1e-3
 
 
 def _prep(probs, labels):
-    probs = np.asarray(probs, np.float64)
+    """Validate and convert: probs ``[N, K]`` float64 on the simplex, labels int ``[N]``.
+
+    Raises ``ValueError`` naming the argument for: probs not 2-D, empty, with NaN/inf, negative
+    or rows not summing to 1 (within :data:`SUM_TOL`); labels that are not integers in
+    ``[0, K)`` (negative ids are not read from the end), NaN, of the wrong length, or 2-D
+    labels that are not valid one-hot rows (ambiguous, so rejected rather than argmaxed).
+    """
+    try:
+        probs = np.asarray(probs, np.float64)
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"`probs` must be a real array [N, K]: {err}") from err
     if probs.ndim != 2:
         raise ValueError(f"`probs` must be [N, K], got shape {probs.shape}.")
-    labels = np.asarray(labels)
-    if labels.ndim == 2 and labels.shape == probs.shape and probs.shape[1] > 1:
-        labels = labels.argmax(-1)
-    labels = labels.reshape(-1).astype(np.int64)
-    if labels.shape[0] != probs.shape[0]:
-        raise ValueError("`labels` and `probs` must have the same number of rows.")
-    return probs, labels
+    n, k = probs.shape
+    if n == 0 or k == 0:
+        raise ValueError(f"`probs` must have at least one row and one class, got {probs.shape}.")
+    if not np.all(np.isfinite(probs)):
+        raise ValueError("`probs` must not contain NaN or Inf.")
+    if np.any(probs < 0):
+        raise ValueError("`probs` must be non-negative (probabilities).")
+    worst = np.max(np.abs(probs.sum(-1) - 1.0))
+    if worst > SUM_TOL:
+        raise ValueError(f"`probs` rows must sum to 1 (within {SUM_TOL}); the worst row is off "
+                         f"by {worst:.3g}. Pass probabilities, not logits.")
+    raw = np.asarray(labels)
+    if raw.dtype == bool or not (np.issubdtype(raw.dtype, np.integer)
+                                 or np.issubdtype(raw.dtype, np.floating)):
+        raise TypeError(f"`labels` must be integer class ids or one-hot rows, got dtype {raw.dtype}.")
+    if raw.ndim == 2 and raw.shape == (n, k) and k > 1:
+        onehot_ok = np.all((raw == 0) | (raw == 1)) and np.all(raw.sum(-1) == 1)
+        if not onehot_ok:
+            raise ValueError("`labels` of shape [N, K] must be one-hot rows (one 1, zeros elsewhere).")
+        return probs, raw.argmax(-1).astype(np.int64)
+    if raw.ndim > 2 or (raw.ndim == 2 and raw.shape[1] != 1):
+        raise ValueError(f"`labels` must be [N], [N, 1] or one-hot [N, K] for `probs` {probs.shape},"
+                         f" got shape {raw.shape}.")
+    flat = raw.reshape(-1)
+    if flat.shape[0] != n:
+        raise ValueError(f"`labels` and `probs` must have the same number of rows, got "
+                         f"{flat.shape[0]} and {n}.")
+    if np.issubdtype(flat.dtype, np.floating) and (
+            not np.all(np.isfinite(flat)) or np.any(flat != np.round(flat))):
+        raise ValueError("`labels` must be integer class ids (got NaN, Inf or fractions).")
+    if np.any(flat < 0) or np.any(flat >= k):
+        raise ValueError(f"`labels` must be class ids in [0, {k}), got values in "
+                         f"[{flat.min()}, {flat.max()}].")
+    return probs, flat.astype(np.int64)
+
+
+def _n_bins(n_bins):
+    return check_number(n_bins, "n_bins", low=1, integer=True)
 
 
 def _bin_index(values, n_bins):
@@ -34,6 +86,7 @@ def _bin_index(values, n_bins):
 
 def ece(probs, labels, n_bins: int = 15) -> float:
     """Top-label expected calibration error with ``n_bins`` equal-width bins (paper eq. 28)."""
+    n_bins = _n_bins(n_bins)
     probs, labels = _prep(probs, labels)
     conf = probs.max(-1)
     correct = (probs.argmax(-1) == labels).astype(np.float64)
@@ -50,6 +103,7 @@ def ece(probs, labels, n_bins: int = 15) -> float:
 def classwise_ece(probs, labels, n_bins: int = 15) -> float:
     """Classwise ECE: the mean over classes ``k`` of the binned calibration error of ``p_k``
     against ``[y = k]`` (Kull et al., 2019), equal-width right-closed bins."""
+    n_bins = _n_bins(n_bins)
     probs, labels = _prep(probs, labels)
     n, k = probs.shape
     onehot = np.eye(k)[labels]
@@ -66,6 +120,7 @@ def classwise_ece(probs, labels, n_bins: int = 15) -> float:
 def adaptive_ece(probs, labels, n_bins: int = 15) -> float:
     """Top-label ECE with equal-mass bins: samples sorted by confidence, split into ``n_bins``
     groups of (nearly) equal size (``np.array_split``)."""
+    n_bins = _n_bins(n_bins)
     probs, labels = _prep(probs, labels)
     conf = probs.max(-1)
     correct = (probs.argmax(-1) == labels).astype(np.float64)
@@ -80,6 +135,7 @@ def adaptive_ece(probs, labels, n_bins: int = 15) -> float:
 
 def nll(probs, labels, eps: float = 1e-12) -> float:
     """Mean negative log-likelihood ``-log p[y]`` (probabilities floored at ``eps``)."""
+    eps = check_number(eps, "eps", low=0.0, high=1.0, low_open=True)
     probs, labels = _prep(probs, labels)
     return float(-np.log(np.maximum(probs[np.arange(len(labels)), labels], eps)).mean())
 

@@ -4,26 +4,116 @@ They agree with the plain functions in :mod:`losszoo.calibration.metrics` on the
 batches (``AdaptiveECE`` up to its histogram resolution). ``y_true``: integer labels ``[N]`` /
 ``[N, 1]`` or one-hot ``[N, K]``; ``y_pred``: probabilities ``[N, K]``. Sample weights are not
 supported (they would change the bin weights; pass ``sample_weight=None``).
+
+Fail loud (README, "Bad input"): labels outside ``[0, K)``, fractional or NaN labels, malformed
+one-hot rows and probabilities with NaN/Inf, negative entries or rows not summing to 1 raise
+(``ValueError`` eagerly, an assertion error inside ``tf.function``) naming ``y_true`` /
+``y_pred``; ``n_bins``, ``resolution``, ``num_classes`` must be positive integers. Under XLA
+(``jit_compile=True``), where assertions vanish, such a row makes the accumulated state and so
+``result()`` NaN until ``reset_state()``. Checks can be switched off with
+``losszoo.set_validation(False)``; the NaN poisoning stays.
 """
 
 from __future__ import annotations
 
 import keras
+import numpy as np
 import tensorflow as tf
 
+from losszoo.calibration.metrics import SUM_TOL
+from losszoo.ops._common import (
+    check_number,
+    nan_where,
+    static_value,
+    validation_enabled,
+)
 from losszoo.registry import register
 
 
-def _labels_probs(y_true, y_pred):
+def _require(cond_value, cond_tensor, message, checks):
+    """Eager/constant: raise ValueError now; graph: add an assertion to ``checks``."""
+    if cond_value is not None:
+        if not bool(np.all(cond_value)):
+            raise ValueError(message)
+    else:
+        checks.append(tf.debugging.Assert(tf.reduce_all(cond_tensor), [message]))
+
+
+def _labels_probs(y_true, y_pred, num_classes=None):
+    """Labels ``[N]`` (int32, safe to gather), probabilities ``[N, K]`` and a ``[N]`` mask of
+    invalid rows.
+
+    Invalid (eager/graph: ``ValueError`` / assertion naming the argument; always: the row's
+    contribution is NaN, which is what is left under XLA): ``y_pred`` with NaN/Inf, negative
+    entries or rows not summing to 1 (within ``SUM_TOL``); ``y_true`` ids outside ``[0, K)``,
+    fractional or NaN, or one-hot rows that are not 0/1 with a single 1.
+    """
     y_pred = tf.cast(tf.convert_to_tensor(y_pred), tf.float32)
     k = y_pred.shape[-1]
+    if k is None:
+        raise ValueError("`y_pred` must have a static number of classes.")
+    if num_classes is not None and k != num_classes:
+        raise ValueError(f"`y_pred` has {k} classes but the metric was built for {num_classes}.")
     y_pred = tf.reshape(y_pred, [-1, k])
     y_true = tf.convert_to_tensor(y_true)
-    if y_true.shape.rank is not None and y_true.shape.rank >= 2 and y_true.shape[-1] == k and k > 1:
-        labels = tf.argmax(tf.reshape(y_true, [-1, k]), -1, output_type=tf.int32)
+    if y_true.dtype == tf.bool or not (y_true.dtype.is_integer or y_true.dtype.is_floating):
+        raise TypeError(f"`y_true` must be integer ids or one-hot rows, got {y_true.dtype.name}.")
+    onehot = (y_true.shape.rank is not None and y_true.shape.rank >= 2 and y_true.shape[-1] == k
+              and k > 1)
+    checks = []
+    validate = validation_enabled()
+    pv = static_value(y_pred) if validate else None
+    tv = static_value(y_true) if validate else None
+    sums = tf.reduce_sum(y_pred, -1)
+    pred_ok = tf.logical_and(tf.reduce_all(y_pred >= 0, -1), tf.abs(sums - 1.0) <= SUM_TOL)
+    if onehot:
+        yt = tf.cast(tf.reshape(y_true, [-1, k]), tf.float32)
+        true_ok = tf.logical_and(tf.reduce_all(tf.logical_or(tf.equal(yt, 0.0), tf.equal(yt, 1.0)), -1),
+                                 tf.equal(tf.reduce_sum(yt, -1), 1.0))
+        labels = tf.argmax(yt, -1, output_type=tf.int32)
+        if validate:
+            tvv = None if tv is None else np.asarray(tv, np.float64).reshape(-1, k)
+            _require(None if tvv is None else (np.isin(tvv, (0.0, 1.0)).all(-1) & (tvv.sum(-1) == 1)),
+                     true_ok, "`y_true` of shape [N, K] must be one-hot rows (one 1, zeros elsewhere).",
+                     checks)
     else:
-        labels = tf.cast(tf.reshape(y_true, [-1]), tf.int32)
-    return labels, y_pred
+        flat = tf.reshape(y_true, [-1])
+        if flat.dtype.is_floating:
+            ff = tf.cast(flat, tf.float64)
+            true_ok = tf.logical_and(tf.math.is_finite(ff), tf.equal(ff, tf.round(ff)))
+            true_ok = tf.logical_and(true_ok, tf.logical_and(ff >= 0, ff < k))
+            labels = tf.cast(tf.where(true_ok, ff, 0.0), tf.int32)
+        else:
+            fi = tf.cast(flat, tf.int64)
+            true_ok = tf.logical_and(fi >= 0, fi < k)
+            labels = tf.cast(tf.where(true_ok, fi, 0), tf.int32)
+        if validate:
+            tvv = None if tv is None else np.asarray(tv, np.float64).reshape(-1)
+            _require(None if tvv is None else np.isfinite(tvv) & (tvv == np.round(np.nan_to_num(tvv))),
+                     true_ok if flat.dtype.is_floating else tf.constant(True),
+                     "`y_true` must be integer class ids (got NaN, Inf or fractions).", checks)
+            _require(None if tvv is None else (tvv >= 0) & (tvv < k),
+                     true_ok, f"`y_true` must be class ids in [0, {k}).", checks)
+    if validate:
+        pvv = None if pv is None else np.asarray(pv, np.float64).reshape(-1, k)
+        _require(None if pvv is None else np.isfinite(pvv),
+                 tf.math.is_finite(y_pred), "`y_pred` must not contain NaN or Inf.", checks)
+        _require(None if pvv is None else (pvv >= 0).all(-1) & (np.abs(pvv.sum(-1) - 1) <= SUM_TOL),
+                 pred_ok, f"`y_pred` rows must be probabilities: non-negative, summing to 1 "
+                 f"(within {SUM_TOL}).", checks)
+    n_true, n_pred = tf.shape(labels)[0], tf.shape(y_pred)[0]
+    if labels.shape[0] is not None and y_pred.shape[0] is not None:
+        if labels.shape[0] != y_pred.shape[0]:
+            raise ValueError(f"`y_true` has {labels.shape[0]} rows but `y_pred` has "
+                             f"{y_pred.shape[0]}.")
+    elif validate:
+        checks.append(tf.debugging.assert_equal(n_true, n_pred,
+                                                "`y_true` and `y_pred` must have as many rows."))
+    bad = tf.logical_not(tf.logical_and(true_ok, pred_ok))  # NaN sums fail pred_ok too
+    if checks:
+        with tf.control_dependencies(checks):
+            y_pred = tf.identity(y_pred)
+    return labels, y_pred, bad
 
 
 def _bin_index(values, n_bins):
@@ -34,7 +124,7 @@ def _bin_index(values, n_bins):
 class _BinnedTopLabel(keras.metrics.Metric):
     def __init__(self, n_bins, name, **kwargs):
         super().__init__(name=name, **kwargs)
-        self.n_bins = int(n_bins)
+        self.n_bins = check_number(n_bins, "n_bins", low=1, integer=True)
         self.counts = self.add_variable(shape=(self._resolution(),), initializer="zeros", name="counts")
         self.conf_sum = self.add_variable(shape=(self._resolution(),), initializer="zeros", name="conf_sum")
         self.correct_sum = self.add_variable(shape=(self._resolution(),), initializer="zeros", name="correct_sum")
@@ -45,9 +135,10 @@ class _BinnedTopLabel(keras.metrics.Metric):
     def update_state(self, y_true, y_pred, sample_weight=None):
         if sample_weight is not None:
             raise ValueError(f"{type(self).__name__} does not support sample weights.")
-        labels, probs = _labels_probs(y_true, y_pred)
-        conf = tf.reduce_max(probs, -1)
+        labels, probs, bad = _labels_probs(y_true, y_pred)
+        conf = nan_where(bad, tf.reduce_max(probs, -1))
         correct = tf.cast(tf.equal(tf.argmax(probs, -1, output_type=tf.int32), labels), tf.float32)
+        correct = nan_where(bad, correct)
         idx = _bin_index(conf, self._resolution())
         r = self._resolution()
         self.counts.assign_add(tf.math.unsorted_segment_sum(tf.ones_like(conf), idx, r))
@@ -100,7 +191,8 @@ class AdaptiveECE(_BinnedTopLabel):
 
     def __init__(self, n_bins: int = 15, resolution: int = 4096, name: str = "adaptive_ece",
                  **kwargs):
-        self.resolution = int(resolution)
+        n_bins = check_number(n_bins, "n_bins", low=1, integer=True)
+        self.resolution = check_number(resolution, "resolution", low=n_bins, integer=True)
         super().__init__(n_bins, name, **kwargs)
 
     def _resolution(self):
@@ -140,7 +232,8 @@ class ClasswiseECE(keras.metrics.Metric):
 
     def __init__(self, num_classes: int, n_bins: int = 15, name: str = "classwise_ece", **kwargs):
         super().__init__(name=name, **kwargs)
-        self.num_classes, self.n_bins = int(num_classes), int(n_bins)
+        self.num_classes = check_number(num_classes, "num_classes", low=1, integer=True)
+        self.n_bins = check_number(n_bins, "n_bins", low=1, integer=True)
         shape = (self.num_classes * self.n_bins,)
         self.counts = self.add_variable(shape=shape, initializer="zeros", name="counts")
         self.prob_sum = self.add_variable(shape=shape, initializer="zeros", name="prob_sum")
@@ -149,7 +242,8 @@ class ClasswiseECE(keras.metrics.Metric):
     def update_state(self, y_true, y_pred, sample_weight=None):
         if sample_weight is not None:
             raise ValueError("ClasswiseECE does not support sample weights.")
-        labels, probs = _labels_probs(y_true, y_pred)
+        labels, probs, bad = _labels_probs(y_true, y_pred, self.num_classes)
+        probs = nan_where(bad[:, None], probs)
         k, m = self.num_classes, self.n_bins
         idx = _bin_index(probs, m) + tf.range(k)[None, :] * m      # [N, K] flat (class, bin)
         hits = tf.one_hot(labels, k, dtype=tf.float32)
@@ -177,8 +271,8 @@ class _MeanOf(keras.metrics.Metric):
         self.count = self.add_variable(shape=(), initializer="zeros", name="count")
 
     def update_state(self, y_true, y_pred, sample_weight=None):
-        labels, probs = _labels_probs(y_true, y_pred)
-        values = self._values(labels, probs)
+        labels, probs, bad = _labels_probs(y_true, y_pred)
+        values = nan_where(bad, self._values(labels, probs))
         w = tf.ones_like(values) if sample_weight is None else tf.cast(
             tf.reshape(sample_weight, [-1]), tf.float32)
         self.total.assign_add(tf.reduce_sum(values * w))

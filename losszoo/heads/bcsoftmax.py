@@ -7,6 +7,7 @@ import numpy as np
 import tensorflow as tf
 
 from losszoo import ops
+from losszoo.ops._common import check_choice, check_number
 from losszoo.registry import register
 
 
@@ -58,26 +59,25 @@ class BCSoftmax(keras.layers.Layer):
                  method: str = "newton", **kwargs):
         kwargs.setdefault("dtype", "float32")
         super().__init__(**kwargs)
-        self.lower = _to_config(lower)
-        self.upper = _to_config(upper)
-        if float(temperature) <= 0:
-            raise ValueError(f"`temperature` must be > 0, got {temperature}.")
-        self.temperature = float(temperature)
-        self.learn_bounds = bool(learn_bounds)
-        self.learn_temperature = bool(learn_temperature)
-        self.axis = int(axis)
-        if method not in ops._bcsoftmax.METHODS:
-            raise ValueError(f"`method` must be one of {ops._bcsoftmax.METHODS}, got {method!r}.")
-        self.method = method
+        self.lower = _to_config(lower, "lower")
+        self.upper = _to_config(upper, "upper")
+        self.temperature = check_number(temperature, "temperature", low=0.0, low_open=True)
+        for flag, value in (("learn_bounds", learn_bounds), ("learn_temperature", learn_temperature)):
+            if not isinstance(value, bool):
+                raise TypeError(f"`{flag}` must be a bool, got {value!r}.")
+        self.learn_bounds = learn_bounds
+        self.learn_temperature = learn_temperature
+        self.axis = check_number(axis, "axis", integer=True)
+        self.method = check_choice(method, "method", ops._bcsoftmax.METHODS)
         self._check_fixed_bounds()
 
     def _check_fixed_bounds(self):
         for name, v in (("lower", self.lower), ("upper", self.upper)):
             if v is not None and not np.all((np.asarray(v) >= 0) & (np.asarray(v) <= 1)):
                 raise ValueError(f"`{name}` must lie in [0, 1] (rule 0 <= lower <= upper <= 1).")
-        if self.lower is not None and self.upper is not None:
-            if np.any(np.asarray(self.lower) > np.asarray(self.upper)):
-                raise ValueError("`lower` must be <= `upper` (rule lower <= upper).")
+        if (self.lower is not None and self.upper is not None
+                and np.any(np.asarray(self.lower) > np.asarray(self.upper))):
+            raise ValueError("`lower` must be <= `upper` (rule lower <= upper).")
 
     def build(self, input_shape):
         k = input_shape[self.axis]
@@ -134,8 +134,15 @@ class BCSoftmax(keras.layers.Layer):
                 "method": self.method}
 
 
-def _to_config(v):
+def _to_config(v, name):
     if v is None:
         return None
-    arr = np.asarray(v, np.float64)
+    try:
+        arr = np.asarray(v, np.float64)
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"`{name}` must be None, a number or a list of numbers, got {v!r}.") from err
+    if arr.ndim > 1:
+        raise ValueError(f"`{name}` must be a scalar or a per-class list, got shape {arr.shape}.")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"`{name}` must be finite, got {v!r}.")
     return float(arr) if arr.ndim == 0 else [float(t) for t in arr.reshape(-1)]

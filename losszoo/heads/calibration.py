@@ -13,9 +13,55 @@ import numpy as np
 import tensorflow as tf
 
 from losszoo import ops
+from losszoo.ops._common import (
+    check_choice,
+    check_number,
+    nan_where,
+    static_value,
+    validation_enabled,
+)
 from losszoo.registry import register
 
 _BOUND_FNS = ("constant", "linear")
+
+
+def check_logits(logits, name="logits"):
+    """Fail-loud checks on calibrator logits (``[..., K]``, class axis last).
+
+    NaN, +inf, or a row whose classes are all -inf raise ``ValueError`` when the values are
+    known and a graph assertion otherwise (skipped with ``losszoo.set_validation(False)``).
+    ``-inf`` alone masks a class. Returns the logits (with the assertions attached).
+    """
+    if not validation_enabled():
+        return logits
+    value = static_value(logits)
+    if value is not None:
+        value = np.asarray(value, np.float64)
+        if np.isnan(value).any():
+            raise ValueError(f"`{name}` must not contain NaN.")
+        if np.isposinf(value).any():
+            raise ValueError(f"`{name}` must not contain +inf (-inf masks a class).")
+        if value.size and np.isneginf(value).all(-1).any():
+            raise ValueError(f"`{name}`: every class of a row is -inf (all classes masked).")
+        return logits
+    checks = [
+        tf.debugging.Assert(tf.logical_not(tf.reduce_any(tf.math.is_nan(logits))),
+                            [f"`{name}` must not contain NaN."]),
+        tf.debugging.Assert(tf.logical_not(tf.reduce_any(tf.equal(logits, np.inf))),
+                            [f"`{name}` must not contain +inf (-inf masks a class)."]),
+        tf.debugging.Assert(tf.reduce_all(tf.reduce_any(logits > -np.inf, -1)),
+                            [f"`{name}`: every class of a row is -inf (all classes masked)."]),
+    ]
+    with tf.control_dependencies(checks):
+        return tf.identity(logits)
+
+
+def bad_logit_rows(logits):
+    """``[..., 1]`` mask of rows with NaN, +inf or only -inf logits (made NaN under XLA)."""
+    top = tf.reduce_max(logits, -1, keepdims=True)
+    shifted_sum = tf.reduce_sum(logits - tf.where(tf.math.is_finite(top), top, 0.0), -1,
+                                keepdims=True)
+    return tf.logical_or(tf.logical_not(tf.math.is_finite(top)), tf.math.is_nan(shifted_sum))
 
 
 def _split(inputs):
@@ -25,7 +71,7 @@ def _split(inputs):
         logits, feats = inputs
     else:
         logits, feats = inputs, None
-    logits = tf.cast(logits, tf.float32)
+    logits = check_logits(tf.cast(logits, tf.float32))
     feats = None if feats is None else tf.cast(feats, tf.float32)
     return logits, feats
 
@@ -41,10 +87,10 @@ class _Calibrator(keras.layers.Layer):
     def __init__(self, temperature=1.5, fit_temperature=True, **kwargs):
         kwargs.setdefault("dtype", "float32")
         super().__init__(**kwargs)
-        if float(temperature) <= 0:
-            raise ValueError(f"`temperature` must be > 0, got {temperature}.")
-        self.temperature = float(temperature)
-        self.fit_temperature = bool(fit_temperature)
+        self.temperature = check_number(temperature, "temperature", low=0.0, low_open=True)
+        if not isinstance(fit_temperature, bool):
+            raise TypeError(f"`fit_temperature` must be a bool, got {fit_temperature!r}.")
+        self.fit_temperature = fit_temperature
 
     def _build_temperature(self):
         self.log_temperature = self.add_weight(
@@ -102,6 +148,7 @@ class TemperatureScaling(_Calibrator):
 
     def call(self, inputs):
         logits, _ = _split(inputs)
+        # NaN / +inf / all -inf rows come out NaN by themselves; -inf classes get 0.
         return tf.nn.softmax(logits / self.tau(), axis=-1)
 
 
@@ -139,13 +186,11 @@ class ProbabilityBounding(_Calibrator):
     def __init__(self, bound_fn="constant", bounds="both", temperature=1.5,
                  fit_temperature=True, init_lower=-4.0, init_upper=4.0, method="newton", **kwargs):
         super().__init__(temperature, fit_temperature, **kwargs)
-        if bound_fn not in _BOUND_FNS:
-            raise ValueError(f"`bound_fn` must be one of {_BOUND_FNS}, got {bound_fn!r}.")
-        if bounds not in ("both", "lower", "upper"):
-            raise ValueError(f"`bounds` must be 'both', 'lower' or 'upper', got {bounds!r}.")
-        self.bound_fn, self.bounds = bound_fn, bounds
-        self.init_lower, self.init_upper = float(init_lower), float(init_upper)
-        self.method = method
+        self.bound_fn = check_choice(bound_fn, "bound_fn", _BOUND_FNS)
+        self.bounds = check_choice(bounds, "bounds", ("both", "lower", "upper"))
+        self.init_lower = check_number(init_lower, "init_lower")
+        self.init_upper = check_number(init_upper, "init_upper")
+        self.method = check_choice(method, "method", ops._bcsoftmax.METHODS)
 
     def build(self, input_shape):
         logits_shape, feat_shape = _shapes(input_shape)
@@ -162,16 +207,32 @@ class ProbabilityBounding(_Calibrator):
                    if self.bounds in ("both", "upper") else None)
 
     def bound_values(self, inputs):
-        """``(a, b)``: the lower/upper probability bounds (None where absent)."""
-        _, feats = _split(inputs)
-        k = self.num_classes
-        a = None if self._a is None else tf.sigmoid(self._eval(self._a, feats)) / k
-        b = None if self._b is None else 1.0 / k + (1.0 - 1.0 / k) * tf.sigmoid(self._eval(self._b, feats))
+        """``(a, b)``: the lower/upper probability bounds (None where absent).
+
+        ``K`` in the formulas is the number of unmasked (finite-logit) classes of the row;
+        masked classes (``-inf`` logits) get ``a = b = 0``, so they get probability 0.
+        """
+        logits, feats = _split(inputs)
+        live = tf.math.is_finite(logits)
+        k = tf.reduce_sum(tf.cast(live, tf.float32), -1, keepdims=True)
+        inv_k = 1.0 / tf.maximum(k, 1.0)
+        zero = tf.zeros_like(logits)
+        a = b = None
+        if self._a is not None:
+            a = tf.where(live, tf.sigmoid(self._eval(self._a, feats)) * inv_k, zero)
+        if self._b is not None:
+            b = tf.where(live, inv_k + (1.0 - inv_k) * tf.sigmoid(self._eval(self._b, feats)),
+                         zero)
         return a, b
 
     def call(self, inputs):
         logits, _ = _split(inputs)
         a, b = self.bound_values(inputs)
+        if b is None:
+            # masked classes must not take mass: with upper bounds absent, b = [live].
+            b = tf.cast(tf.math.is_finite(logits), logits.dtype)
+        # Inputs were checked in _split; the bounds are feasible by construction. Under XLA,
+        # rows with NaN / +inf / all -inf logits come back NaN (bcsoftmax's bad-row test).
         return ops.bcsoftmax(logits, a, b, self.tau(), method=self.method, validate=False)
 
     def get_config(self):
@@ -208,10 +269,9 @@ class LogitBounding(_Calibrator):
     def __init__(self, bound_fn="constant", temperature=1.5, fit_temperature=True,
                  init_lower=0.0, init_upper=0.0, **kwargs):
         super().__init__(temperature, fit_temperature, **kwargs)
-        if bound_fn not in _BOUND_FNS:
-            raise ValueError(f"`bound_fn` must be one of {_BOUND_FNS}, got {bound_fn!r}.")
-        self.bound_fn = bound_fn
-        self.init_lower, self.init_upper = float(init_lower), float(init_upper)
+        self.bound_fn = check_choice(bound_fn, "bound_fn", _BOUND_FNS)
+        self.init_lower = check_number(init_lower, "init_lower")
+        self.init_upper = check_number(init_upper, "init_upper")
 
     def build(self, input_shape):
         _, feat_shape = _shapes(input_shape)
@@ -230,7 +290,10 @@ class LogitBounding(_Calibrator):
         lo = self._eval(self._c, feats)
         hi = lo + tf.nn.softplus(self._eval(self._C, feats))
         if self.bound_fn == "constant":
-            norm = tf.norm(logits, axis=-1, keepdims=True)
+            # the norm of the unmasked logits (-inf classes are masked, not infinitely large)
+            live = tf.math.is_finite(logits)
+            sq = tf.where(live, tf.square(tf.where(live, logits, 0.0)), 0.0)
+            norm = tf.sqrt(tf.reduce_sum(sq, -1, keepdims=True))
             return norm * tf.tanh(lo), norm * tf.tanh(hi)
         return lo, hi
 
@@ -238,7 +301,11 @@ class LogitBounding(_Calibrator):
         logits, _ = _split(inputs)
         c, cap = self.bound_values(inputs)
         clipped = tf.minimum(tf.maximum(logits, c), cap)  # gradients reach both bounds
-        return tf.nn.softmax(clipped / self.tau(), axis=-1)
+        # -inf (masked) classes stay -inf, so they get probability 0 and the rest is unchanged;
+        # NaN / +inf / all -inf rows are NaN (the clip alone would make them finite).
+        clipped = tf.where(tf.equal(logits, -np.inf), logits, clipped)
+        p = tf.nn.softmax(clipped / self.tau(), axis=-1)
+        return nan_where(bad_logit_rows(logits), p)
 
     def get_config(self):
         return {**super().get_config(), "bound_fn": self.bound_fn,

@@ -6,6 +6,7 @@ import keras
 
 from losszoo import ops
 from losszoo._logits import attach_logits
+from losszoo.ops._common import check_number
 from losszoo.registry import register
 
 
@@ -27,8 +28,11 @@ class Sparsemax(keras.layers.Layer):
     in this head trains on the logits (cross-entropy on its output would take the log of
     exact zeros).
 
+    Rows holding a NaN or ``+inf`` score (or only ``-inf``) come out entirely NaN in every
+    mode (eager, graph, XLA), the other rows unaffected; ``-inf`` masks a class.
+
     Args:
-      axis: the class axis.
+      axis: the class axis (an integer).
       **kwargs: ``keras.layers.Layer`` arguments (``name``, ``dtype``...).
 
     Example:
@@ -38,9 +42,10 @@ class Sparsemax(keras.layers.Layer):
     """
 
     def __init__(self, axis: int = -1, **kwargs):
+        axis = check_number(axis, "axis", integer=True)
         kwargs.setdefault("dtype", "float32")
         super().__init__(**kwargs)
-        self.axis = int(axis)
+        self.axis = axis
         self.supports_masking = True
 
     def call(self, inputs):

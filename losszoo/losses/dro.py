@@ -295,6 +295,12 @@ class _BatchRiskLoss(keras.losses.Loss):
     weights as reference probabilities ``pi_i = s_i / sum s`` (Keras masks multiply them).
     The ``reduction`` argument is accepted for API compatibility and ignored: the risk is
     not a per-example mean.
+
+    Fail-loud: hyper-parameters are checked at construction (the error names the argument);
+    NaN, Inf or negative sample weights raise eagerly and through a graph assertion in
+    ``fit`` (skippable with ``losszoo.set_validation(False)``); a NaN per-example loss with
+    positive weight makes the risk NaN (pair with ``keras.callbacks.TerminateOnNaN``).
+    Under XLA: invalid sample weights make the risk and its gradients NaN.
     """
 
     def __init__(self, base_loss="sparse_categorical_crossentropy", name=None,
@@ -386,6 +392,17 @@ def _global_share(fn, l):
         return value * tf.constant(inv_n, value.dtype), grad
 
     return share(l)
+
+
+def _shown_as(x, shown):
+    """``shown`` as the value, with the gradient of ``x`` (``shown`` gets none)."""
+    shown = tf.stop_gradient(tf.cast(shown, x.dtype))
+
+    @tf.custom_gradient
+    def f(x):
+        return tf.identity(shown), lambda dv: dv
+
+    return f(x)
 
 
 def _global_batch_lse(l, s, lam):
@@ -729,10 +746,15 @@ class SafeKLDRORisk(_BatchRiskLoss):
         mean_w, sat, curv = stats["mean_w"], stats["saturation"], stats["curvature"]
         if multi:
             s_local = (tf.cast(tf.size(l32), l32.dtype) if s32 is None else tf.reduce_sum(s32))
-            sw_glob, s_glob, sc_glob = _replica_sum([mean_w * s_local, s_local, curv * s_local])
+            share = value * s_local  # this replica's part of sum_i s_i g_i
+            sw_glob, s_glob, sc_glob, v_glob = _replica_sum(
+                [mean_w * s_local, s_local, curv * s_local, tf.where(s_local > 0, share, 0.0)])
             sat = _replica_max(sat)
-            # share of the global weighted mean; Keras sums the replicas' losses
-            value = value * tf.math.divide_no_nan(s_local, s_glob)
+            # Gradient: this replica's share of the global weighted mean (Keras sums the
+            # replicas' gradients). Value: global risk / N, as the baselines (Keras' logged
+            # loss is then exact however unevenly the batch is split).
+            value = _shown_as(value * tf.math.divide_no_nan(s_local, s_glob),
+                              tf.math.divide_no_nan(v_glob, s_glob) / _num_replicas())
             mean_w = tf.math.divide_no_nan(sw_glob, s_glob)
             curv = tf.math.divide_no_nan(sc_glob, s_glob)
             nonempty = s_glob > 0

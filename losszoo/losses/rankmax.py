@@ -5,9 +5,10 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from losszoo import ops
-from losszoo.losses._targets import class_ids_and_invalid, is_sparse
-from losszoo.ops._common import nan_where, to_compute_dtype
+from losszoo.losses._targets import is_sparse
+from losszoo.ops import _rankmax as rankmax_ops
+from losszoo.ops._common import check_choice, to_compute_dtype
+from losszoo.ops._rankmax import LABEL_FORMATS
 from losszoo.registry import register
 
 
@@ -31,13 +32,23 @@ class RankmaxLoss(keras.losses.Loss):
     score by the margin, and O(n) without sorting. Train on raw scores; at inference rank
     by the scores (every such projection preserves their order).
 
-    Targets: integer ids ``[B]`` or ``[B, 1]`` (as ``SparseCategoricalCrossentropy``), padded
-    ids ``[B, M]`` with ``M != n`` (``-1`` pads; several positives per example), or dense
-    non-negative targets ``[B, n]`` (multi-hot, or weights such as the identity matrix that
-    ``tfrs.tasks.Retrieval`` passes): each positive's loss is multiplied by its target
-    value. Examples without a positive get loss 0. Computed in float32 (or float64) even
-    under a mixed-precision policy. Use :func:`losszoo.tf_keras_loss` ("rankmax") for
-    tf_keras / TensorFlow Recommenders.
+    Targets (``label_format="auto"``, the rule Keras users expect; Keras 3 casts ``y_true`` to
+    float, so the rule looks at shapes, never at the dtype): ids ``[B]`` or ``[B, 1]`` (as
+    ``SparseCategoricalCrossentropy``); padded ids ``[B, M]`` when both ``M`` and ``n`` are
+    static and ``M != n`` (``-1`` pads; several positives per example); otherwise ``[B, n]``
+    (also when a size is unknown, e.g. TFRS's ``tf.eye(B)`` in-batch labels) is dense
+    non-negative weights (one-hot, multi-hot, identity): each positive's loss is multiplied by
+    its weight. So integer and float one-hot labels give the same loss. Force a reading with
+    ``label_format="ids"`` or ``"dense"`` (e.g. ``[B, n]`` padded id lists). Examples without
+    a positive get loss 0. ``n`` may be dynamic (in-batch retrieval with an unknown batch
+    size). Computed in float32 (or float64) even under a mixed-precision policy. Use
+    :func:`losszoo.tf_keras_loss` ("rankmax") for tf_keras / TensorFlow Recommenders.
+
+    Bad input (fail-loud contract): ids outside ``[0, n)`` (other than -1 padding), NaN or
+    non-whole ids, negative / NaN / inf dense targets and NaN scores raise naming ``y_true``
+    or ``scores`` (eagerly and in graphs; skipped with ``losszoo.set_validation(False)``).
+    Under XLA: assertions vanish and those examples' loss is NaN (never a clamped id). A
+    positive masked with a ``-inf`` score gives loss ``+inf``.
 
     Args:
       k: the projection's mass (``1 <= k < n``); the paper's k for top-k retrieval. k = 1 is
@@ -47,6 +58,7 @@ class RankmaxLoss(keras.losses.Loss):
       max_positives: dense targets only: batches whose rows have at most this many positives
         take the fast O(M n) path; other batches use an exact O(n log n) sort per row. The
         result is the same either way. ``None`` always sorts.
+      label_format: ``"auto"`` (default), ``"ids"`` or ``"dense"`` (see above).
       reduction: Keras reduction (default ``"sum_over_batch_size"``).
       name: loss name.
       dtype: dtype of the loss computation (default float32).
@@ -63,35 +75,31 @@ class RankmaxLoss(keras.losses.Loss):
         k: int = 1,
         margin: float = 1.0,
         max_positives: int | None = 1,
+        label_format: str = "auto",
         reduction="sum_over_batch_size",
         name: str = "rankmax_loss",
         dtype=None,
     ):
         super().__init__(reduction=reduction, name=name, dtype=dtype)
-        ops._rankmax._check_k_margin(k, margin, None)
+        rankmax_ops._check_k_margin(k, margin, None)
         if max_positives is not None:
-            ops._rankmax._check_max_positives(max_positives, float("inf"))
+            rankmax_ops._check_max_positives(max_positives, None)
         self.k = int(k)
         self.margin = float(margin)
         self.max_positives = None if max_positives is None else int(max_positives)
+        self.label_format = check_choice(label_format, "label_format", LABEL_FORMATS)
 
     def call(self, y_true, y_pred):
         y_pred, _ = to_compute_dtype(y_pred, "y_pred")
         y_true = tf.convert_to_tensor(y_true)
-        n = y_pred.shape[-1]
-        if is_sparse(y_true, y_pred):
-            labels, invalid = class_ids_and_invalid(y_true, y_pred)
-            loss = ops.rankmax_loss(labels, y_pred, k=self.k, margin=self.margin)
-            return nan_where(invalid, loss)
-        elif y_true.shape.rank == y_pred.shape.rank and y_true.shape[-1] != n:
-            labels = y_true  # padded ids [B, M]
-            if labels.dtype.is_floating:
-                labels = tf.round(labels)
-            labels = tf.cast(labels, tf.int32)
-        else:
-            labels = tf.cast(y_true, y_pred.dtype)
-        return ops.rankmax_loss(labels, y_pred, k=self.k, margin=self.margin,
-                                max_positives=self.max_positives)
+        label_format = self.label_format
+        if label_format == "auto":
+            m, n = y_true.shape[-1], y_pred.shape[-1]
+            padded = (y_true.shape.rank == y_pred.shape.rank and m is not None
+                      and n is not None and m != n)
+            label_format = "ids" if is_sparse(y_true, y_pred) or padded else "dense"
+        return rankmax_ops._loss(y_true, y_pred, self.k, self.margin, self.max_positives,
+                                 label_format, "y_true", "y_pred")
 
     def get_config(self):
         return {
@@ -99,4 +107,5 @@ class RankmaxLoss(keras.losses.Loss):
             "k": self.k,
             "margin": self.margin,
             "max_positives": self.max_positives,
+            "label_format": self.label_format,
         }

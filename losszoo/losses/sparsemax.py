@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import keras
-import tensorflow as tf
 
 from losszoo import ops
 from losszoo._logits import attached_logits
@@ -34,9 +33,15 @@ class SparsemaxLoss(keras.losses.Loss):
     ``[B, 1]`` as in ``SparseCategoricalCrossentropy``, or dense targets ``[B, K]`` (one-hot,
     soft, or multi-hot) as in ``CategoricalCrossentropy``. Dense rows are divided by their
     sum when ``normalize_labels`` is true, so a multi-hot row means "uniform over these
-    classes"; a row with no target at all gets loss 0. Class ids out of range and NaN
-    targets raise an error. The loss is computed in float32 (or float64) even under a
-    mixed-precision policy.
+    classes"; a row with no target at all gets loss 0. ``K`` may be dynamic (in-batch
+    retrieval with ids and an unknown batch size). The loss is computed in float32 (or
+    float64) even under a mixed-precision policy.
+
+    Bad input (fail-loud contract): class ids outside ``[0, K)``, NaN or non-whole ids,
+    NaN/inf or negative dense targets raise naming ``y_true`` eagerly and in graphs (skipped
+    with ``losszoo.set_validation(False)``). Under XLA: those rows' loss (and gradient) is
+    NaN, never a clamped id. A row of scores holding a NaN or ``+inf`` (or only ``-inf``) has
+    a NaN loss in every mode; a true class masked with ``-inf`` gives ``+inf``.
 
     The loss is defined on scores. ``y_pred`` is taken as logits, except when it is the
     output of a :class:`losszoo.heads.Sparsemax` head: the head attaches its logits to its
@@ -69,9 +74,13 @@ class SparsemaxLoss(keras.losses.Loss):
         name: str = "sparsemax_loss",
         dtype=None,
     ):
+        if from_logits is not None and not isinstance(from_logits, bool):
+            raise TypeError(f"`from_logits` must be None or a bool, got {from_logits!r}.")
+        if not isinstance(normalize_labels, bool):
+            raise TypeError(f"`normalize_labels` must be a bool, got {normalize_labels!r}.")
         super().__init__(reduction=reduction, name=name, dtype=dtype)
-        self.from_logits = None if from_logits is None else bool(from_logits)
-        self.normalize_labels = bool(normalize_labels)
+        self.from_logits = from_logits
+        self.normalize_labels = normalize_labels
 
     def call(self, y_true, y_pred):
         logits = attached_logits(y_pred)

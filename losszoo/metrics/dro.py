@@ -29,9 +29,14 @@ class ExactKLDRORisk(keras.metrics.Metric):
     strategy the replicas share the shift ``m`` (all-gathered batch maxima), so the
     per-replica sums add up exactly.
 
+    Fail-loud: NaN, Inf or negative sample weights raise (eagerly, or through a graph
+    assertion; skippable with ``losszoo.set_validation(False)``); a NaN per-example loss
+    with positive weight makes the result NaN until the next reset. Under XLA: invalid
+    sample weights make the result NaN.
+
     Args:
       base_loss: Keras loss computed per example (name, instance or function).
-      lam: temperature (> 0).
+      lam: temperature (> 0, finite).
       name, dtype: as for Keras metrics.
 
     Example:

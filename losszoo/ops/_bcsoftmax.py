@@ -69,13 +69,23 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from losszoo.ops._common import check_static_rank, move_axis_last, static_value, to_compute_dtype
+from losszoo.ops._common import (
+    check_choice,
+    check_static_rank,
+    move_axis_last,
+    static_value,
+    to_compute_dtype,
+    validation_enabled,
+)
 
 FREE, LOWER, UPPER = 0, 1, 2
 # Element-wise range rules (0 <= lower, upper <= 1) are checked with this slack; values inside
 # it are clamped (the spec's random-problem recipe produces upper = 1 + 1e-6).
 _RANGE_TOL = 1e-5
 METHODS = ("newton", "sort", "bisect")
+# A row whose free mass S is at most this many eps * K is treated as having no free coordinate
+# in the backward pass (see the gradient notes in the module docstring).
+_FREE_MASS_TOL = 4.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -330,7 +340,7 @@ def _solve_newton(x, a, b):
         hard = tf.logical_and(tf.logical_not(no_free), big_e < e_min)
         return code, s, big_e, no_free, hard
 
-    code, s, big_e, no_free, hard = stats(nu0)
+    code, s, big_e, no_free, _ = stats(nu0)
     # nu0 is the closed-form root of the all-free pattern.
     conv = tf.logical_or(tf.logical_and(no_free, tf.abs(s) <= tol), tf.equal(code, 0))
     done = conv
@@ -484,7 +494,10 @@ def _validate_static(x, lower, upper, temperature, axis, k):
         if np.isnan(xv).any():
             raise ValueError("`logits` must not contain NaN.")
         if np.isposinf(xv).any():
-            raise ValueError("`logits` must not contain +inf (-inf is allowed and forces y_k = lower_k).")
+            raise ValueError("`logits` must not contain +inf (-inf masks a class).")
+        if xv.size and np.isneginf(xv).all(axis=axis).any():
+            raise ValueError(
+                "`logits`: every class of a row is -inf (no class left to put probability on).")
     tv = static_value(temperature)
     if tv is not None:
         tv = np.asarray(tv, np.float64)
@@ -525,6 +538,60 @@ def _validate_static(x, lower, upper, temperature, axis, k):
             raise ValueError("Infeasible bounds: `lower` must be <= `upper` element-wise (rule lower <= upper).")
 
 
+def _symbolic(t):
+    return t is not None and static_value(t) is None
+
+
+def _graph_checks(x, a, b, tau, axis, k):
+    """Graph assertions for the inputs whose values are unknown at trace time (the eager and
+    constant cases were checked by :func:`_validate_static`). Returns ``x`` with a control
+    dependency on them. Under XLA they vanish and :func:`_bad_rows` makes the rows NaN."""
+    if not any(_symbolic(t) for t in (x, a, b, tau)):
+        return x
+    checks = []
+
+    def check(cond, message):
+        checks.append(tf.debugging.Assert(cond, [message]))
+
+    if _symbolic(x):
+        check(tf.logical_not(tf.reduce_any(tf.math.is_nan(x))), "`logits` must not contain NaN.")
+        check(tf.logical_not(tf.reduce_any(tf.equal(x, np.inf))),
+              "`logits` must not contain +inf (-inf masks a class).")
+        check(tf.reduce_all(tf.reduce_any(x > -np.inf, axis)),
+              "`logits`: every class of a row is -inf (no class left to put probability on).")
+    if _symbolic(tau):
+        check(tf.reduce_all(tf.logical_and(tau > 0, tf.math.is_finite(tau))),
+              "`temperature` must be finite and > 0.")
+    tol = 10.0 * np.finfo(x.dtype.as_numpy_dtype).eps * k
+    shape = tf.shape(x)
+    ac = bc = None
+    if a is not None:
+        ac = tf.maximum(tf.broadcast_to(a, shape), 0.0)
+        if _symbolic(a):
+            check(tf.logical_not(tf.reduce_any(tf.math.is_nan(a))), "`lower` must not contain NaN.")
+            check(tf.reduce_all(a >= -_RANGE_TOL),
+                  "Infeasible bounds: every `lower` must be >= 0 (rule 0 <= lower <= upper <= 1).")
+            check(tf.reduce_all(tf.reduce_sum(ac, axis) <= 1.0 + tol),
+                  "Infeasible bounds: `lower` must sum to <= 1 along the class axis "
+                  "(rule sum(lower) <= 1).")
+    if b is not None:
+        bc = tf.minimum(tf.broadcast_to(b, shape), 1.0)
+        if _symbolic(b):
+            check(tf.logical_not(tf.reduce_any(tf.math.is_nan(b))), "`upper` must not contain NaN.")
+            check(tf.reduce_all(b <= 1.0 + _RANGE_TOL),
+                  "Infeasible bounds: every `upper` must be <= 1 (rule 0 <= lower <= upper <= 1).")
+            check(tf.reduce_all(tf.reduce_sum(bc, axis) >= 1.0 - tol),
+                  "Infeasible bounds: `upper` must sum to >= 1 along the class axis "
+                  "(rule sum(upper) >= 1).")
+    if ac is not None and bc is not None and (_symbolic(a) or _symbolic(b)):
+        check(tf.reduce_all(ac <= bc),
+              "Infeasible bounds: `lower` must be <= `upper` element-wise (rule lower <= upper).")
+    if not checks:
+        return x
+    with tf.control_dependencies(checks):
+        return tf.identity(x)
+
+
 def _reduce_to(g, target):
     """Sum ``g`` (the broadcast shape) back to ``target``'s static shape."""
     gr, tr = g.shape.rank, target.shape.rank
@@ -533,6 +600,73 @@ def _reduce_to(g, target):
     if axes:
         g = tf.reduce_sum(g, axes)
     return tf.reshape(g, tf.shape(target))
+
+
+def _bad_rows(xs, m_raw, t2, a2, b2, ac, bc):
+    """[N, 1] mask of the rows the kernel cannot solve; they come back NaN (the XLA half of the
+    fail-loud contract: assertions vanish there). Folded into the forward pass: two reductions
+    over ``[N, K]`` besides the feasibility sums.
+
+    A row is bad if its scaled logits hold NaN or +inf or are all -inf, its temperature is not
+    finite and > 0, a bound holds NaN or lies more than ``_RANGE_TOL`` outside [0, 1], or the
+    bounds are infeasible (``sum a > 1``, ``sum b < 1`` or some ``a_k > b_k``, tolerance
+    ``10 * eps * K``, spec section 2.6).
+    """
+    k = xs.shape[-1]
+    tol = 10.0 * np.finfo(xs.dtype.as_numpy_dtype).eps * k
+    # m_raw: +inf (a +inf logit, or tau <= 0 flipping a -inf one), -inf (every class masked),
+    # NaN; after the shift a NaN anywhere makes the row sum NaN (the rest is <= 0 or -inf).
+    bad = tf.logical_not(tf.math.is_finite(m_raw))
+    bad = tf.logical_or(bad, tf.math.is_nan(tf.reduce_sum(xs, -1, keepdims=True)))
+    bad = tf.logical_or(bad, tf.logical_not(tf.logical_and(t2 > 0, tf.math.is_finite(t2))))
+    elementwise = None
+    if a2 is not None:
+        sum_a = tf.reduce_sum(ac, -1, keepdims=True)
+        bad = tf.logical_or(bad, tf.logical_not(sum_a <= 1.0 + tol))  # also NaN
+        elementwise = a2 < -_RANGE_TOL
+    if b2 is not None:
+        sum_b = tf.reduce_sum(bc, -1, keepdims=True)
+        bad = tf.logical_or(bad, tf.logical_not(sum_b >= 1.0 - tol))  # also NaN
+        out = b2 > 1.0 + _RANGE_TOL
+        elementwise = out if elementwise is None else tf.logical_or(elementwise, out)
+    if a2 is not None and b2 is not None:
+        elementwise = tf.logical_or(elementwise, ac > bc)
+    if elementwise is not None:
+        bad = tf.logical_or(bad, tf.reduce_any(elementwise, -1, keepdims=True))
+    return bad
+
+
+def _repair(xs, ac, bc, y, state):
+    """Rows of the sort/bisect result that are not a solution (after the final clip they would
+    not sum to 1) are re-solved by the robust Newton solver.
+
+    This happens where a coordinate's two breakpoints ``x_k - log b_k`` and ``x_k - log a_k``
+    round to the same float (logit gaps near 1e8 in float32): the sort/bisect bracket then
+    cannot tell ``F`` from ``L``/``U`` and the closed form lands outside the box. The robust
+    solver classifies from ``exp(x - nu)`` and falls back to the bracket test (see
+    :func:`_solve_newton_robust`). One extra sum per row; the fallback runs only when needed.
+    """
+    k = xs.shape[-1]
+    eps = np.finfo(xs.dtype.as_numpy_dtype).eps
+    tol = 16.0 * eps * np.sqrt(k) + 4.0 * eps
+    yc = y
+    if ac is not None:
+        yc = tf.maximum(yc, ac)
+    if bc is not None:
+        yc = tf.minimum(yc, bc)
+    off = tf.abs(tf.reduce_sum(yc, -1, keepdims=True) - 1.0) > tol
+    feasible = tf.ones_like(off)
+    if ac is not None:
+        feasible = tf.reduce_sum(ac, -1, keepdims=True) <= 1.0
+    if bc is not None:
+        feasible = tf.logical_and(feasible, tf.reduce_sum(bc, -1, keepdims=True) >= 1.0)
+    off = tf.logical_and(off, feasible)
+
+    def fix():
+        y2, state2 = _solve_newton_robust(xs, ac, bc)
+        return tf.where(off, y2, y), tf.where(off, state2, state)
+
+    return tf.cond(tf.reduce_any(off), fix, lambda: (y, state))
 
 
 def _bcsoftmax_impl(x, a, b, tau, axis, method, clip):
@@ -551,8 +685,8 @@ def _bcsoftmax_impl(x, a, b, tau, axis, method, clip):
         x2 = tf.reshape(xt, [-1, k])
         t2 = tf.reshape(tt, [-1, 1])
         xs = x2 / t2
-        m = tf.reduce_max(xs, -1, keepdims=True)
-        m = tf.where(tf.math.is_finite(m), m, tf.zeros_like(m))
+        m_raw = tf.reduce_max(xs, -1, keepdims=True)
+        m = tf.where(tf.math.is_finite(m_raw), m_raw, tf.zeros_like(m_raw))
         xs = xs - m
 
         def flat(t):
@@ -565,27 +699,20 @@ def _bcsoftmax_impl(x, a, b, tau, axis, method, clip):
         ac = None if a2 is None else tf.maximum(a2, 0.0)
         bc = None if b2 is None else tf.minimum(b2, 1.0)
         y, state = solver(xs, ac, bc)
+        if method != "newton":
+            y, state = _repair(xs, ac, bc, y, state)
         if clip:
             if ac is not None:
                 y = tf.maximum(y, ac)
             if bc is not None:
                 y = tf.minimum(y, bc)
-        # infeasible rows -> NaN (spec 2.6)
-        tol = 10.0 * np.finfo(x.dtype.as_numpy_dtype).eps * k
-        bad = tf.zeros_like(y[:, :1], tf.bool)
-        if ac is not None:
-            bad = tf.logical_or(bad, tf.reduce_sum(ac, -1, keepdims=True) > 1.0 + tol)
-        if bc is not None:
-            bad = tf.logical_or(bad, tf.reduce_sum(bc, -1, keepdims=True) < 1.0 - tol)
-        if ac is not None and bc is not None:
-            bad = tf.logical_or(bad, tf.reduce_any(ac > bc, -1, keepdims=True))
-        y = tf.where(bad, tf.constant(np.nan, y.dtype), y)
+        y = tf.where(_bad_rows(xs, m_raw, t2, a2, b2, ac, bc), tf.constant(np.nan, y.dtype), y)
         out = undo(tf.reshape(y, tf.shape(xt)))
         return out, (y, state, xs, t2, a2, b2, xt, undo)
 
     def make_grad(saved, inputs):
         y, state, xs, t2, a2, b2, xt, undo = saved
-        x, a, b, tau = inputs
+        _, a, b, tau = inputs
 
         def unflat(g):
             return undo(tf.reshape(g, tf.shape(xt)))
@@ -597,6 +724,13 @@ def _bcsoftmax_impl(x, a, b, tau, axis, method, clip):
             free = tf.equal(state, FREE)
             q = tf.where(free, y, zero)
             ssum = tf.reduce_sum(q, -1, keepdims=True)
+            # Free mass at rounding level counts as none (spec section 3, S = 0, as the
+            # authors' EPS threshold): which side of 0 the computed S lands on depends on the
+            # summation order (eager vs XLA), and the two one-sided derivatives differ by
+            # O(|v|). With S = 0 the bound gradients are those of the face sum(bounds) = 1.
+            tiny_free = ssum <= _FREE_MASS_TOL * np.finfo(y.dtype.as_numpy_dtype).eps * k
+            q = tf.where(tiny_free, zero, q)
+            ssum = tf.where(tiny_free, tf.zeros_like(ssum), ssum)
             vbar = tf.math.divide_no_nan(tf.reduce_sum(q * v2, -1, keepdims=True), ssum)
             w = v2 - vbar
             qw = q * w
@@ -679,8 +813,12 @@ def bcsoftmax(logits, lower=None, upper=None, temperature=1.0, axis: int = -1, *
       >>> bcsoftmax([[-1.5, 1.0, -0.5]], upper=[1.0, 0.6, 0.5]).numpy().round(4)
       array([[0.1076, 0.6   , 0.2924]], dtype=float32)
     """
-    if method not in METHODS:
-        raise ValueError(f"`method` must be one of {METHODS}, got {method!r}.")
+    check_choice(method, "method", METHODS)
+    if not isinstance(clip, bool):
+        raise TypeError(f"`clip` must be a bool, got {clip!r}.")
+    if not isinstance(validate, bool):
+        raise TypeError(f"`validate` must be a bool, got {validate!r}.")
+    validate = validate and validation_enabled()
     with tf.name_scope(name or "bcsoftmax"):
         x, dtype = to_compute_dtype(logits, "logits")
         check_static_rank(x, 1, "logits")
@@ -721,6 +859,8 @@ def bcsoftmax(logits, lower=None, upper=None, temperature=1.0, axis: int = -1, *
             pos = ax - (rank - tau.shape.rank)
             if pos >= 0 and tau.shape[pos] not in (1, None):
                 raise ValueError("`temperature` must have size 1 along the class axis.")
+        if validate:
+            x = _graph_checks(x, a, b, tau, axis, k)
         y = _bcsoftmax_impl(x, a, b, tau, axis, method, clip)
         return tf.cast(y, dtype)
 

@@ -377,7 +377,7 @@ def safe_kl_dro_weights(losses, alpha, lam, rho):
     """Per-example weights ``w_i = sigmoid((l_i - alpha)/lam + ln rho)/rho`` (same shape).
 
     NaN losses give NaN weights. ``alpha`` must be finite (checked as in
-    :func:`safe_kl_dro_risk`); Under XLA: a non-finite alpha gives all-NaN weights.
+    :func:`safe_kl_dro_risk`). Under XLA: a non-finite alpha gives all-NaN weights.
     """
     lam, rho = check_lam(lam), check_rho(rho)
     l, original = to_compute_dtype(losses, "losses")

@@ -28,22 +28,34 @@ For k = 1: ``alpha`` on ``{i != y : z_i > z_y - eta}`` and ``-(s - 1) alpha`` at
 (erratum E1: the paper prints ``-s alpha``). The projection's VJP (spec 3.4) is
 ``alpha (u 1_U - (sum_U u) e_j) - (alpha / D_U) (sum_U u d) (1_U - c e_j)``.
 
-Label formats. Integer ids ``[...]`` (one positive per row) or ``[..., M]`` (several
-positives, ``-1`` pads) are handled by broadcasting each positive against the row:
-O(M n) time and memory per row, O(n) for a single positive. Dense non-negative labels
-``[..., n]`` (multi-hot, or per-positive weights such as TFRS's identity matrix) are handled
-exactly for any number of positives by sorting each row once with the thresholds merged in
-(spec A6 (ii), O(n log n); general k also needs O(n k) memory per row). When every row of
-the batch has at most ``max_positives`` positives (default 1), dense labels are turned into
-ids instead (O(M n), no sort), chosen at run time with ``tf.cond``. Rows
-without a positive (all ids -1, or all-zero dense labels) contribute loss 0 and gradient 0.
+Label formats (``label_format``). ``"ids"``: class ids ``[...]`` (one positive per row) or
+``[..., M]`` (several positives, ``-1`` pads), integer or whole-number floats; each positive is
+broadcast against the row: O(M n) time and memory per row, O(n) for a single positive.
+``"dense"``: non-negative weights of the shape of the scores (multi-hot, or TFRS's identity
+matrix); each positive's loss is multiplied by its weight. When every row of the batch has at
+most one positive (one-hot, identity; ``max_positives=1``, the default), the positive's score
+is read with one fused masked row sum and its gradient added with a mask, no gather, scatter
+or sort: the same O(n) cost as ids. Rows with more positives take an exact merged sort per
+row (spec A6 (ii), O(n log n)); the choice is made at run time with ``tf.cond``. ``"auto"``
+(default): floating labels of the scores' shape are dense, labels one rank lower are ids,
+integer labels ``[..., M]`` with a static ``M != n`` are padded ids; integer labels ``[..., n]``
+(or with an unknown last axis) are ambiguous (a one-hot row or n padded ids?) and are
+rejected: pass ``label_format``. Rows without a positive (all ids -1, or all-zero dense
+labels) contribute loss 0 and gradient 0.
 
-Numerics: ties ``z_i = mu_y`` are outside the support (strict ``>``); ``z_y = z_[k]`` is case
-A. ``-inf`` scores (masks) get weight 0; a positive whose score is ``-inf`` gives an infinite
-loss. NaN scores are rejected. Half-precision inputs are computed in float32 and cast back;
-float64 stays float64. Argument checks (k, margin, shapes) run at trace time; value checks on
-labels and scores run eagerly or as graph assertions (XLA drops assertions, so under
-``jit_compile=True`` out-of-range ids are clamped silently: validate before compiling).
+Numerics: every difference is taken against the anchor ``m = min(z_y, z_[k])`` before the
+margin is added (``z_i - mu_y = (z_i - m) + eta``), so offsets and scales of 1e8 keep the
+positive's own margin term exact (``rankmax_loss([0], [[1e8, 1e8, 1e8]]) = log 3``). Ties
+``z_i = mu_y`` are outside the support (strict ``>``); ``z_y = z_[k]`` is case A. ``-inf``
+scores are masked (weight 0); a positive whose score is ``-inf`` gives loss ``+inf`` with a
+zero gradient (and a NaN projection row). ``+inf`` scores give a NaN or ``+inf`` loss.
+Half-precision inputs are computed in float32 and cast back; float64 stays float64.
+
+Fail-loud contract (README, "Bad input"): ``k``, ``margin``, ``max_positives`` and
+``label_format`` are checked when called, naming the argument. NaN scores, ids outside
+``[0, n)`` (or ``-1``), non-whole, NaN or negative labels raise eagerly and in graphs (skipped
+with ``losszoo.set_validation(False)``). Under XLA, where assertions vanish, the affected
+rows' loss (and projection) is NaN: invalid ids are never clamped.
 """
 
 from __future__ import annotations
@@ -53,9 +65,18 @@ import numbers
 import numpy as np
 import tensorflow as tf
 
-from losszoo.ops._common import check_not_nan, nan_where, static_value, to_compute_dtype
+from losszoo.ops._common import (
+    check_choice,
+    check_not_nan,
+    nan_where,
+    static_value,
+    to_compute_dtype,
+    validation_enabled,
+)
 
 __all__ = ["rankmax", "rankmax_loss"]
+
+LABEL_FORMATS = ("auto", "ids", "dense")
 
 
 # --------------------------------------------------------------------------- validation
@@ -80,11 +101,11 @@ def _check_k_margin(k, margin, n):
     return k, margin
 
 
-def _prepare_scores(scores):
-    z, dtype = to_compute_dtype(scores, "scores")
+def _prepare_scores(scores, name="scores"):
+    z, dtype = to_compute_dtype(scores, name)
     if z.shape.rank is None or z.shape.rank < 1:
-        raise ValueError(f"`scores` must have rank >= 1 with known rank, got shape {z.shape}.")
-    z = check_not_nan(z, "scores")
+        raise ValueError(f"`{name}` must have rank >= 1 with known rank, got shape {z.shape}.")
+    z = check_not_nan(z, name)
     n = z.shape[-1]
     if n is None:  # e.g. in-batch scores [B, B] with an unknown batch size
         n = tf.shape(z)[-1]
@@ -96,8 +117,8 @@ def _static(n):
 
 
 def _check_k_against(z, k, n):
-    """k < n when n is only known at run time (graph assertion)."""
-    if _static(n) is not None:
+    """k < n when n is only known at run time (graph assertion; NaN under XLA, see callers)."""
+    if _static(n) is not None or not validation_enabled():
         return z
     with tf.control_dependencies(
         [tf.debugging.Assert(k < n, ["`k` must be smaller than the number of candidates n;",
@@ -106,8 +127,18 @@ def _check_k_against(z, k, n):
         return tf.identity(z)
 
 
-def _ids_to_positives(labels, z, n):
-    """Integer ids -> (ids [N, P] int32, weights [N, P]) with -1 padding mapped to weight 0."""
+def _assert(ok, message):
+    with tf.control_dependencies([tf.debugging.Assert(ok, [message])]):
+        return tf.identity(ok)
+
+
+def _ids_to_positives(labels, z, n, name="labels"):
+    """Ids (integer or whole floats) -> (ids [N, P] int32, weights [N, P], multi, invalid [N]).
+
+    ``-1`` pads (weight 0). ``invalid`` marks rows holding an id outside ``[-1, n)``, a NaN or
+    a non-whole value: eagerly and in graphs they raise first (when validation is on); under
+    XLA the callers make those rows NaN (a gather would clamp the id silently).
+    """
     lead = z.shape[:-1]
     if labels.shape.rank == z.shape.rank - 1:
         multi = False
@@ -116,61 +147,96 @@ def _ids_to_positives(labels, z, n):
         multi = True
     else:
         raise ValueError(
-            f"Integer `labels` must have shape scores.shape[:-1]={lead.as_list()} (one positive "
+            f"`{name}` as ids must have shape scores.shape[:-1]={lead.as_list()} (one positive "
             f"per row) or scores.shape[:-1] + [M] (M positives, -1 pads); got {labels.shape} "
             f"for scores of shape {z.shape}."
         )
     if not lead.is_compatible_with(labels.shape[:-1]):
         raise ValueError(
-            f"Leading dimensions of `labels` {labels.shape} do not match `scores` {z.shape}."
+            f"Leading dimensions of `{name}` {labels.shape} do not match `scores` {z.shape}."
         )
-    value = static_value(labels)
-    if value is not None and _static(n) is not None:
-        if value.size and (value.min() < -1 or value.max() >= n):
-            raise ValueError(
-                f"Integer `labels` must lie in [0, {n}) (or be -1 for padding); got values in "
-                f"[{value.min()}, {value.max()}]."
-            )
-    else:
-        labels = _assert_ids_in_range(labels, n)
+    if not (labels.dtype.is_integer or labels.dtype.is_floating):
+        raise TypeError(f"`{name}` as ids must be integer or floating, got {labels.dtype.name}.")
     m = labels.shape[-1] if labels.shape[-1] is not None else tf.shape(labels)[-1]
-    ids = tf.reshape(labels, [-1, m])
-    # Under XLA the assertions above vanish: rows holding an id outside [-1, n) are poisoned
-    # with NaN by the callers (a gather would clamp the id silently).
-    invalid = tf.reduce_any((ids < -1) | (ids >= tf.cast(n, ids.dtype)), axis=-1)
-    ids = tf.cast(tf.where(invalid[:, None], -tf.ones_like(ids), ids), tf.int32)
-    valid = ids >= 0
+    flat = tf.reshape(labels, [-1, m])
+    if flat.dtype.is_floating:
+        whole = tf.math.is_finite(flat) & tf.equal(flat, tf.round(flat))
+    else:
+        flat = tf.cast(flat, tf.int64)
+        whole = tf.ones_like(flat, tf.bool)
+    bad = ~whole | (flat < -1) | (flat >= tf.cast(n, flat.dtype))
+    invalid = tf.reduce_any(bad, axis=-1)
+    bound = _static(n) if _static(n) is not None else "n"
+    message = (f"`{name}` must hold whole-number ids in [0, {bound}) (n = the scores' last "
+               "axis) or -1 for padding.")
+    if validation_enabled():
+        value = static_value(labels)
+        if value is not None and _static(n) is not None:
+            value = np.asarray(value, np.float64)
+            if value.size and (not np.all(np.isfinite(value)) or np.any(value != np.round(value))
+                               or value.min() < -1 or value.max() >= n):
+                raise ValueError(f"{message} Got values in [{np.nanmin(value)}, "
+                                 f"{np.nanmax(value)}]" + (" and NaN." if np.isnan(value).any()
+                                                          else "."))
+        else:
+            with tf.control_dependencies([_assert(~tf.reduce_any(invalid), message)]):
+                invalid = tf.identity(invalid)
+    ids = tf.cast(tf.where(bad, tf.zeros_like(flat), flat), tf.int32)
+    valid = (ids >= 0) & ~bad
     w = tf.cast(valid, z.dtype)
     ids = tf.where(valid, ids, tf.zeros_like(ids))
     return ids, w, multi, invalid
 
 
-def _assert_ids_in_range(labels, n):
-    ok = tf.logical_and(tf.reduce_all(labels >= -1), tf.reduce_all(labels < n))
-    bound = n if _static(n) is not None else "n"
-    with tf.control_dependencies(
-        [tf.debugging.Assert(ok, [(f"Integer `labels` must lie in [0, {bound}) or be -1 "
-                                  "(padding); n ="), n])]
-    ):
-        return tf.identity(labels)
-
-
-def _check_dense_labels(labels, z):
+def _check_dense_labels(labels, z, name="labels"):
+    """Dense weights: shape of the scores, finite, >= 0. Returns (weights, invalid rows [...])."""
     if not labels.shape.is_compatible_with(z.shape):
         raise ValueError(
-            f"Dense (floating) `labels` must have the shape of `scores` {z.shape}, got "
-            f"{labels.shape}. Pass integer ids for one positive per row."
+            f"Dense `{name}` must have the shape of `scores` {z.shape}, got {labels.shape}. "
+            "Pass ids (label_format='ids') for one positive per row."
         )
-    value = static_value(labels)
-    if value is not None:
-        if not np.all(np.isfinite(value)) or np.any(value < 0):
-            raise ValueError("Dense `labels` must be finite and >= 0 (multi-hot or weights).")
-        return labels
-    ok = tf.logical_and(tf.reduce_all(tf.math.is_finite(labels)), tf.reduce_all(labels >= 0))
-    with tf.control_dependencies(
-        [tf.debugging.Assert(ok, ["Dense `labels` must be finite and >= 0."])]
-    ):
-        return tf.identity(labels)
+    if not (labels.dtype.is_integer or labels.dtype.is_floating or labels.dtype == tf.bool):
+        raise TypeError(f"Dense `{name}` must be numeric, got {labels.dtype.name}.")
+    w = tf.cast(labels, z.dtype)
+    invalid = tf.reduce_any(~(w >= 0) | tf.math.is_inf(w), axis=-1)
+    message = f"Dense `{name}` must be finite and >= 0 (multi-hot or weights)."
+    if validation_enabled():
+        value = static_value(labels)
+        if value is not None:
+            value = np.asarray(value, np.float64)
+            if not np.all(np.isfinite(value)) or np.any(value < 0):
+                raise ValueError(message)
+        else:
+            with tf.control_dependencies([_assert(~tf.reduce_any(invalid), message)]):
+                w = tf.identity(w)
+    return w, invalid
+
+
+def _resolve_format(labels, z, label_format, name):
+    """The label rule of ``label_format="auto"`` (see the module docstring)."""
+    check_choice(label_format, "label_format", LABEL_FORMATS)
+    if label_format != "auto":
+        return label_format
+    rank, zrank = labels.shape.rank, z.shape.rank
+    if rank is None:
+        raise ValueError(f"`{name}` must have a known rank.")
+    if rank == zrank - 1:
+        return "ids"
+    if rank == zrank:
+        if labels.dtype.is_floating or labels.dtype == tf.bool:
+            return "dense"
+        m, n = labels.shape[-1], z.shape[-1]
+        if m is not None and n is not None and m != n:
+            return "ids"
+        raise ValueError(
+            f"`{name}` is ambiguous: integer labels of shape {labels.shape} could be one-hot / "
+            f"multi-hot rows over the n={n} candidates or lists of M={m} ids. Pass "
+            "`label_format`='dense' or 'ids' (or floating labels for dense weights)."
+        )
+    raise ValueError(
+        f"`{name}` must have the rank of `scores` (dense weights or padded ids) or one less "
+        f"(ids); got shape {labels.shape} for scores of shape {z.shape}."
+    )
 
 
 # --------------------------------------------------------------------------- shared pieces
@@ -187,20 +253,24 @@ def _scatter_add(base, ids, updates):
     return tf.tensor_scatter_nd_add(base, _row_index(ids), updates)
 
 
-def _thresholds(zy, top_v, k, eta):
-    """mu [N, P] and case-B mask (y strictly inside the top k) -- eq. 11."""
+def _anchor(zy, top_v, k):
+    """Anchor ``m = min(z_y, z_[k])`` [N, P] (``mu = m - eta``, eq. 11) and the case-B mask.
+
+    Differences are formed against ``m`` before the margin is added, so ``z_y - mu`` is
+    exactly ``eta`` (case A) whatever the magnitude of the scores.
+    """
     if k == 1:
-        return zy - eta, None
+        return zy, None
     # reduce_min rather than top_v[:, k-1]: XLA:CPU lowers top_k to its fast kernel only when
     # the sorted values are consumed whole; a slice at k-1 turns it into a full sort (~100x).
     zk = tf.reduce_min(top_v, axis=-1, keepdims=True)
     # minimum(zy, zk) in this order: a tie z_y = z_[k] is case A (spec 2, TF/XLA notes).
-    return tf.minimum(zy, zk) - eta, zy > zk
+    return tf.minimum(zy, zk), zy > zk
 
 
-def _capped_count(D, top_v, mu, k):
+def _capped_count(D, top_v, m, k, eta):
     """t* [N, P] (int32) and R_{t*} [N, P] from A4/A5 steps 7-11."""
-    dt = top_v[:, None, :] - mu[:, :, None]  # [N, P, k], each >= eta
+    dt = (top_v[:, None, :] - m[:, :, None]) + eta  # [N, P, k], each >= eta
     prefix = tf.math.cumsum(dt, axis=-1, exclusive=True)
     R = tf.maximum(D[:, :, None] - prefix, dt)
     remaining = tf.cast(k - tf.range(k), D.dtype)
@@ -210,15 +280,16 @@ def _capped_count(D, top_v, mu, k):
     return ts, Rs
 
 
-def _loss_terms(zy, mu, D, k, eta, ts, Rs):
+def _loss_terms(gap, D, k, eta, ts, Rs):
+    """Per-positive loss; ``gap = z_y - mu_y``. NaN propagates (no relu on a NaN)."""
     if k == 1:
-        return tf.nn.relu(tf.math.log(D) - np.log(eta))
-    return tf.nn.relu(
-        tf.math.log(Rs) - tf.math.log(tf.cast(k - ts, D.dtype)) - tf.math.log(zy - mu)
-    )
+        raw = tf.math.log(D) - np.log(eta)
+    else:
+        raw = tf.math.log(Rs) - tf.math.log(tf.cast(k - ts, D.dtype)) - tf.math.log(gap)
+    return tf.where(raw < 0, tf.zeros_like(raw), raw)
 
 
-def _grad_coefficients(v, zy, mu, s, k, ts, Rs, case_b):
+def _grad_coefficients(v, gap, s, k, ts, Rs, case_b):
     """Per-positive gradient pieces (spec 3.3).
 
     Returns a [N,P] (weight of 1[z > mu]), cap [N,k] or None (subtracted at top_i),
@@ -233,8 +304,7 @@ def _grad_coefficients(v, zy, mu, s, k, ts, Rs, case_b):
     cap = tf.reduce_sum(
         a[:, :, None] * tf.cast(t[None, None, :] < ts[:, :, None], v.dtype), axis=1
     )
-    gap = tf.where(v != 0, zy - mu, tf.ones_like(zy))
-    b = v / gap
+    b = v / tf.where(v != 0, gap, tf.ones_like(gap))
     zero = tf.zeros_like(a)
     gy = tf.where(case_b, -b, -a * c)
     gk = tf.reduce_sum(tf.where(case_b, b - a * c, zero), axis=1)
@@ -243,7 +313,7 @@ def _grad_coefficients(v, zy, mu, s, k, ts, Rs, case_b):
 
 def _add_topk_terms(g, top_i, cap, gk, k):
     """g -= cap at the top-k indices; g += gk at the k-th largest index (one scatter over the
-    whole top_i, see the note in _thresholds)."""
+    whole top_i, see the note in _anchor)."""
     if k == 1:
         return g
     last = tf.range(k) == k - 1
@@ -253,32 +323,104 @@ def _add_topk_terms(g, top_i, cap, gk, k):
 # --------------------------------------------------------------------------- ids path
 
 
+def _positives_forward(z, w, zy, k, eta):
+    """Loss per row for P positives per row with scores ``zy`` [N, P] and weights ``w`` [N, P].
+
+    Returns ``(loss [N], saved)``; ``saved`` holds the small per-positive quantities (O(N P)
+    or O(N k)) that :func:`_positives_backward` needs, so the backward pass re-forms the
+    differences without storing an [N, P, n] tensor.
+    """
+    masked = tf.equal(zy, -np.inf)  # a positive masked by -inf: loss +inf
+    zy = tf.where(masked, tf.zeros_like(zy), zy)
+    top_v, top_i = (None, None) if k == 1 else tf.math.top_k(z, k)
+    m, case_b = _anchor(zy, top_v, k)
+    diff = (z[:, None, :] - m[:, :, None]) + eta  # z_i - mu_y, [N, P, n]
+    D = tf.reduce_sum(tf.nn.relu(diff), axis=-1)
+    s = tf.reduce_sum(tf.cast(diff > 0, z.dtype), axis=-1)
+    gap = (zy - m) + eta
+    if k == 1:
+        ts, Rs = None, D
+    else:
+        ts, Rs = _capped_count(D, top_v, m, k, eta)
+    terms = _loss_terms(gap, D, k, eta, ts, Rs)
+    terms = tf.where(masked, tf.fill(tf.shape(terms), tf.constant(np.inf, z.dtype)), terms)
+    # w != 0 (not w > 0): a NaN weight (invalid dense labels, see below) must reach the loss.
+    loss = tf.reduce_sum(tf.where(tf.not_equal(w, 0.0), w * terms, tf.zeros_like(terms)), axis=1)
+    saved = {"masked": masked, "m": m, "s": s, "gap": gap, "Rs": Rs, "terms": terms, "ts": ts,
+             "case_b": case_b, "top_i": top_i}
+    return loss, saved
+
+
+def _positives_backward(z, w, k, eta, saved, upstream, add_at_positives):
+    """Gradient of :func:`_positives_forward`'s loss w.r.t. z (spec 3.3)."""
+    has = (w > 0) & ~saved["masked"]
+    # ~(terms <= 0) keeps NaN terms, so NaN scores give NaN gradients too.
+    v = tf.where(has & ~(saved["terms"] <= 0), w * upstream[:, None], tf.zeros_like(w))
+    a, cap, gy, gk = _grad_coefficients(v, saved["gap"], saved["s"], k, saved["ts"],
+                                        saved["Rs"], saved["case_b"])
+    inside = (z[:, None, :] - saved["m"][:, :, None]) + eta > 0
+    g = tf.reduce_sum(tf.where(inside, a[:, :, None], tf.zeros_like(inside, z.dtype)), axis=1)
+    g = add_at_positives(g, gy)
+    return _add_topk_terms(g, saved["top_i"], cap, gk, k)
+
+
 def _rankmax_loss_ids(z, ids, w, k, eta):
-    """Loss per row, z [N, n], ids/w [N, P]. Custom gradient w.r.t. z."""
+    """Loss per row for ids [N, P] (weights w [N, P]); custom gradient w.r.t. z."""
 
     @tf.custom_gradient
     def f(z):
-        zy = tf.gather(z, ids, batch_dims=1)
-        top_v, top_i = (None, None) if k == 1 else tf.math.top_k(z, k)
-        mu, case_b = _thresholds(zy, top_v, k, eta)
-        diff = z[:, None, :] - mu[:, :, None]  # [N, P, n]
-        D = tf.reduce_sum(tf.nn.relu(diff), axis=-1)
-        if k == 1:
-            ts, Rs = None, D
-        else:
-            ts, Rs = _capped_count(D, top_v, mu, k)
-        terms = _loss_terms(zy, mu, D, k, eta, ts, Rs)
-        has = w > 0
-        loss = tf.reduce_sum(tf.where(has, w * terms, tf.zeros_like(terms)), axis=1)
+        loss, saved = _positives_forward(z, w, tf.gather(z, ids, batch_dims=1), k, eta)
 
         def grad(upstream):
-            v = tf.where(has & (terms > 0), w * upstream[:, None], tf.zeros_like(w))
-            inside = z[:, None, :] > mu[:, :, None]
-            s = tf.reduce_sum(tf.cast(inside, z.dtype), axis=-1)
-            a, cap, gy, gk = _grad_coefficients(v, zy, mu, s, k, ts, Rs, case_b)
-            g = tf.reduce_sum(tf.where(inside, a[:, :, None], tf.zeros_like(diff)), axis=1)
-            g = _scatter_add(g, ids, gy)
-            return _add_topk_terms(g, top_i, cap, gk, k)
+            return _positives_backward(z, w, k, eta, saved, upstream,
+                                       lambda g, gy: _scatter_add(g, ids, gy))
+
+        return loss, grad
+
+    return f(z)
+
+
+def _rankmax_loss_one_hot_or_dense(z, w, k, eta):
+    """Dense weights [N, n]: the one-hot fast path when every row has <= 1 positive, else the
+    exact merged sort (both exact).
+
+    Fast path: the positive's score is a masked row sum (exact: the other terms are 0) and its
+    gradient is added through the mask, no gather, scatter or sort, so XLA fuses it into the
+    row passes. The branch is chosen with ``tf.cond`` inside one custom gradient: autodiff
+    through a ``tf.cond`` would make the taken branch materialise zero-filled copies of the
+    other branch's [N, 2n] intermediates.
+    """
+    # Every [N, n] intermediate below is formed inline from the inputs (no captured masks):
+    # a mask materialised as an operand of the tf.cond costs a full extra write and read.
+    fits = tf.reduce_all(tf.reduce_sum(tf.cast(w > 0, tf.int32), axis=-1) <= 1)
+    # Negative or NaN weights make the row's weight (and so its loss) NaN: the XLA half of
+    # the label check, folded into a reduction the fast path needs anyway.
+    nan = tf.constant(np.nan, w.dtype)
+    weight = tf.reduce_sum(
+        tf.where(w > 0, w, tf.where(tf.equal(w, 0.0), tf.zeros_like(w), nan)),
+        axis=-1, keepdims=True,
+    )
+
+    @tf.custom_gradient
+    def f(z):
+        zy = tf.reduce_sum(tf.where(w > 0, z, tf.zeros_like(z)), axis=-1, keepdims=True)
+        fast, saved = _positives_forward(z, weight, zy, k, eta)
+        loss = tf.cond(fits, lambda: tf.identity(fast), lambda: _rankmax_loss_dense(z, w, k, eta))
+
+        def grad(upstream):
+            def fast_grad():
+                return _positives_backward(
+                    z, weight, k, eta, saved, upstream,
+                    lambda g, gy: g + tf.where(w > 0, gy, tf.zeros_like(gy)),
+                )
+
+            def dense_grad():
+                with tf.GradientTape() as tape:
+                    tape.watch(z)
+                    value = _rankmax_loss_dense(z, w, k, eta)
+                return tape.gradient(value, z, output_gradients=upstream)
+
+            return tf.cond(fits, fast_grad, dense_grad)
 
         return loss, grad
 
@@ -330,28 +472,31 @@ def _dense_indicator_sum(a, perm, is_z):
 
 
 def _rankmax_loss_dense(z, w, k, eta):
-    """Loss per row for dense non-negative label weights w [N, n]."""
+    """Loss per row for dense non-negative label weights w [N, n] (any number of positives)."""
 
     @tf.custom_gradient
     def f(z):
         # Shift by the row max so the prefix sums stay small (shift invariance, spec 1).
         zc = z - tf.reduce_max(z, axis=-1, keepdims=True)
-        has = w > 0
+        masked = (w > 0) & tf.equal(z, -np.inf)
+        has = (w > 0) & ~masked
         zy = tf.where(has, zc, tf.zeros_like(zc))  # keeps masked (-inf) non-positives finite
         top_v, top_i = (None, None) if k == 1 else tf.math.top_k(zc, k)
-        mu, case_b = _thresholds(zy, top_v, k, eta)
-        D, s, perm, is_z = _dense_D_s(zc, mu)
+        m, case_b = _anchor(zy, top_v, k)
+        D, s, perm, is_z = _dense_D_s(zc, m - eta)
         D = tf.where(has, D, tf.ones_like(D))
+        gap = (zy - m) + eta
         if k == 1:
             ts, Rs = None, D
         else:
-            ts, Rs = _capped_count(D, top_v, mu, k)
-        terms = _loss_terms(zy, mu, D, k, eta, ts, Rs)
-        loss = tf.reduce_sum(tf.where(has, w * terms, tf.zeros_like(terms)), axis=1)
+            ts, Rs = _capped_count(D, top_v, m, k, eta)
+        terms = _loss_terms(gap, D, k, eta, ts, Rs)
+        terms = tf.where(masked, tf.fill(tf.shape(terms), tf.constant(np.inf, z.dtype)), terms)
+        loss = tf.reduce_sum(tf.where(w > 0, w * terms, tf.zeros_like(terms)), axis=1)
 
         def grad(upstream):
-            v = tf.where(has & (terms > 0), w * upstream[:, None], tf.zeros_like(w))
-            a, cap, gy, gk = _grad_coefficients(v, zy, mu, s, k, ts, Rs, case_b)
+            v = tf.where(has & ~(terms <= 0), w * upstream[:, None], tf.zeros_like(w))
+            a, cap, gy, gk = _grad_coefficients(v, gap, s, k, ts, Rs, case_b)
             g = _dense_indicator_sum(a, perm, is_z) + gy
             return _add_topk_terms(g, top_i, cap, gk, k)
 
@@ -373,64 +518,93 @@ def _check_max_positives(max_positives, n):
 
 def _dense_to_ids(w, m):
     """Dense weights [N, n] with <= m positives per row -> (ids [N, m], weights [N, m])."""
-    if m == 1:  # argmax is cheaper than top_k(w, 1) under XLA
-        return tf.argmax(w, axis=-1, output_type=tf.int32)[:, None], tf.reduce_max(w, -1)[:, None]
     wv, ids = tf.math.top_k(w, m)
     return ids, wv
 
 
+def _loss(labels, scores, k, margin, max_positives, label_format, name,
+          score_name="scores"):
+    z, dtype, n = _prepare_scores(scores, score_name)
+    k, eta = _check_k_margin(k, margin, _static(n))
+    if max_positives is not None:
+        max_positives = _check_max_positives(max_positives, n)
+    z = _check_k_against(z, k, n)
+    lead = tf.shape(z)[:-1]
+    z2 = tf.reshape(z, [-1, n])
+    labels = tf.convert_to_tensor(labels)
+    label_format = _resolve_format(labels, z, label_format, name)
+    if label_format == "ids":
+        ids, w, _, invalid = _ids_to_positives(labels, z, n, name)
+        loss = _rankmax_loss_ids(z2, ids, w, k, eta)
+    else:
+        w, invalid = _check_dense_labels(labels, z, name)
+        w = tf.reshape(w, [-1, n])
+        invalid = tf.reshape(invalid, [-1])
+        if max_positives is None:
+            loss = _rankmax_loss_dense(z2, w, k, eta)
+        else:
+            if max_positives == 1:
+                loss = _rankmax_loss_one_hot_or_dense(z2, w, k, eta)
+                invalid = None  # folded into the kernel's weights
+            else:
+                counts = tf.reduce_sum(tf.cast(w > 0, tf.int32), axis=-1)
+                loss = tf.cond(
+                    tf.reduce_all(counts <= max_positives),
+                    lambda: _rankmax_loss_ids(z2, *_dense_to_ids(w, max_positives), k, eta),
+                    lambda: _rankmax_loss_dense(z2, w, k, eta),
+                )
+    # NaN scores need no extra pass: (z - m) + eta feeds a relu sum, which propagates NaN
+    # (also under XLA), and the gradient keeps NaN terms.
+    if invalid is not None:
+        loss = nan_where(invalid, loss)
+    if _static(n) is None:
+        loss = nan_where(k >= n, loss)  # XLA: the graph assertion on k < n is gone
+    return tf.cast(tf.reshape(loss, lead), dtype)
 
-def rankmax_loss(labels, scores, k: int = 1, margin: float = 1.0, max_positives=1):
-    """Rankmax loss, ``-sum_{y in positives} log min(1, alpha_y (z_y - mu_y))`` per row.
+
+def rankmax_loss(labels, scores, k: int = 1, margin: float = 1.0, max_positives=1,
+                 label_format: str = "auto"):
+    """Rankmax loss, ``-sum_{y in positives} w_y log min(1, alpha_y (z_y - mu_y))`` per row.
+
+    For k = 1: ``w_y (log sum_i (z_i - z_y + margin)_+ - log margin)``.
 
     Args:
-      labels: the positives of each row, in one of three forms. Integer ids with shape
-        ``scores.shape[:-1]`` (one positive per row); integer ids with shape
-        ``scores.shape[:-1] + [M]`` (several positives, ``-1`` pads); or a floating tensor
-        with the shape of ``scores`` holding non-negative weights (multi-hot 0/1, or e.g.
-        TFRS's identity matrix): each positive's loss is multiplied by its weight. A row
-        without positives has loss 0.
+      labels: the positives of each row, read according to ``label_format``. Ids: shape
+        ``scores.shape[:-1]`` (one positive per row) or ``scores.shape[:-1] + [M]`` (several
+        positives, ``-1`` pads), integer or whole-number floats. Dense: non-negative weights
+        with the shape of ``scores`` (multi-hot 0/1, or e.g. TFRS's identity matrix); each
+        positive's loss is multiplied by its weight. A row without positives has loss 0.
       scores: ``[..., n]`` logits over n candidates (n may be dynamic, e.g. in-batch [B, B]).
+        ``-inf`` masks a candidate; a masked positive gives loss ``+inf``.
       k: static int, ``1 <= k < n``; the projection puts mass k on the (n, k)-simplex.
       margin: ``eta > 0``; the threshold is ``min(z_y, z_[k]) - margin``. The paper uses 1.
-      max_positives: only for dense labels; the result is exact either way. When every row
-        of the batch has at most this many positives (default 1, e.g. TFRS's identity labels),
-        the top entries of each row are taken as ids (O(M n), no sort); otherwise, and always
-        when ``None``, one merged sort per row handles any number of positives (O(n log n),
-        slow under XLA on CPU). Both branches are compiled (``tf.cond``).
+      max_positives: dense labels only; the result is exact either way. When every row of
+        the batch has at most this many positives (default 1: one-hot or identity labels),
+        a fast O(M n) path runs (for 1: a masked row sum, as cheap as ids); otherwise, and
+        always when ``None``, one merged sort per row handles any number of positives
+        (O(n log n), slow under XLA on CPU). Both branches are compiled (``tf.cond``).
+      label_format: ``"auto"`` (default), ``"ids"`` or ``"dense"``. Auto: floating labels of
+        the scores' shape are dense; labels one rank lower are ids; integer ``[..., M]`` with
+        a static ``M != n`` are padded ids; integer ``[..., n]`` (or an unknown last axis) is
+        ambiguous and raises, so ``np.eye(3, dtype=int)`` needs ``label_format="dense"``.
 
     Returns:
       Per-row loss with shape ``scores.shape[:-1]`` and the dtype of ``scores``.
+
+    Raises:
+      ValueError / TypeError naming the argument: NaN scores, ids outside ``[0, n)`` other
+      than -1 padding, non-whole or NaN ids, negative/NaN/inf dense weights, ambiguous
+      labels, bad ``k`` / ``margin`` / ``max_positives`` / ``label_format``. Value checks
+      are skipped with ``losszoo.set_validation(False)``.
+
+    Under XLA: assertions vanish; rows with NaN scores or invalid labels get a NaN loss (and
+    NaN gradients for NaN scores); ids are never clamped.
 
     Example:
       >>> rankmax_loss([0], [[2.0, 1.5, -3.0]]).numpy()  # log(1 + 0.5)
       array([0.4054651], dtype=float32)
     """
-    z, dtype, n = _prepare_scores(scores)
-    k, eta = _check_k_margin(k, margin, _static(n))
-    z = _check_k_against(z, k, n)
-    lead = tf.shape(z)[:-1]
-    z2 = tf.reshape(z, [-1, n])
-    labels = tf.convert_to_tensor(labels)
-    if labels.dtype.is_integer:
-        ids, w, _, invalid = _ids_to_positives(labels, z, n)
-        loss = nan_where(invalid, _rankmax_loss_ids(z2, ids, w, k, eta))
-    elif labels.dtype.is_floating:
-        labels = _check_dense_labels(labels, z)
-        w = tf.reshape(tf.cast(labels, z.dtype), [-1, n])
-        if max_positives is None:
-            loss = _rankmax_loss_dense(z2, w, k, eta)
-        else:
-            m = _check_max_positives(max_positives, n)
-            fits = tf.reduce_all(tf.reduce_sum(tf.cast(w > 0, tf.int32), axis=-1) <= m)
-            loss = tf.cond(
-                fits,
-                lambda: _rankmax_loss_ids(z2, *_dense_to_ids(w, m), k, eta),
-                lambda: _rankmax_loss_dense(z2, w, k, eta),
-            )
-    else:
-        raise TypeError(f"`labels` must be integer ids or floating weights, got {labels.dtype}.")
-    return tf.cast(tf.reshape(loss, lead), dtype)
+    return _loss(labels, scores, k, margin, max_positives, label_format, "labels")
 
 
 def _rankmax_projection_ids(z, ids, w, k, eta):
@@ -440,13 +614,13 @@ def _rankmax_projection_ids(z, ids, w, k, eta):
     def f(z):
         zy = tf.gather(z, ids, batch_dims=1)
         top_v, top_i = (None, None) if k == 1 else tf.math.top_k(z, k)
-        mu, case_b = _thresholds(zy, top_v, k, eta)
-        d = tf.nn.relu(z[:, None, :] - mu[:, :, None])  # [N, P, n]
+        m, case_b = _anchor(zy, top_v, k)
+        d = tf.nn.relu((z[:, None, :] - m[:, :, None]) + eta)  # [N, P, n]
         D = tf.reduce_sum(d, axis=-1)
         if k == 1:
             ts, Rs = tf.zeros_like(ids), D
         else:
-            ts, Rs = _capped_count(D, top_v, mu, k)
+            ts, Rs = _capped_count(D, top_v, m, k, eta)
         alpha = tf.cast(k - ts, z.dtype) / Rs
         has = (w > 0)[:, :, None]
         p = tf.where(has, tf.minimum(1.0, alpha[:, :, None] * d), tf.zeros_like(d))
@@ -484,18 +658,28 @@ def _rankmax_projection_ids(z, ids, w, k, eta):
 def rankmax(scores, labels, k: int = 1, margin: float = 1.0):
     """Rankmax projection ``min(1, alpha_y (z - mu_y)_+)`` of the scores, for each positive.
 
+    ``mu_y = min(z_y, z_[k]) - margin`` and ``alpha_y`` makes the projection sum to k.
+
     Args:
-      scores: ``[..., n]`` logits.
-      labels: integer ids, shape ``scores.shape[:-1]`` (one positive per row; output
-        ``[..., n]``) or ``scores.shape[:-1] + [M]`` (output ``[..., M, n]``, one projection per
-        positive; ``-1`` pads and gives a zero row).
+      scores: ``[..., n]`` logits; ``-inf`` masks a candidate (projection 0).
+      labels: ids (integer or whole-number floats), shape ``scores.shape[:-1]`` (one positive
+        per row; output ``[..., n]``) or ``scores.shape[:-1] + [M]`` (output ``[..., M, n]``,
+        one projection per positive; ``-1`` pads and gives a zero row).
       k: static int, ``1 <= k < n``. Each projection lies in [0, 1] and sums to k.
       margin: ``eta > 0`` (paper: 1).
 
     Returns:
       The projection(s), dtype of ``scores``. The positive is always in the support; the
       projection preserves the order of the scores. Differentiable w.r.t. ``scores`` through
-      ``alpha`` and ``mu`` (spec 3.4).
+      ``alpha`` and ``mu`` (spec 3.4). A positive masked by ``-inf`` has no projection: its
+      row is NaN.
+
+    Raises:
+      ValueError / TypeError naming the argument: NaN scores, ids outside ``[0, n)`` other
+      than -1, non-whole or NaN ids, bad ``k`` / ``margin`` (value checks are skipped with
+      ``losszoo.set_validation(False)``).
+
+    Under XLA: assertions vanish; rows with NaN scores or invalid ids come back all NaN.
 
     Example:
       >>> rankmax([[2.0, 1.5, -3.0]], [0]).numpy()
@@ -505,14 +689,23 @@ def rankmax(scores, labels, k: int = 1, margin: float = 1.0):
     k, eta = _check_k_margin(k, margin, _static(n))
     z = _check_k_against(z, k, n)
     labels = tf.convert_to_tensor(labels)
-    if not labels.dtype.is_integer:
+    if not (labels.dtype.is_integer or labels.dtype.is_floating):
+        raise TypeError(f"`labels` of `rankmax` must be ids, got dtype {labels.dtype.name}.")
+    if labels.shape.rank == z.shape.rank and labels.shape[-1] is not None \
+            and labels.shape[-1] == z.shape[-1] and labels.dtype.is_floating:
         raise TypeError(
             "`labels` of `rankmax` must be integer ids (one projection per positive); got "
-            f"dtype {labels.dtype.name}. Use rankmax_loss for dense multi-hot labels."
+            "floating labels of the scores' shape. Use rankmax_loss for dense multi-hot labels."
         )
     ids, w, multi, invalid = _ids_to_positives(labels, z, n)
-    p = _rankmax_projection_ids(tf.reshape(z, [-1, n]), ids, w, k, eta)
-    p = nan_where(invalid[:, None, None], p)
+    z2 = tf.reshape(z, [-1, n])
+    p = _rankmax_projection_ids(z2, ids, w, k, eta)
+    zy = tf.gather(z2, ids, batch_dims=1)
+    bad = invalid[:, None] | ((w > 0) & tf.equal(zy, -np.inf))  # [N, P]
+    bad = bad | tf.reduce_any(tf.math.is_nan(z2), axis=-1, keepdims=True)
+    if _static(n) is None:
+        bad = bad | (k >= n)
+    p = nan_where(bad[:, :, None], p)
     lead = tf.shape(z)[:-1]
     if multi:
         shape = tf.concat([lead, tf.shape(ids)[-1:], tf.shape(z)[-1:]], 0)

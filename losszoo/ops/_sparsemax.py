@@ -28,14 +28,30 @@ pass; this is the spec's top-K shortcut with Newton instead of bisection as the 
 Numerics: the maximum is subtracted first (without it float32 loses the support at large
 K, spec section 4); ``-inf`` scores get probability 0; ``+inf`` or all ``-inf`` rows give NaN,
 as softmax does. Half-precision inputs are computed in float32 and cast back.
+
+Fail-loud contract (README, "Bad input"): a row holding a NaN or ``+inf`` score, or only
+``-inf``, comes back entirely NaN (output, loss and gradient) in every mode, eager, graph and
+XLA alike, and the other rows are unaffected; this costs one fused reduction. Sparsemax is
+shift-invariant: offsets of 1e8 give the same output up to float32 rounding of the inputs.
+``sparsemax_loss`` also rejects NaN/inf or negative ``labels`` eagerly and in graphs
+(skipped with ``losszoo.set_validation(False)``); under XLA such a row's loss is NaN.
+``axis`` must be an integer.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import tensorflow as tf
 
-from losszoo.ops._common import check_static_rank, move_axis_last, to_compute_dtype
-
+from losszoo.ops._common import (
+    check_finite,
+    check_number,
+    check_static_rank,
+    move_axis_last,
+    static_value,
+    to_compute_dtype,
+    validation_enabled,
+)
 
 # Above this many classes, Newton starts from the exact threshold of the top
 # _WARM_START_TOP scores instead of from -1; below it a top-k costs more than it saves.
@@ -54,6 +70,8 @@ def _top_scores_threshold(z: tf.Tensor, m: int) -> tf.Tensor:
     cumulative = tf.cumsum(top, axis=-1)
     rank = tf.range(1, m + 1, dtype=z.dtype)
     size = tf.reduce_sum(tf.cast(1.0 + rank * top > cumulative, tf.int32), -1, keepdims=True)
+    # A NaN row (see _shifted) counts no entry; 1 keeps the gather in range (the row stays NaN).
+    size = tf.maximum(size, 1)
     return (tf.gather(cumulative, size - 1, batch_dims=z.shape.rank - 1) - 1.0) / tf.cast(
         size, z.dtype
     )
@@ -91,10 +109,20 @@ def _threshold(z: tf.Tensor) -> tf.Tensor:
 
 
 def _shifted(z: tf.Tensor) -> tf.Tensor:
-    return z - tf.stop_gradient(tf.reduce_max(z, axis=-1, keepdims=True))
+    """``z - max(z)`` per row, with the whole row NaN when it holds a NaN or ``+inf``.
+
+    XLA's reduce_max skips NaNs, so the NaN is added explicitly: ``z * 0`` is NaN exactly for
+    NaN and infinite entries (``-inf``, a mask, is excluded). An all ``-inf`` row is NaN
+    through ``-inf - (-inf)``, as in softmax.
+    """
+    z_max = tf.reduce_max(z, axis=-1, keepdims=True)
+    poison = tf.reduce_sum(tf.where(tf.equal(z, -np.inf), tf.zeros_like(z), z * 0.0), axis=-1,
+                           keepdims=True)
+    return z - tf.stop_gradient(z_max + poison)
 
 
 def _prepare(logits, axis: int, name: str):
+    axis = check_number(axis, "axis", integer=True)
     z, dtype = to_compute_dtype(logits, name)
     check_static_rank(z, 1, name)
     z, undo = move_axis_last(z, axis)
@@ -114,7 +142,9 @@ def _sparsemax_last_axis(z):
         mean = tf.reduce_sum(support * upstream, -1, keepdims=True) / tf.reduce_sum(
             support, -1, keepdims=True
         )
-        return support * (upstream - mean)
+        # A NaN row (see _shifted) has an empty support; keep its gradient NaN explicitly,
+        # XLA would otherwise turn 0 * NaN into 0.
+        return tf.where(tf.math.is_nan(p), p, support * (upstream - mean))
 
     return p, grad
 
@@ -142,6 +172,21 @@ def sparsemax(logits, axis: int = -1, name: str | None = None) -> tf.Tensor:
         return tf.cast(undo(_sparsemax_last_axis(z)), dtype)
 
 
+def _check_labels(q):
+    """Targets must be finite and >= 0 (eagerly / graph assertion; skippable)."""
+    q = check_finite(q, "labels")
+    if not validation_enabled():
+        return q
+    message = "`labels` must be non-negative (target distributions)."
+    value = static_value(q)
+    if value is not None:
+        if value.size and value.min() < 0:
+            raise ValueError(f"{message[:-1]}; got a minimum of {value.min()}.")
+        return q
+    with tf.control_dependencies([tf.debugging.assert_non_negative(q, message=message)]):
+        return tf.identity(q)
+
+
 @tf.custom_gradient
 def _sparsemax_loss_last_axis(q, z):
     z = _shifted(z)
@@ -150,7 +195,10 @@ def _sparsemax_loss_last_axis(q, z):
     # <z - tau, q> over the classes that carry target mass; written with where() so that
     # a -inf score with q = 0 contributes 0 rather than NaN.
     margin = tf.where(q > 0, (z - tau) * q, tf.zeros_like(q))
-    loss = 0.5 * tf.reduce_sum(p * p + q * q, -1) - tf.reduce_sum(margin, -1)
+    # Negative targets poison the row (NaN targets already do through q * q): the XLA half of
+    # the label check, folded into the sum.
+    square = tf.where(q < 0, tf.fill(tf.shape(q), tf.constant(np.nan, q.dtype)), q * q)
+    loss = 0.5 * tf.reduce_sum(p * p + square, -1) - tf.reduce_sum(margin, -1)
     loss = tf.nn.relu(loss)  # L >= 0 exactly; removes round-off below zero.
 
     def grad(upstream):
@@ -182,7 +230,7 @@ def sparsemax_loss(labels, logits, axis: int = -1, name: str | None = None) -> t
       array([0.], dtype=float32)
     """
     with tf.name_scope(name or "sparsemax_loss"):
-        z, dtype, undo = _prepare(logits, axis, "logits")
+        z, dtype, _ = _prepare(logits, axis, "logits")
         q = tf.cast(tf.convert_to_tensor(labels), z.dtype)
         if q.shape.rank is not None and z.shape.rank is not None:
             q_last, _ = move_axis_last(q, axis) if q.shape.rank == z.shape.rank else (q, None)
@@ -192,4 +240,5 @@ def sparsemax_loss(labels, logits, axis: int = -1, name: str | None = None) -> t
                     f"last), got {list(q.shape)}."
                 )
             q = q_last
+        q = _check_labels(q)
         return tf.cast(_sparsemax_loss_last_axis(q, z), dtype)

@@ -145,13 +145,13 @@ def _tf_keras_adapter(keras3_loss_cls: type) -> type:
 
     For per-example losses tf_keras applies sample weights and its reduction to what
     ``call`` returns, exactly as Keras 3 does for the original class, and the op underneath
-    is the same TensorFlow code. Batch risks (the DRO losses) delegate ``__call__`` to the
-    Keras 3 loss, which computes the risk with the sample weights as reference
-    probabilities; ``reduction`` does not apply to them.
+    is the same TensorFlow code. A loss class may refine the adapter through a static
+    ``_refine_tf_keras_adapter(adapter) -> adapter``: the batch risks (the DRO losses) use it
+    to delegate ``__call__`` to the Keras 3 loss, which computes the risk with the sample
+    weights as reference probabilities; ``reduction`` does not apply to them.
     """
     tf_keras = _tf_keras()
     base = tf_keras.losses.Loss
-    batch_risk = _is_batch_risk(keras3_loss_cls)
 
     class Adapter(base):
         def __init__(self, reduction=tf_keras.losses.Reduction.AUTO, name=None, **config: Any):
@@ -169,14 +169,9 @@ def _tf_keras_adapter(keras3_loss_cls: type) -> type:
         def call(self, y_true, y_pred):
             return self.losszoo_loss.call(y_true, y_pred)
 
-        if batch_risk:
-            def __call__(self, y_true, y_pred, sample_weight=None):
-                return self.losszoo_loss(y_true, y_pred, sample_weight=sample_weight)
-
         def get_config(self):
             return {**super().get_config(), **self._losszoo_config}
 
-    # A loss class may refine the adapter (e.g. batch risks that must see the whole batch).
     refine = getattr(keras3_loss_cls, "_refine_tf_keras_adapter", None)
     if refine is not None:
         Adapter = refine(Adapter)

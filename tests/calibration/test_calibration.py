@@ -125,7 +125,7 @@ def test_fit_calibrator_on_a_model_saves_and_loads(tmp_path):
     model.save(path)
     loaded = keras.saving.load_model(path)
     np.testing.assert_allclose(loaded.predict(x, verbose=0), p, atol=1e-6)
-    with pytest.raises(ValueError, match="Unknown calibration"):
+    with pytest.raises(ValueError, match="`method`: unknown calibration"):
         C.fit_calibrator(base, x, y, "dirichlet")
 
 

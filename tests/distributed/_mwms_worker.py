@@ -37,7 +37,7 @@ def train_all(strategy, index: int, workers: int, names) -> dict:
                                                                    (index + 1) * per_worker]
         with strategy.scope():
             model = dist.build_model()
-            loss = losszoo.get(name)
+            loss = dist.make_loss(name)
             model.compile(optimizer=keras.optimizers.SGD(LEARNING_RATE), loss=loss)
             model.optimizer.build(model.trainable_variables)
 

@@ -54,7 +54,8 @@ def test_loss_and_grad_match_reference_every_label_format(n):
             pos = np.nonzero(row)[0]
             ids[b, : pos.size] = pos
         want_l, want_g = _ref_rows(z, [[(i, 1.0) for i in np.nonzero(r)[0]] for r in multi], k)
-        got_l, got_g = _loss_and_grad(tf.constant(ids), z, k=k)
+        # [B, n] integer ids are ambiguous (one-hot rows?): the format must be given.
+        got_l, got_g = _loss_and_grad(tf.constant(ids), z, k=k, label_format="ids")
         np.testing.assert_allclose(got_l, want_l, atol=1e-10)
         np.testing.assert_allclose(got_g, want_g, atol=1e-10)
         assert got_l[0] == 0.0 and np.all(got_g[0] == 0.0)
@@ -292,3 +293,86 @@ def test_rows_without_positives_have_zero_loss_and_grad():
         loss, grad = _loss_and_grad(labels, z)
         assert loss[0] == 0.0 and np.all(grad[0] == 0.0)
         assert loss[1] > 0.0
+
+
+# ----------------------------------------------------------------- issue 9 regressions
+
+_XLA_LOSS = tf.function(lambda y, s: rankmax_loss(y, s), jit_compile=True, autograph=False)
+
+
+def test_scale_1e8_projection_and_loss_match_reference():
+    z = np.array([[3e8, 1e8, 0.0, -1e8]])
+    for dtype in (np.float32, np.float64):
+        p = rankmax(z.astype(dtype), [0]).numpy()
+        np.testing.assert_allclose(p, ref.rankmax(z[0], 0, 1)[0][None], atol=1e-6)
+    # all ties at 1e8: log 3 (the positive's own margin term must survive the offset)
+    np.testing.assert_allclose(rankmax_loss([0], [[1e8, 1e8, 1e8]]).numpy(), [np.log(3)],
+                               rtol=1e-6)
+    np.testing.assert_allclose(ref.rankmax(np.array([1e8] * 3), 0, 1)[4], np.log(3))
+    # offsets of 1e8 leave loss and gradient unchanged (k = 1 and k = 2, eager and XLA)
+    rng = np.random.default_rng(3)
+    base = rng.normal(size=(4, 6)).astype(np.float64) * 3
+    y = np.array([0, 2, 5, 1])
+    for k in (1, 2):
+        want_l, want_g = _ref_rows(base, [[(yy, 1.0)] for yy in y], k)
+        got_l, got_g = _loss_and_grad(tf.constant(y), base + 1e8, k=k)
+        np.testing.assert_allclose(got_l, want_l, atol=1e-6)
+        np.testing.assert_allclose(got_g, want_g, atol=1e-6)
+
+
+def test_masked_positive_gives_inf_loss_and_zero_gradient():
+    z = np.array([[-np.inf, 1.0, 2.0], [0.5, -np.inf, 0.0]], np.float32)
+    for labels in (tf.constant([0, 0]), tf.constant(np.eye(3, dtype=np.float32)[[0, 0]])):
+        loss, grad = _loss_and_grad(labels, z)
+        assert loss[0] == np.inf and np.all(grad[0] == 0)
+        np.testing.assert_allclose(loss[1], ref.rankmax(np.array([0.5, -1e30, 0.0]), 0, 1)[4],
+                                   rtol=1e-6)
+    assert np.isinf(_XLA_LOSS(tf.constant([0, 0]), tf.constant(z)).numpy()[0])
+    assert np.all(np.isnan(rankmax(z, [0, 0]).numpy()[0]))
+
+
+def test_integer_one_hot_is_ambiguous_and_dense_format_matches_float():
+    z = np.array([[0.3, 1.0, -0.5]], np.float32)
+    with pytest.raises(ValueError, match="`labels` is ambiguous.*`label_format`"):
+        rankmax_loss(np.eye(3, dtype="int32")[[0]], z)
+    dense = rankmax_loss(np.eye(3, dtype="int32")[[0]], z, label_format="dense").numpy()
+    floats = rankmax_loss(np.eye(3, dtype="float32")[[0]], z).numpy()
+    ids = rankmax_loss(np.array([0]), z).numpy()
+    np.testing.assert_allclose(dense, floats)
+    np.testing.assert_allclose(dense, ids)
+    np.testing.assert_allclose(dense, [ref.rankmax(z[0].astype(np.float64), 0, 1)[4]], rtol=1e-6)
+    padded = rankmax_loss(np.array([[0, -1, -1]]), z, label_format="ids").numpy()
+    np.testing.assert_allclose(padded, ids)
+    with pytest.raises(ValueError, match="`label_format`"):
+        rankmax_loss([0], z, label_format="onehot")
+
+
+@pytest.mark.parametrize("labels", [[0, 7], [0, -2]])
+def test_xla_out_of_range_ids_give_nan_rows(labels):
+    z = tf.constant(np.random.default_rng(0).normal(size=(2, 4)).astype(np.float32))
+    out = _XLA_LOSS(tf.constant(labels), z).numpy()
+    assert np.isfinite(out[0]) and np.isnan(out[1])
+    proj = tf.function(lambda s, y: rankmax(s, y), jit_compile=True)(z, tf.constant(labels))
+    assert np.all(np.isfinite(proj[0])) and np.all(np.isnan(proj[1]))
+    with pytest.raises(ValueError, match="`labels`"):
+        rankmax_loss(labels, z)
+
+
+def test_xla_nan_scores_and_bad_dense_labels_give_nan_rows():
+    z = np.array([[np.nan, 1.0, 2.0, 3.0], [1.0, 2.0, 3.0, 4.0]], np.float32)
+    out = _XLA_LOSS(tf.constant([1, 1]), tf.constant(z)).numpy()
+    assert np.isnan(out[0]) and np.isfinite(out[1])
+    ok = np.ones((2, 4), np.float32)
+    for bad in ([[np.nan, 0, 0, 0], [1, 0, 0, 0]], [[-1, 0, 1, 0], [1, 0, 0, 0]]):
+        out = _XLA_LOSS(tf.constant(np.array(bad, np.float32)), tf.constant(ok)).numpy()
+        assert np.isnan(out[0]) and np.isfinite(out[1])
+        with pytest.raises(ValueError, match="`labels`"):
+            rankmax_loss(np.array(bad, np.float32), ok)
+
+
+def test_float_ids_must_be_whole():
+    z = np.zeros((2, 3), np.float32)
+    with pytest.raises(ValueError, match="`labels`"):
+        rankmax_loss(np.array([0.0, 1.5], np.float32), z)
+    np.testing.assert_allclose(rankmax_loss(np.array([0.0, 2.0], np.float32), z),
+                               rankmax_loss(np.array([0, 2]), z))

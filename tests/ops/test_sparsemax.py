@@ -220,3 +220,69 @@ def test_loss_rejects_shape_mismatch():
 def test_rank_zero_logits_rejected():
     with pytest.raises(ValueError, match="logits.*rank"):
         ops.sparsemax(tf.constant(1.0))
+
+
+# ----------------------------------------------------------------- issue 9 regressions
+
+_MODES = {
+    "eager": ops.sparsemax,
+    "graph": tf.function(ops.sparsemax, autograph=False),
+    "xla": tf.function(ops.sparsemax, jit_compile=True, autograph=False),
+}
+
+
+@pytest.mark.parametrize("num_classes", [6, 32768])
+def test_bad_rows_are_entirely_nan_in_every_mode(num_classes):
+    """All -inf, NaN or +inf rows: that row NaN, the others right (also on the warm-start path
+    from 32768 classes, which used to raise a gather error for the whole batch)."""
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=(4, num_classes)).astype(np.float32)
+    z[0] = -np.inf
+    z[1, 2] = np.nan
+    z[2, 1] = np.inf
+    want = ref_sparsemax(z[3:].astype(np.float64))
+    for mode, fn in _MODES.items():
+        p = fn(tf.constant(z)).numpy()
+        assert np.all(np.isnan(p[:3])), mode
+        np.testing.assert_allclose(p[3:], want, atol=1e-6, err_msg=mode)
+
+
+def test_nan_row_gradient_is_nan_and_others_match():
+    z = np.array([[0.1, np.nan, 0.3], [1.0, 0.5, -2.0]], np.float32)
+    for mode in ("eager", "xla"):
+        x = tf.constant(z)
+
+        def run(x):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                total = tf.reduce_sum(ops.sparsemax(x) * tf.constant([[1.0, 2.0, 3.0]]))
+            return tape.gradient(total, x)
+
+        g = (run if mode == "eager" else tf.function(run, jit_compile=True))(x).numpy()
+        assert np.all(np.isnan(g[0])), mode
+        # support {0, 1}: the gradient is v - mean_S(v) on the support
+        np.testing.assert_allclose(g[1], [-0.5, 0.5, 0.0], atol=1e-6, err_msg=mode)
+
+
+def test_offsets_of_1e8_match_unshifted():
+    rng = np.random.default_rng(1)
+    z = (rng.normal(size=(8, 50)) * 4).astype(np.float64)
+    q = np.eye(50)[rng.integers(0, 50, 8)]
+    np.testing.assert_allclose(ops.sparsemax(z + 1e8).numpy(), ref_sparsemax(z), atol=1e-7)
+    np.testing.assert_allclose(ops.sparsemax_loss(q, z + 1e8).numpy(),
+                               ops.sparsemax_loss(q, z).numpy(), atol=1e-7)
+    np.testing.assert_allclose(ops.sparsemax((z * 1e8).astype(np.float32)).numpy(),
+                               ref_sparsemax(z * 1e8), atol=1e-6)
+
+
+def test_loss_labels_are_checked_and_poison_under_xla():
+    z = tf.constant([[0.5, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    for bad in ([[np.nan, 1.0, 0.0], [1.0, 0.0, 0.0]], [[-1.0, 1.0, 1.0], [1.0, 0.0, 0.0]]):
+        with pytest.raises((ValueError, tf.errors.InvalidArgumentError), match="`labels`"):
+            ops.sparsemax_loss(np.array(bad, np.float32), z)
+        out = tf.function(ops.sparsemax_loss, jit_compile=True)(tf.constant(bad), z).numpy()
+        assert np.isnan(out[0]) and np.isfinite(out[1])
+    for bad_axis in (1.5, "1", None):
+        with pytest.raises(TypeError if not isinstance(bad_axis, float) else ValueError,
+                           match="`axis`"):
+            ops.sparsemax(z, axis=bad_axis)

@@ -1,0 +1,260 @@
+"""Fail-loud contract (issue 9) for ``ops.bcsoftmax``: every method, eager / graph / XLA.
+
+References: the spec's float64 numpy oracle (``shared/specs/bcsoftmax_reference.py``) run on
+the same float32 inputs the kernel sees.
+"""
+
+import hypothesis
+import hypothesis.strategies as st
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import losszoo
+from losszoo.ops._bcsoftmax import METHODS, bcsoftmax
+from tests.contract import (
+    CONTRACT_SETTINGS,
+    Modes,
+    assert_hparam_rejected,
+    assert_modes_agree,
+    assert_rejects,
+)
+from tests.helpers import load_reference
+
+REF = load_reference("bcsoftmax")
+SUITE = "bcsoftmax"
+N, K = 3, 4
+
+_RUNNERS = {m: Modes(lambda x, a, b, m=m: bcsoftmax(x, a, b, method=m)) for m in METHODS}
+
+
+def _oracle(x, a, b):
+    return REF.bcsoftmax(np.asarray(x, np.float64), np.asarray(a, np.float64),
+                         np.asarray(b, np.float64))[0]
+
+
+def _problem(seed, k=K, n=N):
+    x, a, b = REF.random_problem(np.random.RandomState(seed), n, k)
+    b = np.minimum(b, 1.0)
+    return x.astype(np.float32), a.astype(np.float32), b.astype(np.float32)
+
+
+# ------------------------------------------------------------------------------------------
+# Regression tests: the cases listed in issue 9.
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_logit_gaps_of_1e8_are_exact(method):
+    # Issue 9: "sort" and "bisect" returned rows summing to 0.66 / 0.8 at gaps of 1e8.
+    x = np.array([[1e8, 0.0, -1e8, 2e8], [0.0, 1e8, 3e8, -1e8]], np.float32)
+    a = np.array([[0.1] * 4, [0.0] * 4], np.float32)
+    b = np.array([[0.5] * 4, [0.5, 0.4, 0.3, 0.5]], np.float32)
+    y = assert_modes_agree(_RUNNERS[method], x, a, b, reference=_oracle(x, a, b), atol=1e-6,
+                           suite=SUITE)
+    np.testing.assert_allclose(np.asarray(y).sum(-1), 1.0, atol=1e-6)
+    np.testing.assert_allclose(y[0], [0.3, 0.1, 0.1, 0.5], atol=1e-6)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_coordinate_at_a_bound_gradients_agree_across_modes(method):
+    # Issue 9: with sum(lower) = 1 in float32 (every coordinate at its lower bound), eager saw a
+    # free coordinate of mass ~1e-8 and used its one-sided derivative, XLA saw none. Rounding-
+    # level free mass now counts as none in every mode: dL/da = v, dL/dx = 0 (spec section 3).
+    x = np.array([[0.3, 1.0, -2.0, 0.5], [2.0, 0.0, -1.0, 1.0]], np.float32)
+    a = np.array([[0.1, 0.2, 0.3, 0.4], [0.3355677, 0.27543208, 0.04027072, 0.3487295]],
+                 np.float32)
+    b = np.ones_like(a)
+    runner = _RUNNERS[method]
+    out, (gx, ga, gb) = runner.with_gradient("eager", [x, a, b], wrt=(0, 1, 2))
+    np.testing.assert_allclose(out, a, atol=1e-6)
+    w = 1.0 + 0.5 * np.sin(np.arange(x.size)).reshape(x.shape)  # the harness' weighting
+    np.testing.assert_allclose(ga, w, atol=1e-5)
+    np.testing.assert_allclose(gx, 0.0, atol=1e-6)
+    np.testing.assert_allclose(gb, 0.0, atol=1e-6)
+    assert_modes_agree(runner, x, a, b, grad_wrt=(0, 1, 2), suite=SUITE)
+    # the same with every coordinate at its upper bound (sum(upper) = 1)
+    assert_modes_agree(runner, x, np.zeros_like(a), a, grad_wrt=(0, 1, 2), suite=SUITE)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_bad_logits_raise_or_give_nan_rows(method):
+    x, a, b = _problem(1)
+    for value in (np.nan, np.inf):
+        bad = x.copy()
+        bad[1, 2] = value
+        assert_rejects(_RUNNERS[method], bad, a, b, name="logits", rows=[1], suite=SUITE)
+    masked_row = x.copy()
+    masked_row[2] = -np.inf
+    assert_rejects(_RUNNERS[method], masked_row, a, b, name="logits", rows=[2], suite=SUITE)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_infeasible_bounds_raise_or_give_nan_rows(method):
+    x, a, b = _problem(2)
+    cases = []
+    hi_a = a.copy()
+    hi_a[0] = 0.4  # sum(lower) = 1.6 > 1
+    cases.append((hi_a, np.maximum(b, hi_a), "lower", [0]))
+    lo_b = b.copy()
+    lo_b[1] = 0.2  # sum(upper) = 0.8 < 1
+    cases.append((np.minimum(a, lo_b), lo_b, "upper", [1]))
+    crossed, lo_c = b.copy(), a.copy()
+    crossed[2] = 1.0
+    crossed[2, 0], lo_c[2, 0] = 0.01, 0.05  # lower > upper, the sums stay feasible
+    cases.append((lo_c, crossed, "lower", [2]))
+    neg = a.copy()
+    neg[0, 1] = -0.5
+    cases.append((neg, b, "lower", [0]))
+    big = b.copy()
+    big[1, 3] = 1.5
+    cases.append((a, big, "upper", [1]))
+    nan_b = b.copy()
+    nan_b[2, 1] = np.nan
+    cases.append((a, nan_b, "upper", [2]))
+    for lo, up, name, rows in cases:
+        assert_rejects(_RUNNERS[method], x, lo, up, name=name, rows=rows, suite=SUITE)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_bad_temperature(method):
+    x, _, b = _problem(3)
+    runner = Modes(lambda x, t: bcsoftmax(x, None, b, t, method=method))
+    for t in (0.0, -1.0, np.nan, np.inf):
+        assert_rejects(runner, x, np.float32(t), name="temperature", rows=None, suite=SUITE)
+
+
+def test_minus_inf_masks_a_class():
+    # A -inf logit gets the least probability the box allows, max(lower_k, 0): 0 without a
+    # lower bound, and the other classes are BCSoftmax on the unmasked ones.
+    x = np.array([[1.0, -np.inf, 0.5, -1.0]], np.float32)
+    b = np.array([[0.5, 0.5, 0.5, 0.5]], np.float32)
+    for method in METHODS:
+        y = np.asarray(assert_modes_agree(_RUNNERS[method], x, np.zeros_like(b), b, suite=SUITE))
+        rest = _oracle(x[:, [0, 2, 3]], 0.0, b[:, [0, 2, 3]])
+        np.testing.assert_allclose(y[0, [0, 2, 3]], rest[0], atol=1e-6)
+        assert y[0, 1] == 0.0
+        a = np.array([[0.0, 0.05, 0.0, 0.1]], np.float32)
+        y = np.asarray(_RUNNERS[method]("xla", x, a, b))
+        np.testing.assert_allclose(y, _oracle(np.where(np.isinf(x), -1e4, x), a, b), atol=1e-6)
+        assert y[0, 1] == np.float32(0.05)
+
+
+def test_validate_flag_and_global_switch():
+    x, a, b = _problem(4)
+    bad_a = a.copy()
+    bad_a[0] = 0.5
+    with pytest.raises(ValueError, match="`lower`"):
+        bcsoftmax(x, bad_a, np.maximum(b, bad_a))
+    for ctx in (losszoo.validation(False),):
+        with ctx:
+            y = bcsoftmax(x, bad_a, np.maximum(b, bad_a)).numpy()
+        assert np.isnan(y[0]).all() and np.isfinite(y[1:]).all()
+    y = bcsoftmax(x, bad_a, np.maximum(b, bad_a), validate=False).numpy()
+    assert np.isnan(y[0]).all() and np.isfinite(y[1:]).all()
+    # traced with validation off: no assertion in the graph, NaN rows instead
+    with losszoo.validation(False):
+        f = tf.function(lambda x, a, b: bcsoftmax(x, a, b))
+        y = f(tf.constant(x), tf.constant(bad_a), tf.constant(np.maximum(b, bad_a))).numpy()
+    assert np.isnan(y[0]).all()
+
+
+def test_hyper_parameters_rejected():
+    x, a, b = _problem(5)
+    assert_hparam_rejected(lambda m: bcsoftmax(x, a, b, method=m), "method",
+                           ["Newton", "", None, "exact"], suite=SUITE)
+    assert_hparam_rejected(lambda v: bcsoftmax(x, a, b, validate=v), "validate", [1, "yes"],
+                           suite=SUITE)
+    assert_hparam_rejected(lambda c: bcsoftmax(x, a, b, clip=c), "clip", [0, None], suite=SUITE)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_k1_ties_and_half_precision(method):
+    runner = _RUNNERS[method]
+    one = np.array([[3.0], [-2.0], [0.0]], np.float32)
+    y = assert_modes_agree(runner, one, np.zeros_like(one), np.ones_like(one), suite=SUITE)
+    np.testing.assert_array_equal(y, 1.0)
+    ties = np.zeros((N, K), np.float32)
+    a = np.full((N, K), 0.1, np.float32)
+    b = np.array([[0.4, 0.4, 0.4, 0.1]] * N, np.float32)
+    assert_modes_agree(runner, ties, a, b, reference=_oracle(ties, a, b), atol=1e-6,
+                       grad_wrt=(0, 1, 2), suite=SUITE)
+    x, a, b = _problem(6)
+    y16 = bcsoftmax(x.astype(np.float16), a, b, method=method)
+    assert y16.dtype == tf.float16
+    np.testing.assert_allclose(np.asarray(y16, np.float64),
+                               _oracle(x.astype(np.float16), a, b), atol=2e-3)
+
+
+# ------------------------------------------------------------------------------------------
+# Property tests.
+# ------------------------------------------------------------------------------------------
+
+
+@CONTRACT_SETTINGS
+@hypothesis.given(seed=st.integers(0, 2**31 - 1), method=st.sampled_from(METHODS),
+                  transform=st.sampled_from(["none", "shift", "scale", "both"]))
+def test_valid_inputs_match_the_oracle_in_every_mode(seed, method, transform):
+    x, a, b = _problem(seed)
+    if transform in ("scale", "both"):
+        x = (x * np.float32(1e8)).astype(np.float32)
+    if transform in ("shift", "both"):
+        x = (x + np.float32(1e8)).astype(np.float32)
+    # the oracle sees exactly the float32 logits the kernel sees, shifted in float64
+    ref = _oracle(x.astype(np.float64) - x.astype(np.float64).max(-1, keepdims=True), a, b)
+    y = assert_modes_agree(_RUNNERS[method], x, a, b, reference=ref, atol=2e-6, suite=SUITE)
+    np.testing.assert_allclose(np.asarray(y).sum(-1), 1.0, atol=1e-5)
+
+
+@hypothesis.settings(CONTRACT_SETTINGS, max_examples=6)
+@hypothesis.given(seed=st.integers(0, 2**31 - 1), method=st.sampled_from(METHODS),
+                  pin=st.sampled_from(["none", "lower", "upper", "equal"]))
+def test_gradients_agree_in_every_mode_also_when_pinned(seed, method, pin):
+    x, a, b = _problem(seed)
+    if pin == "lower":
+        a = (a / a.sum(-1, keepdims=True)).astype(np.float32)
+        b = np.ones_like(a)
+    elif pin == "upper":
+        b = (b / b.sum(-1, keepdims=True)).astype(np.float32)
+        a = np.zeros_like(b)
+    elif pin == "equal":
+        a = b = (a / a.sum(-1, keepdims=True)).astype(np.float32)
+    assert_modes_agree(_RUNNERS[method], x, a, b, grad_wrt=(0, 1, 2), atol=1e-5, suite=SUITE)
+
+
+@CONTRACT_SETTINGS
+@hypothesis.given(seed=st.integers(0, 2**31 - 1), method=st.sampled_from(METHODS),
+                  row=st.integers(0, N - 1), col=st.integers(0, K - 1),
+                  kind=st.sampled_from(["nan_logit", "inf_logit", "masked_row", "nan_lower",
+                                        "neg_lower", "lower_sum", "upper_sum", "crossed",
+                                        "upper_gt_1"]))
+def test_invalid_inputs_raise_or_give_nan_rows(seed, method, row, col, kind):
+    x, a, b = _problem(seed)
+    a, b = a.copy(), b.copy()
+    name = {"nan_logit": "logits", "inf_logit": "logits", "masked_row": "logits",
+            "nan_lower": "lower", "neg_lower": "lower", "lower_sum": "lower",
+            "upper_sum": "upper", "crossed": "lower", "upper_gt_1": "upper"}[kind]
+    if kind == "nan_logit":
+        x[row, col] = np.nan
+    elif kind == "inf_logit":
+        x[row, col] = np.inf
+    elif kind == "masked_row":
+        x[row] = -np.inf
+    elif kind == "nan_lower":
+        a[row, col] = np.nan
+    elif kind == "neg_lower":
+        a[row, col] = -0.1
+    elif kind == "lower_sum":
+        a[row] = 0.3
+        b[row] = 0.5
+    elif kind == "upper_sum":
+        b[row] = 0.2
+        a[row] = 0.0
+    elif kind == "crossed":
+        a[row] = 0.0
+        b[row] = 1.0
+        a[row, col] = 0.2
+        b[row, col] = 0.1
+    else:
+        b[row, col] = 1.2
+    assert_rejects(_RUNNERS[method], x, a, b, name=name, rows=[row], suite=SUITE)
