@@ -27,8 +27,9 @@ paper's "equal tuning effort"). With shared settings sparsemax ends far below so
 0.01 its validation AP@10 peaks after one or two epochs and then falls, i.e. that learning
 rate suits softmax and Rankmax, not sparsemax; it is not evidence of a defect in the loss.
 
-Usage (needs TF_USE_LEGACY_KERAS=1, set below when unset; about 6 s per softmax epoch, 15 s per
-sparsemax epoch on a 2-core CPU):
+Usage (needs TF_USE_LEGACY_KERAS=1, set below when unset). On an idle 2-core CPU an epoch
+takes about 5 s with softmax or Rankmax and 15 s with sparsemax (the tables' s/epoch column is
+measured); the committed 3-seed run took about 20 minutes on a shared machine:
   python examples/movielens_retrieval.py --tune                 # the grid (writes *_tuning.*)
   python examples/movielens_retrieval.py --out examples/results # committed results, 3 seeds
   python examples/movielens_retrieval.py --epochs 1 --seeds 1 --loss softmax   # a smoke run
