@@ -53,7 +53,6 @@ STATELESS = [n for n in losszoo.names("loss") if n != "safe_kl_dro"]
 def test_compiled_by_name_saves_loads_and_evaluates(name, tmp_path):
     x, y = _data(name)
     model = _model(name)
-    model.fit(x, y, batch_size=32, epochs=1, verbose=0)
     before = model.evaluate(x, y, batch_size=32, verbose=0)
     want = _keras3_value(name, y, model.predict(x, verbose=0), "sum_over_batch_size")
     np.testing.assert_allclose(before, want, rtol=1e-5, atol=1e-6)
@@ -63,7 +62,6 @@ def test_compiled_by_name_saves_loads_and_evaluates(name, tmp_path):
     loaded = tf_keras.models.load_model(path)
     after = loaded.evaluate(x, y, batch_size=32, verbose=0)
     np.testing.assert_allclose(after, before, rtol=1e-6, atol=1e-7)
-    loaded.fit(x, y, batch_size=32, epochs=1, verbose=0)  # and it trains on
 
 
 @pytest.mark.parametrize("name", ["rankmax", "sparsemax", "cvar", "possibilistic_projection"])
