@@ -54,6 +54,7 @@ def validation(enabled: bool):
     """Context manager form of :func:`set_validation`; restores the previous state on exit.
 
     Example:
+      >>> q, z = [[0.0, 1.0, 0.0]], [[0.5, 2.0, -1.0]]
       >>> with losszoo.validation(False):      # trusted inputs, hot loop
       ...     loss = losszoo.ops.sparsemax_loss(q, z)
     """
