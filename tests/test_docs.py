@@ -27,21 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "losszoo"
 WITH_EXAMPLES = sorted(p for p in PACKAGE.rglob("*.py") if ">>>" in p.read_text())
 # Modules whose docstring examples do not run yet (edited on other branches); each one is
-# reported as a skip with this reason until it is fixed and removed from the set.
-_OTHERS = "docstring example does not run as written yet (module edited on another branch)"
-PENDING: dict[str, str] = {
-    name: _OTHERS
-    for name in (
-        "losszoo/calibration/fit.py",
-        "losszoo/calibration/streaming.py",
-        "losszoo/losses/dro.py",
-        "losszoo/losses/possibilistic.py",
-        "losszoo/ops/_dro.py",
-        "losszoo/ops/_possibilistic.py",
-        "losszoo/ops/_rankmax.py",
-        "losszoo/registry/_keras.py",
-    )
-}
+# reported as a skip with this reason until it is fixed and removed from the set
+# (LOSSZOO_DOCTEST_ALL=1 runs them anyway).
+PENDING: dict[str, str] = {}
 
 SYBIL = Sybil(parsers=[DocTestParser(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)])
 
@@ -49,7 +37,7 @@ SYBIL = Sybil(parsers=[DocTestParser(optionflags=doctest.ELLIPSIS | doctest.NORM
 @pytest.mark.parametrize("path", WITH_EXAMPLES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_docstring_examples(path):
     name = str(path.relative_to(ROOT))
-    if name in PENDING:
+    if name in PENDING and not os.environ.get("LOSSZOO_DOCTEST_ALL"):
         pytest.skip(PENDING[name])
     document = SYBIL.parse(path)
     model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(10)])

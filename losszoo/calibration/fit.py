@@ -110,11 +110,11 @@ def fit_calibrator(model_or_logits, x_val, y_val, method: str = "temperature_sca
       **calibrator_kwargs: passed to the calibrator layer.
 
     Raises:
-      ValueError / TypeError naming the argument, before any fitting: NaN / +inf / all -inf
-      logits (``model_or_logits``, also when computed by the model), labels that are not
-      integer ids in ``[0, K)`` (``y_val``), NaN/Inf features (``x_val``), mismatched lengths,
-      bad ``epochs`` / ``batch_size`` / ``learning_rate`` / ``epsilon`` / ``seed``, unknown
-      ``method``. Fitting runs eagerly on the host (no XLA case).
+      ValueError: (or TypeError) naming the argument, before any fitting: NaN / +inf / all -inf
+        logits (``model_or_logits``, also when computed by the model), labels that are not
+        integer ids in ``[0, K)`` (``y_val``), NaN/Inf features (``x_val``), mismatched lengths,
+        bad ``epochs`` / ``batch_size`` / ``learning_rate`` / ``epsilon`` / ``seed``, unknown
+        ``method``. Fitting runs eagerly on the host (no XLA case).
 
     Returns:
       A Keras model: the frozen base followed by the calibrator (inputs: the base's inputs), or,
@@ -123,8 +123,14 @@ def fit_calibrator(model_or_logits, x_val, y_val, method: str = "temperature_sca
       ``(model, history)``.
 
     Example:
-      >>> calibrated = losszoo.calibration.fit_calibrator(val_logits, None, y_val, "pb-c")
-      >>> probs = calibrated.predict(test_logits)
+      >>> rng = np.random.default_rng(0)
+      >>> val_logits = 4 * rng.normal(size=(64, 3)).astype("float32")
+      >>> y_val = np.where(rng.random(64) < 0.7, val_logits.argmax(1), rng.integers(0, 3, 64))
+      >>> calibrated = losszoo.calibration.fit_calibrator(val_logits, None, y_val, "pb-c",
+      ...                                                 epochs=5)
+      >>> probs = calibrated.predict(val_logits[:4], verbose=0)
+      >>> probs.shape, bool(np.allclose(probs.sum(-1), 1.0, atol=1e-5))
+      ((4, 3), True)
     """
     epochs = check_number(epochs, "epochs", low=1, integer=True)
     batch_size = check_number(batch_size, "batch_size", low=1, integer=True)

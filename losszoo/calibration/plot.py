@@ -57,8 +57,8 @@ def reliability_diagram(results, labels=None, n_bins: int = 15, path=None, title
     Example:
       >>> probs = np.array([[0.9, 0.1], [0.6, 0.4], [0.8, 0.2], [0.3, 0.7]])
       >>> fig = losszoo.calibration.reliability_diagram({"model": probs}, [0, 1, 0, 1])
-      >>> [ax.get_title() for ax in fig.axes]
-      ['model: ECE 0.3000']
+      >>> fig.axes[0].get_title()
+      'model: ECE 0.3000'
     """
     try:
         import matplotlib

@@ -162,7 +162,7 @@ class ExpectedCalibrationError(_BinnedTopLabel):
     Example:
       >>> m = losszoo.calibration.ExpectedCalibrationError()
       >>> m.update_state([0, 1], [[0.9, 0.1], [0.8, 0.2]])
-      >>> float(m.result())
+      >>> round(float(m.result()), 4)
       0.45
     """
 

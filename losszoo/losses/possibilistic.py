@@ -250,7 +250,8 @@ class AntipignisticKLLoss(keras.losses.Loss):
       reduction, name, dtype: as for any Keras loss.
 
     Example:
-      >>> losszoo.losses.AntipignisticKLLoss()([[1.0, 1.0]], [[0.0, 0.0]])   # -> 0.0
+      >>> float(losszoo.losses.AntipignisticKLLoss()([[1.0, 1.0]], [[0.0, 0.0]]))
+      0.0
     """
 
     def __init__(self, floor: float = 0.0, from_logits: bool = True,
@@ -286,7 +287,9 @@ class VoteKLLoss(keras.losses.Loss):
       reduction, name, dtype: as for any Keras loss.
 
     Example:
-      >>> losszoo.losses.VoteKLLoss()([[3, 1, 0]], [[1.0, 0.0, -2.0]])
+      >>> loss = losszoo.losses.VoteKLLoss()([[3, 1, 0]], [[1.0, 0.0, -2.0]])
+      >>> bool(loss >= 0.0)
+      True
     """
 
     def __init__(self, from_logits: bool = True, reduction="sum_over_batch_size",

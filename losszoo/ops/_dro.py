@@ -363,9 +363,9 @@ def safe_kl_dro_risk(losses, alpha, lam, rho, sample_weight=None, calibrate=True
       Scalar risk in the losses' dtype (half precision is computed in float32).
 
     Raises:
-      TypeError / ValueError naming the argument: bad ``lam`` / ``rho`` / ``calibrate``,
-      NaN/Inf/negative ``sample_weight`` or non-finite ``alpha`` (eagerly; inside
-      ``tf.function`` an assertion, skippable with ``losszoo.set_validation(False)``).
+      ValueError: (TypeError for a wrong type) naming the argument: bad ``lam`` / ``rho`` /
+        ``calibrate``, NaN/Inf/negative ``sample_weight`` or non-finite ``alpha`` (eagerly;
+        inside ``tf.function`` an assertion, skippable with ``losszoo.set_validation(False)``).
 
     Fail-loud behaviour: a NaN loss with positive weight gives a NaN value (and NaN
     gradient for that entry); a ``+inf`` loss gives ``+inf`` with finite gradients; zero

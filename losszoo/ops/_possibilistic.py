@@ -353,7 +353,7 @@ def possibility_constraints(possibility, eps_cap: float = 1e-9, tie_tol: float =
 
     Example:
       >>> c = possibility_constraints([[1.0, 0.51, 0.5]])
-      >>> c.dominance_bound.numpy()
+      >>> c.dominance_bound.numpy().round(6)
       array([[0.49, 0.5 ]])
     """
     _check_choice(support_mode, _SUPPORT, "support_mode")

@@ -592,10 +592,10 @@ def rankmax_loss(labels, scores, k: int = 1, margin: float = 1.0, max_positives=
       Per-row loss with shape ``scores.shape[:-1]`` and the dtype of ``scores``.
 
     Raises:
-      ValueError / TypeError naming the argument: NaN scores, ids outside ``[0, n)`` other
-      than -1 padding, non-whole or NaN ids, negative/NaN/inf dense weights, ambiguous
-      labels, bad ``k`` / ``margin`` / ``max_positives`` / ``label_format``. Value checks
-      are skipped with ``losszoo.set_validation(False)``.
+      ValueError: (or TypeError) naming the argument: NaN scores, ids outside ``[0, n)`` other
+        than -1 padding, non-whole or NaN ids, negative/NaN/inf dense weights, ambiguous
+        labels, bad ``k`` / ``margin`` / ``max_positives`` / ``label_format``. Value checks
+        are skipped with ``losszoo.set_validation(False)``.
 
     Under XLA: assertions vanish; rows with NaN scores or invalid labels get a NaN loss (and
     NaN gradients for NaN scores); ids are never clamped.
@@ -675,15 +675,15 @@ def rankmax(scores, labels, k: int = 1, margin: float = 1.0):
       row is NaN.
 
     Raises:
-      ValueError / TypeError naming the argument: NaN scores, ids outside ``[0, n)`` other
-      than -1, non-whole or NaN ids, bad ``k`` / ``margin`` (value checks are skipped with
-      ``losszoo.set_validation(False)``).
+      ValueError: (or TypeError) naming the argument: NaN scores, ids outside ``[0, n)`` other
+        than -1, non-whole or NaN ids, bad ``k`` / ``margin`` (value checks are skipped with
+        ``losszoo.set_validation(False)``).
 
     Under XLA: assertions vanish; rows with NaN scores or invalid ids come back all NaN.
 
     Example:
       >>> rankmax([[2.0, 1.5, -3.0]], [0]).numpy()
-      array([[0.6666667, 0.33333334, 0.       ]], dtype=float32)
+      array([[0.6666667 , 0.33333334, 0.        ]], dtype=float32)
     """
     z, dtype, n = _prepare_scores(scores)
     k, eta = _check_k_margin(k, margin, _static(n))

@@ -220,6 +220,7 @@ def tf_keras_loss(loss, **config: Any):
 
     Example:
       >>> # TF_USE_LEGACY_KERAS=1 python ...
+      >>> import tensorflow_recommenders as tfrs
       >>> task = tfrs.tasks.Retrieval(loss=losszoo.tf_keras_loss("rankmax"))
     """
     if not tf_keras_available():
