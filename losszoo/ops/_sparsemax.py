@@ -195,9 +195,10 @@ def _sparsemax_loss_last_axis(q, z):
     # <z - tau, q> over the classes that carry target mass; written with where() so that
     # a -inf score with q = 0 contributes 0 rather than NaN.
     margin = tf.where(q > 0, (z - tau) * q, tf.zeros_like(q))
-    # Negative targets poison the row (NaN targets already do through q * q): the XLA half of
-    # the label check, folded into the sum.
-    square = tf.where(q < 0, tf.fill(tf.shape(q), tf.constant(np.nan, q.dtype)), q * q)
+    # Negative, NaN or infinite targets poison the row: the XLA half of the label check,
+    # folded into the sum.
+    bad = tf.math.is_nan(q) | (q < 0) | tf.equal(q, np.inf)  # not ~(q >= 0): see _targets
+    square = tf.where(bad, tf.fill(tf.shape(q), tf.constant(np.nan, q.dtype)), q * q)
     loss = 0.5 * tf.reduce_sum(p * p + square, -1) - tf.reduce_sum(margin, -1)
     loss = tf.nn.relu(loss)  # L >= 0 exactly; removes round-off below zero.
 
