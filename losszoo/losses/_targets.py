@@ -210,7 +210,8 @@ def target_distribution(y_true, y_pred, normalize: bool = True, name: str = "y_t
         else:
             with tf.control_dependencies([tf.debugging.assert_non_negative(q, message=message)]):
                 q = tf.identity(q)
-    bad = tf.reduce_any(tf.logical_not(q >= 0) | tf.math.is_inf(q), -1)
+    # Spelt out, not ~(q >= 0): Grappler rewrites that into q < 0, which is false for NaN.
+    bad = tf.reduce_any(tf.math.is_nan(q) | (q < 0) | tf.math.is_inf(q), -1)
     total = tf.reduce_sum(q, -1, keepdims=True)
     has_target = nan_where(bad, tf.cast(total[..., 0] > 0, q.dtype))
     if normalize:

@@ -198,7 +198,8 @@ def _check_dense_labels(labels, z, name="labels"):
     if not (labels.dtype.is_integer or labels.dtype.is_floating or labels.dtype == tf.bool):
         raise TypeError(f"Dense `{name}` must be numeric, got {labels.dtype.name}.")
     w = tf.cast(labels, z.dtype)
-    invalid = tf.reduce_any(~(w >= 0) | tf.math.is_inf(w), axis=-1)
+    # Not ~(w >= 0): Grappler rewrites that into w < 0, which is false for NaN.
+    invalid = tf.reduce_any(tf.math.is_nan(w) | (w < 0) | tf.math.is_inf(w), axis=-1)
     message = f"Dense `{name}` must be finite and >= 0 (multi-hot or weights)."
     if validation_enabled():
         value = static_value(labels)
@@ -354,8 +355,10 @@ def _positives_forward(z, w, zy, k, eta):
 def _positives_backward(z, w, k, eta, saved, upstream, add_at_positives):
     """Gradient of :func:`_positives_forward`'s loss w.r.t. z (spec 3.3)."""
     has = (w > 0) & ~saved["masked"]
-    # ~(terms <= 0) keeps NaN terms, so NaN scores give NaN gradients too.
-    v = tf.where(has & ~(saved["terms"] <= 0), w * upstream[:, None], tf.zeros_like(w))
+    # NaN terms are kept, so NaN scores give NaN gradients too (is_nan spelt out: Grappler
+    # rewrites ~(t <= 0) into t > 0, which drops them).
+    live = (saved["terms"] > 0) | tf.math.is_nan(saved["terms"])
+    v = tf.where(has & live, w * upstream[:, None], tf.zeros_like(w))
     a, cap, gy, gk = _grad_coefficients(v, saved["gap"], saved["s"], k, saved["ts"],
                                         saved["Rs"], saved["case_b"])
     inside = (z[:, None, :] - saved["m"][:, :, None]) + eta > 0
@@ -393,11 +396,12 @@ def _rankmax_loss_one_hot_or_dense(z, w, k, eta):
     # Every [N, n] intermediate below is formed inline from the inputs (no captured masks):
     # a mask materialised as an operand of the tf.cond costs a full extra write and read.
     fits = tf.reduce_all(tf.reduce_sum(tf.cast(w > 0, tf.int32), axis=-1) <= 1)
-    # Negative or NaN weights make the row's weight (and so its loss) NaN: the XLA half of
-    # the label check, folded into a reduction the fast path needs anyway.
+    # Negative, NaN or infinite weights make the row's weight (and so its loss) NaN: the XLA
+    # half of the label check, folded into a reduction the fast path needs anyway (the slow
+    # branch checks its own rows).
     nan = tf.constant(np.nan, w.dtype)
     weight = tf.reduce_sum(
-        tf.where(w > 0, w, tf.where(tf.equal(w, 0.0), tf.zeros_like(w), nan)),
+        tf.where((w > 0) & (w < np.inf), w, tf.where(tf.equal(w, 0.0), tf.zeros_like(w), nan)),
         axis=-1, keepdims=True,
     )
 
@@ -405,7 +409,11 @@ def _rankmax_loss_one_hot_or_dense(z, w, k, eta):
     def f(z):
         zy = tf.reduce_sum(tf.where(w > 0, z, tf.zeros_like(z)), axis=-1, keepdims=True)
         fast, saved = _positives_forward(z, weight, zy, k, eta)
-        loss = tf.cond(fits, lambda: tf.identity(fast), lambda: _rankmax_loss_dense(z, w, k, eta))
+        def slow():
+            bad = tf.math.is_nan(w) | (w < 0) | tf.math.is_inf(w)
+            return nan_where(tf.reduce_any(bad, axis=-1), _rankmax_loss_dense(z, w, k, eta))
+
+        loss = tf.cond(fits, lambda: tf.identity(fast), slow)
 
         def grad(upstream):
             def fast_grad():
@@ -495,7 +503,8 @@ def _rankmax_loss_dense(z, w, k, eta):
         loss = tf.reduce_sum(tf.where(w > 0, w * terms, tf.zeros_like(terms)), axis=1)
 
         def grad(upstream):
-            v = tf.where(has & ~(terms <= 0), w * upstream[:, None], tf.zeros_like(w))
+            live = (terms > 0) | tf.math.is_nan(terms)
+            v = tf.where(has & live, w * upstream[:, None], tf.zeros_like(w))
             a, cap, gy, gk = _grad_coefficients(v, gap, s, k, ts, Rs, case_b)
             g = _dense_indicator_sum(a, perm, is_z) + gy
             return _add_topk_terms(g, top_i, cap, gk, k)
@@ -623,7 +632,7 @@ def _rankmax_projection_ids(z, ids, w, k, eta):
             ts, Rs = _capped_count(D, top_v, m, k, eta)
         alpha = tf.cast(k - ts, z.dtype) / Rs
         has = (w > 0)[:, :, None]
-        p = tf.where(has, tf.minimum(1.0, alpha[:, :, None] * d), tf.zeros_like(d))
+        p = tf.where(has, tf.minimum(alpha[:, :, None] * d, 1.0), tf.zeros_like(d))
 
         def grad(u):
             inside = d > 0

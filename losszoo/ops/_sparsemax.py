@@ -31,7 +31,7 @@ as softmax does. Half-precision inputs are computed in float32 and cast back.
 
 Fail-loud contract (README, "Bad input"): a row holding a NaN or ``+inf`` score, or only
 ``-inf``, comes back entirely NaN (output, loss and gradient) in every mode, eager, graph and
-XLA alike, and the other rows are unaffected; this costs one fused reduction. Sparsemax is
+XLA alike, and the other rows are unaffected (folded into the threshold's Newton passes). Sparsemax is
 shift-invariant: offsets of 1e8 give the same output up to float32 rounding of the inputs.
 ``sparsemax_loss`` also rejects NaN/inf or negative ``labels`` eagerly and in graphs
 (skipped with ``losszoo.set_validation(False)``); under XLA such a row's loss is NaN.
@@ -88,10 +88,15 @@ def _threshold(z: tf.Tensor) -> tf.Tensor:
 
     def newton_step(tau, count, changed):
         in_support = z > tau
-        total = tf.reduce_sum(tf.where(in_support, z, tf.zeros_like(z)), -1, keepdims=True)
+        # NaN entries are summed too, so a row holding a NaN gets a NaN threshold and comes
+        # out entirely NaN (XLA's reduce_max skips NaNs, so nothing else would spread it);
+        # folded into the pass the step makes anyway.
+        keep = in_support | tf.math.is_nan(z)
+        total = tf.reduce_sum(tf.where(keep, z, tf.zeros_like(z)), -1, keepdims=True)
         # max() keeps the iterates monotone even under rounding, so the support can only
         # shrink and the loop cannot cycle.
-        new_tau = tf.maximum(tau, (total - 1.0) / tf.cast(count, z.dtype))
+        candidate = (total - 1.0) / tf.cast(count, z.dtype)
+        new_tau = tf.where(tf.math.is_nan(candidate), candidate, tf.maximum(tau, candidate))
         new_count = support_size(new_tau)
         return new_tau, new_count, tf.reduce_any(new_count != count)
 
@@ -109,16 +114,9 @@ def _threshold(z: tf.Tensor) -> tf.Tensor:
 
 
 def _shifted(z: tf.Tensor) -> tf.Tensor:
-    """``z - max(z)`` per row, with the whole row NaN when it holds a NaN or ``+inf``.
-
-    XLA's reduce_max skips NaNs, so the NaN is added explicitly: ``z * 0`` is NaN exactly for
-    NaN and infinite entries (``-inf``, a mask, is excluded). An all ``-inf`` row is NaN
-    through ``-inf - (-inf)``, as in softmax.
-    """
-    z_max = tf.reduce_max(z, axis=-1, keepdims=True)
-    poison = tf.reduce_sum(tf.where(tf.equal(z, -np.inf), tf.zeros_like(z), z * 0.0), axis=-1,
-                           keepdims=True)
-    return z - tf.stop_gradient(z_max + poison)
+    """``z - max(z)`` per row. An all ``-inf`` row becomes NaN (``-inf - (-inf)``), as in
+    softmax; a ``+inf`` entry makes a NaN entry, which :func:`_threshold` spreads to the row."""
+    return z - tf.stop_gradient(tf.reduce_max(z, axis=-1, keepdims=True))
 
 
 def _prepare(logits, axis: int, name: str):
@@ -195,9 +193,10 @@ def _sparsemax_loss_last_axis(q, z):
     # <z - tau, q> over the classes that carry target mass; written with where() so that
     # a -inf score with q = 0 contributes 0 rather than NaN.
     margin = tf.where(q > 0, (z - tau) * q, tf.zeros_like(q))
-    # Negative targets poison the row (NaN targets already do through q * q): the XLA half of
-    # the label check, folded into the sum.
-    square = tf.where(q < 0, tf.fill(tf.shape(q), tf.constant(np.nan, q.dtype)), q * q)
+    # Negative, NaN or infinite targets poison the row: the XLA half of the label check,
+    # folded into the sum.
+    bad = tf.math.is_nan(q) | (q < 0) | tf.equal(q, np.inf)  # not ~(q >= 0): see _targets
+    square = tf.where(bad, tf.fill(tf.shape(q), tf.constant(np.nan, q.dtype)), q * q)
     loss = 0.5 * tf.reduce_sum(p * p + square, -1) - tf.reduce_sum(margin, -1)
     loss = tf.nn.relu(loss)  # L >= 0 exactly; removes round-off below zero.
 
