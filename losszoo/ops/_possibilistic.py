@@ -74,12 +74,11 @@ one cached ``tf.function(jit_compile=True)`` per configuration; every loop outpu
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import NamedTuple
 
 import numpy as np
 import tensorflow as tf
-
-import warnings
 
 from losszoo.ops._common import (
     check_number,
@@ -1455,7 +1454,36 @@ def _fixed_target_kl(logits, labels, labels_name, make_target):
     dtype = z.dtype if z.dtype.is_floating else tf.float32
     z2, restore = _flatten(z, "logits")
     y2, _ = _flatten(y, labels_name, k=z2.shape[-1])
+    z2 = _validate_logits(z2, "logits")
+    if labels_name == "possibility":
+        y2 = _validate_possibility(y2, labels_name)
+    else:
+        y2 = _validate_votes(y2, labels_name)
     target, valid = make_target(tf.cast(y2, _F64))
+    y64 = tf.cast(y2, _F64)
+    invalid = ~valid | row_has_nan(tf.cast(z2, _F64)) | tf.reduce_any(y64 < 0.0, axis=-1)
+    if labels_name == "possibility":
+        invalid |= _possibility_invalid(y64)
     loss = _kl_from_logits(tf.stop_gradient(target), tf.cast(z2, _F64))
-    loss = tf.where(valid, loss, tf.zeros_like(loss))
+    loss = nan_where(invalid, loss)
     return tf.cast(restore(loss), dtype)
+
+
+def _validate_votes(v, name):
+    """Eager ValueError / graph assertion: finite, non-negative counts with a positive sum."""
+    if not validation_enabled():
+        return v
+    message = f"`{name}` must hold finite, non-negative vote counts with a positive row sum."
+    value = static_value(v)
+    if value is not None:
+        a = np.asarray(value, np.float64)
+        with np.errstate(invalid="ignore"):
+            ok = np.all(np.isfinite(a) & (a >= 0)) and np.all(a.sum(-1) > 0)
+        if a.size and not ok:
+            raise ValueError(message)
+        return v
+    v64 = tf.cast(v, _F64)
+    ok = tf.reduce_all(tf.math.is_finite(v64) & (v64 >= 0.0)) & tf.reduce_all(
+        tf.reduce_sum(v64, -1) > 0.0)
+    with tf.control_dependencies([tf.debugging.Assert(ok, [message])]):
+        return tf.identity(v)
