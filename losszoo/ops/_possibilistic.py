@@ -17,6 +17,15 @@ visited in the fixed order pref(1..n-1), low(1..n-1), up(1..n-1). Bounds (spec 1
 
 Antipignistic reference (spec 1.2): ``pdot_r = sum_{j>=r} (pt_j - pt_{j+1}) / j``.
 
+Default solver (``method="interior_point"``, certified rule): a primal-dual interior point on
+the tie-reduced chain with a pentadiagonal Newton system, certified on the original
+constraints, rows it cannot certify finished by warm-started Dykstra; derivation in
+``docs/design/possibilistic_solver.md``. ``method="dykstra"`` is the solver below.
+
+Fail-loud contract: ``possibility`` rows must be finite, in ``[0, 1]`` with maximum 1, and
+logits must not be NaN; otherwise an error names the argument (eagerly and in graphs). Under
+XLA: assertions vanish, so invalid rows give NaN projections and NaN losses instead.
+
 Projection (spec 2): ``p* = argmin_{p in F} KL(p || q)``. We run Dykstra's algorithm with
 Bregman (KL) projections in its scalar dual form (spec 2.4), i.e. cyclic dual coordinate
 ascent on ``g(lam) = lam.b - log sum_k q_k exp((A^T lam)_k)``, ``lam >= 0``, with iterate
