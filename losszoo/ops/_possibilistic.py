@@ -17,6 +17,15 @@ visited in the fixed order pref(1..n-1), low(1..n-1), up(1..n-1). Bounds (spec 1
 
 Antipignistic reference (spec 1.2): ``pdot_r = sum_{j>=r} (pt_j - pt_{j+1}) / j``.
 
+Default solver (``method="interior_point"``, certified rule): a primal-dual interior point on
+the tie-reduced chain with a pentadiagonal Newton system, certified on the original
+constraints, rows it cannot certify finished by warm-started Dykstra; derivation in
+``docs/design/possibilistic_solver.md``. ``method="dykstra"`` is the solver below.
+
+Fail-loud contract: ``possibility`` rows must be finite, in ``[0, 1]`` with maximum 1, and
+logits must not be NaN; otherwise an error names the argument (eagerly and in graphs). Under
+XLA: assertions vanish, so invalid rows give NaN projections and NaN losses instead.
+
 Projection (spec 2): ``p* = argmin_{p in F} KL(p || q)``. We run Dykstra's algorithm with
 Bregman (KL) projections in its scalar dual form (spec 2.4), i.e. cyclic dual coordinate
 ascent on ``g(lam) = lam.b - log sum_k q_k exp((A^T lam)_k)``, ``lam >= 0``, with iterate
@@ -74,12 +83,11 @@ one cached ``tf.function(jit_compile=True)`` per configuration; every loop outpu
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import NamedTuple
 
 import numpy as np
 import tensorflow as tf
-
-import warnings
 
 from losszoo.ops._common import (
     check_number,
@@ -801,6 +809,7 @@ def _run_stages(lq, cst, state, sizes, body, max_cycles, stopping):
 
 _IPM_STEP = 0.99  # fraction to the boundary
 _IPM_MAX_ITER = 60
+_IPM_SHARPEN = 1e-5
 _IPM_SIGMA_MIN = 1e-3
 
 
@@ -1055,7 +1064,10 @@ def _ipm_solve(lq, pt, strict, lo, up, in_support, run, tol, gap_tol, max_iter):
     qm = tf.exp(_normalize_log(tf.where(red["real"], red["g"], -np.inf)))
     mdot = red["mdot"] / tf.reduce_sum(red["mdot"], axis=0, keepdims=True)
     m0 = tf.where(red["real"], 0.5 * qm + 0.5 * mdot, 0.0)
-    lam1, lam2, lam3, iters = _ipm_core(red, m0, run, tol, gap_tol, max_iter)
+    # Aim well below the certificate (gap 1e-10 only bounds |p - p*|_1 by 1.4e-5): the
+    # interior point converges superlinearly at the end, so this costs a few iterations.
+    lam1, lam2, lam3, iters = _ipm_core(red, m0, run, tol * _IPM_SHARPEN,
+                                        gap_tol * _IPM_SHARPEN, max_iter)
     xm = _ipm_dual_point(red, lam1, lam2, lam3)  # [K, B] block log masses
     bid = red["bid"]
     per_class = tf.gather(tf.transpose(xm - tf.math.log(red["w"])), bid, batch_dims=1)
@@ -1451,7 +1463,36 @@ def _fixed_target_kl(logits, labels, labels_name, make_target):
     dtype = z.dtype if z.dtype.is_floating else tf.float32
     z2, restore = _flatten(z, "logits")
     y2, _ = _flatten(y, labels_name, k=z2.shape[-1])
+    z2 = _validate_logits(z2, "logits")
+    if labels_name == "possibility":
+        y2 = _validate_possibility(y2, labels_name)
+    else:
+        y2 = _validate_votes(y2, labels_name)
     target, valid = make_target(tf.cast(y2, _F64))
+    y64 = tf.cast(y2, _F64)
+    invalid = ~valid | row_has_nan(tf.cast(z2, _F64)) | tf.reduce_any(y64 < 0.0, axis=-1)
+    if labels_name == "possibility":
+        invalid |= _possibility_invalid(y64)
     loss = _kl_from_logits(tf.stop_gradient(target), tf.cast(z2, _F64))
-    loss = tf.where(valid, loss, tf.zeros_like(loss))
+    loss = nan_where(invalid, loss)
     return tf.cast(restore(loss), dtype)
+
+
+def _validate_votes(v, name):
+    """Eager ValueError / graph assertion: finite, non-negative counts with a positive sum."""
+    if not validation_enabled():
+        return v
+    message = f"`{name}` must hold finite, non-negative vote counts with a positive row sum."
+    value = static_value(v)
+    if value is not None:
+        a = np.asarray(value, np.float64)
+        with np.errstate(invalid="ignore"):
+            ok = np.all(np.isfinite(a) & (a >= 0)) and np.all(a.sum(-1) > 0)
+        if a.size and not ok:
+            raise ValueError(message)
+        return v
+    v64 = tf.cast(v, _F64)
+    ok = tf.reduce_all(tf.math.is_finite(v64) & (v64 >= 0.0)) & tf.reduce_all(
+        tf.reduce_sum(v64, -1) > 0.0)
+    with tf.control_dependencies([tf.debugging.Assert(ok, [message])]):
+        return tf.identity(v)

@@ -296,6 +296,7 @@ def test_feasibility_on_all_events_and_kkt():
     n, tau = 6, 1e-8
     pi, q = random_cases(rng, 40, n)
     pi[:5, 3] = pi[:5, 1]  # some ties
+    pi /= pi.max(1, keepdims=True)
     p, info = project(q, pi)
     assert info["converged"].all()
     np.testing.assert_allclose(p.sum(1), 1.0, atol=1e-12)
@@ -326,6 +327,7 @@ def test_idempotence_order_and_equivariance():
     n = 6
     pi, q = random_cases(rng, 8, n)
     pi[:, 4] = pi[:, 2]  # a tie in every row
+    pi /= pi.max(1, keepdims=True)
     pdot = np.stack([ref_antipignistic(row) for row in pi])
     p, info = project(pdot, pi, method="dykstra")
     assert np.all(info["cycles"] == 1)
@@ -333,7 +335,9 @@ def test_idempotence_order_and_equivariance():
     assert np.max(np.abs(p - pdot)) <= 1e-15
     star, info = project(q, pi)
     again, _ = project(star, pi)
-    assert np.max(np.abs(again - star)) <= 1e-8
+    # Re-projecting a certified p* (gap <= 1e-10 bounds |p - p*|_1 by 1.4e-5 only) stays
+    # within 5e-8 (the interior point aims 1e-5 below the certificate).
+    assert np.max(np.abs(again - star)) <= 5e-8
     # Order: equal possibilities -> equal probabilities, larger -> larger.
     for i in range(len(pi)):
         np.testing.assert_allclose(star[i, 4], star[i, 2], atol=1e-8)
