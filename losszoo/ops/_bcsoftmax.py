@@ -737,28 +737,37 @@ def _bcsoftmax_impl(x, a, b, tau, axis, method, clip):
             free = tf.equal(state, FREE)
             at_lower = tf.equal(state, LOWER)
             at_upper = tf.equal(state, UPPER)
-            # Pinned rows (every coordinate at a bound up to rounding, e.g. sum(lower) = 1):
-            # the computed free mass lands on either side of 0 depending on the summation
-            # order (eager vs XLA), and the one-sided derivatives differ by O(|v|). A free
-            # coordinate within _PIN_TOL * eps * K of a bound is then counted at that bound, so
-            # every mode uses the derivative along the face sum(bounds) = 1 (spec section 3,
-            # S = 0): dL/da = g * v, dL/db = h * v, dL/dx = 0.
-            pin_tol = _PIN_TOL * np.finfo(y.dtype.as_numpy_dtype).eps * k
-            near_a = near_b = tf.zeros_like(free)
-            if a2 is not None:
-                near_a = tf.logical_and(free, y - tf.maximum(a2, 0.0) <= pin_tol)
-            if b2 is not None:
-                near_b = tf.logical_and(free, tf.minimum(b2, 1.0) - y <= pin_tol)
-            near = tf.logical_or(near_a, near_b)
-            pinned = tf.reduce_all(tf.logical_or(tf.logical_not(free), near), -1, keepdims=True)
-            to_upper = tf.logical_and(pinned, near_b)
-            to_lower = tf.logical_and(tf.logical_and(pinned, near_a), tf.logical_not(near_b))
-            at_lower = tf.logical_or(at_lower, to_lower)
-            at_upper = tf.logical_or(at_upper, to_upper)
-            free = tf.logical_and(free, tf.logical_not(tf.logical_and(pinned, near)))
             q = tf.where(free, y, zero)
             ssum = tf.reduce_sum(q, -1, keepdims=True)
             vbar = tf.math.divide_no_nan(tf.reduce_sum(q * v2, -1, keepdims=True), ssum)
+            # Pinned rows (every coordinate at a bound up to rounding, e.g. sum(lower) = 1):
+            # the computed free mass lands on either side of 0 depending on the summation
+            # order (eager vs XLA), and the one-sided derivatives differ by O(|v|). A row whose
+            # free coordinates all lie within _PIN_TOL * eps * K of a bound counts them at that
+            # bound, so every mode uses the derivative along the face sum(bounds) = 1 (spec
+            # section 3, S = 0): dL/da = g * v, dL/db = h * v, dL/dx = 0. The test is one more
+            # reduction in the same pass as the sums above.
+            pin_tol = _PIN_TOL * np.finfo(y.dtype.as_numpy_dtype).eps * k
+            dist_a = None if a2 is None else y - tf.maximum(a2, 0.0)
+            dist_b = None if b2 is None else tf.minimum(b2, 1.0) - y
+            if dist_a is not None or dist_b is not None:
+                dist = (dist_b if dist_a is None else dist_a if dist_b is None
+                        else tf.minimum(dist_a, dist_b))
+                slack = tf.reduce_max(tf.where(free, dist, zero), -1, keepdims=True)
+                pinned = tf.logical_and(slack <= pin_tol, tf.logical_not(tf.math.is_nan(ssum)))
+                pf = tf.logical_and(pinned, free)
+                if dist_b is None:
+                    at_lower = tf.logical_or(at_lower, pf)
+                else:
+                    to_upper = pf if dist_a is None else tf.logical_and(pf, dist_b <= pin_tol)
+                    at_upper = tf.logical_or(at_upper, to_upper)
+                    if dist_a is not None:
+                        at_lower = tf.logical_or(
+                            at_lower, tf.logical_and(pf, tf.logical_not(to_upper)))
+                q = tf.where(pf, zero, q)
+                vbar = tf.where(pinned, tf.zeros_like(vbar), vbar)
+            # rows the forward pass made NaN (invalid input) get NaN gradients
+            vbar = tf.where(tf.math.is_nan(y[:, :1]), tf.constant(np.nan, y.dtype), vbar)
             w = v2 - vbar
             qw = q * w
             grads = [unflat(qw / t2)]
