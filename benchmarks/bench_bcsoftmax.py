@@ -9,8 +9,8 @@ K = 128, where SLSQP takes about a second per row).
 
 import numpy as np
 import tensorflow as tf
-
 from harness import Case
+
 from losszoo import ops
 
 
@@ -29,6 +29,7 @@ def _problem(n, k, seed=0):
 def _inputs(n, k):
     def make():
         return [tf.constant(t) for t in _problem(n, k)]
+
     return make
 
 
@@ -38,7 +39,8 @@ def bcsoftmax(x, a, b):
 
 def bcsoftmax_sort(x, a, b):
     return ops.bcsoftmax(x, a, b, validate=False, method="sort") * tf.sin(
-        tf.range(x.shape[-1], dtype=x.dtype))
+        tf.range(x.shape[-1], dtype=x.dtype)
+    )
 
 
 def softmax(x, a, b):
@@ -54,8 +56,8 @@ def paper_alg5(x, a, b):
     pa = tf.argsort(x - tf.math.log(a), -1)
     xs, as_, bs = (tf.gather(t, pa, batch_dims=1) for t in (x, a, b))
     ks = tf.range(k + 1)
-    fixed = tf.cast(tf.range(k)[None, :] < ks[:, None], x.dtype)                 # [K+1, K]
-    s = 1.0 - tf.reduce_sum(fixed[None] * as_[:, None, :], -1, keepdims=True)     # [N, K+1, 1]
+    fixed = tf.cast(tf.range(k)[None, :] < ks[:, None], x.dtype)  # [K+1, K]
+    s = 1.0 - tf.reduce_sum(fixed[None] * as_[:, None, :], -1, keepdims=True)  # [N, K+1, 1]
     s_pos = tf.maximum(s, 1e-30)
     # UBSoftmax on each suffix with bounds bs/s; order by log b - x (independent of k)
     pb = tf.argsort(tf.math.log(bs) - xs, -1)
@@ -64,18 +66,24 @@ def paper_alg5(x, a, b):
     xm = tf.where(free_b > 0, xb[:, None, :], -np.inf)
     logr = tf.math.cumulative_logsumexp(xm, axis=-1, reverse=True)
     sb = 1.0 - tf.cumsum(free_b * bb[:, None, :] / s_pos, -1, exclusive=True)
-    cond = (free_b > 0) & (sb > 0) & (xm + tf.math.log(tf.maximum(sb, 1e-30))
-                                      <= tf.math.log(bb[:, None, :] / s_pos) + logr)
-    rho = tf.argmax(tf.cast(cond, tf.int32), -1)                                  # [N, K+1]
+    cond = (
+        (free_b > 0)
+        & (sb > 0)
+        & (xm + tf.math.log(tf.maximum(sb, 1e-30)) <= tf.math.log(bb[:, None, :] / s_pos) + logr)
+    )
+    rho = tf.argmax(tf.cast(cond, tf.int32), -1)  # [N, K+1]
     pos = tf.range(k)[None, None, :]
     logr_rho = tf.gather(logr, rho[..., None], batch_dims=2)
     s_rho = tf.gather(sb, rho[..., None], batch_dims=2)
-    ub = tf.where(pos < tf.cast(rho[..., None], tf.int32), bb[:, None, :] / s_pos,
-                  s_rho * tf.exp(tf.where(free_b > 0, xm - logr_rho, -np.inf)))
+    ub = tf.where(
+        pos < tf.cast(rho[..., None], tf.int32),
+        bb[:, None, :] / s_pos,
+        s_rho * tf.exp(tf.where(free_b > 0, xm - logr_rho, -np.inf)),
+    )
     ub = tf.where(free_b > 0, ub, 0.0) * s_pos
     inv_b = tf.argsort(pb, -1)
     y_sorted = tf.gather(ub, tf.broadcast_to(inv_b[:, None, :], [n, k + 1, k]), batch_dims=2)
-    y_all = y_sorted + fixed[None] * as_[:, None, :]                              # [N, K+1, K]
+    y_all = y_sorted + fixed[None] * as_[:, None, :]  # [N, K+1, K]
     ok = tf.reduce_all((y_all >= as_[:, None, :] - 1e-6) & (y_all <= bs[:, None, :] + 1e-6), -1)
     ok &= tf.squeeze(s, -1) >= -1e-6
     first = tf.argmax(tf.cast(ok, tf.int32), -1)
@@ -96,9 +104,15 @@ def _slsqp_rows(x, a, b):
             return -(xi @ y - np.sum(yc * np.log(yc))), -(xi - np.log(yc) - 1)
 
         y0 = ai + (bi - ai) * (1 - ai.sum()) / (bi.sum() - ai.sum())
-        out[i] = minimize(f, y0, jac=True, method="SLSQP", bounds=list(zip(np.maximum(ai, 1e-12), bi)),
-                          constraints=[{"type": "eq", "fun": lambda y: y.sum() - 1}],
-                          options={"ftol": 1e-10, "maxiter": 200}).x
+        out[i] = minimize(
+            f,
+            y0,
+            jac=True,
+            method="SLSQP",
+            bounds=list(zip(np.maximum(ai, 1e-12), bi)),
+            constraints=[{"type": "eq", "fun": lambda y: y.sum() - 1}],
+            options={"ftol": 1e-10, "maxiter": 200},
+        ).x
     return out
 
 
@@ -115,14 +129,33 @@ def cases(quick=False):
             anchors["paper_alg5"] = paper_alg5
         if k <= 1024:
             anchors["alg_A_sort"] = bcsoftmax_sort
-        out.append(Case(op="bcsoftmax", shape=f"128x{k}", fn=bcsoftmax, inputs=_inputs(128, k),
-                        anchors=anchors, wrt=(0, 1, 2), modes=("xla",),
-                        target="<= 3x softmax at K=1024" if k == 1024 else "",
-                        repeats=rep if k < 32768 else 3))
+        out.append(
+            Case(
+                op="bcsoftmax",
+                shape=f"128x{k}",
+                fn=bcsoftmax,
+                inputs=_inputs(128, k),
+                anchors=anchors,
+                wrt=(0, 1, 2),
+                modes=("xla",),
+                target="<= 3x softmax at K=1024" if k == 1024 else "",
+                repeats=rep if k < 32768 else 3,
+            )
+        )
     # SLSQP needs ~1 s per row at K = 128 (minutes for 128 rows x 4 calls): time 8 rows there;
     # the ratio is per row either way.
     for n, k in ((128, 32), (8, 128)):
-        out.append(Case(op="bcsoftmax_fwd", shape=f"{n}x{k}", fn=bcsoftmax, inputs=_inputs(n, k),
-                        anchors={"scipy_slsqp": scipy_slsqp}, wrt=(), modes=("graph",),
-                        target=">= 100x faster than SLSQP (ratio <= 0.01)", repeats=2))
+        out.append(
+            Case(
+                op="bcsoftmax_fwd",
+                shape=f"{n}x{k}",
+                fn=bcsoftmax,
+                inputs=_inputs(n, k),
+                anchors={"scipy_slsqp": scipy_slsqp},
+                wrt=(),
+                modes=("graph",),
+                target=">= 100x faster than SLSQP (ratio <= 0.01)",
+                repeats=2,
+            )
+        )
     return out

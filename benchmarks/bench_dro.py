@@ -31,8 +31,10 @@ LAM, RHO = 1.0, 0.1
 def _losses(batch, seed=0):
     def make():
         rng = np.random.default_rng(seed)
-        return (tf.constant(rng.gamma(2.0, size=batch).astype(np.float32)),
-                tf.constant(1.5, tf.float32))
+        return (
+            tf.constant(rng.gamma(2.0, size=batch).astype(np.float32)),
+            tf.constant(1.5, tf.float32),
+        )
 
     return make
 
@@ -57,11 +59,13 @@ def batch_lse(l, alpha):
 def _model_inputs(batch, d=64, h=256, k=10, seed=0):
     def make():
         rng = np.random.default_rng(seed)
-        return (tf.constant(rng.normal(size=(d, h)).astype(np.float32) / 8),
-                tf.constant(rng.normal(size=(h, k)).astype(np.float32) / 16),
-                tf.constant(rng.normal(size=(batch, d)).astype(np.float32)),
-                tf.constant(rng.integers(0, k, batch).astype(np.int32)),
-                tf.constant(0.5, tf.float32))
+        return (
+            tf.constant(rng.normal(size=(d, h)).astype(np.float32) / 8),
+            tf.constant(rng.normal(size=(h, k)).astype(np.float32) / 16),
+            tf.constant(rng.normal(size=(batch, d)).astype(np.float32)),
+            tf.constant(rng.integers(0, k, batch).astype(np.int32)),
+            tf.constant(0.5, tf.float32),
+        )
 
     return make
 
@@ -86,13 +90,19 @@ def _fit_models(jit, variants, batch=256, seed=0):
     from losszoo.losses import SafeKLDRORisk  # noqa: F401  (registers the loss)
 
     rng = np.random.default_rng(seed)
-    data = [(tf.constant(rng.normal(size=(batch, 64)).astype(np.float32)),
-             tf.constant(rng.integers(0, 10, batch).astype(np.int32))) for _ in range(8)]
+    data = [
+        (
+            tf.constant(rng.normal(size=(batch, 64)).astype(np.float32)),
+            tf.constant(rng.integers(0, 10, batch).astype(np.int32)),
+        )
+        for _ in range(8)
+    ]
     fns = {}
     for name, make_loss in variants.items():
         keras.utils.set_random_seed(seed)
-        model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(256, activation="relu"),
-                                  keras.layers.Dense(10)])
+        model = keras.Sequential(
+            [keras.Input((64,)), keras.layers.Dense(256, activation="relu"), keras.layers.Dense(10)]
+        )
         model.compile(keras.optimizers.Adam(1e-3), loss=make_loss(), jit_compile=jit)
         model.fit(data[0][0].numpy(), data[0][1].numpy(), batch_size=batch, epochs=1, verbose=0)
         fns[name] = model.train_function  # the compiled step that fit calls
@@ -119,10 +129,12 @@ def fit_step_rows(quick=False):
     variants = {
         "erm": ce,
         "safe_kl (default: newton alpha, first-batch init)": lambda: SafeKLDRORisk(ce()),
-        "safe_kl (alpha_optimizer='auto' -> Adam)":
-            lambda: SafeKLDRORisk(ce(), alpha_optimizer="auto"),
-        "safe_kl (init_alpha_from_batch=False)":
-            lambda: SafeKLDRORisk(ce(), init_alpha_from_batch=False),
+        "safe_kl (alpha_optimizer='auto' -> Adam)": lambda: SafeKLDRORisk(
+            ce(), alpha_optimizer="auto"
+        ),
+        "safe_kl (init_alpha_from_batch=False)": lambda: SafeKLDRORisk(
+            ce(), init_alpha_from_batch=False
+        ),
     }
     rounds, steps = (6, 10) if quick else (15, 20)
     rows = []
@@ -133,16 +145,18 @@ def fit_step_rows(quick=False):
         times = {n: [] for n in fns}
         names = list(fns)
         for r in range(rounds):
-            for n in (names if r % 2 == 0 else names[::-1]):
+            for n in names if r % 2 == 0 else names[::-1]:
                 times[n].append(_time_block(fns[n], data, steps))
         erm = statistics.median(times["erm"])
         for n in names[1:]:
             med = statistics.median(times[n])
             paired = statistics.median(a / b for a, b in zip(times[n], times["erm"]))
-            rows.append(f"| model.fit step {n} | MLP 64-256-10, B=256, Adam | "
-                        f"fit {'jit' if jit else 'graph'} | {med * 1e3:.2f} | "
-                        f"erm: {med / erm:.2f}x ({erm * 1e3:.2f}); paired median {paired:.2f}x | "
-                        f"<= 1.1x ERM |")
+            rows.append(
+                f"| model.fit step {n} | MLP 64-256-10, B=256, Adam | "
+                f"fit {'jit' if jit else 'graph'} | {med * 1e3:.2f} | "
+                f"erm: {med / erm:.2f}x ({erm * 1e3:.2f}); paired median {paired:.2f}x | "
+                f"<= 1.1x ERM |"
+            )
     return rows
 
 
@@ -151,15 +165,35 @@ def cases(quick=False):
         print(row, flush=True)
     reps = 5 if quick else 20
     out = []
-    for batch in (10, 1024, 2 ** 16 if quick else 2 ** 20):
-        out.append(Case(op="safe_kl_dro_risk", shape=f"B={batch}", fn=safe_kl,
-                        inputs=_losses(batch),
-                        anchors={"mean": plain_mean, "reduce_logsumexp": reduce_logsumexp,
-                                 "kl_dro_batch_lse": batch_lse},
-                        wrt=(0, 1), target="report ratio vs mean", repeats=reps))
-    out.append(Case(op="model_step_safe_kl", shape="MLP 64-256-10, B=256", fn=model_safe_kl,
-                    inputs=_model_inputs(256), anchors={"model_step_erm": model_erm},
-                    wrt=(0, 1, 4), target="<= 1.1x ERM", repeats=reps))
+    for batch in (10, 1024, 2**16 if quick else 2**20):
+        out.append(
+            Case(
+                op="safe_kl_dro_risk",
+                shape=f"B={batch}",
+                fn=safe_kl,
+                inputs=_losses(batch),
+                anchors={
+                    "mean": plain_mean,
+                    "reduce_logsumexp": reduce_logsumexp,
+                    "kl_dro_batch_lse": batch_lse,
+                },
+                wrt=(0, 1),
+                target="report ratio vs mean",
+                repeats=reps,
+            )
+        )
+    out.append(
+        Case(
+            op="model_step_safe_kl",
+            shape="MLP 64-256-10, B=256",
+            fn=model_safe_kl,
+            inputs=_model_inputs(256),
+            anchors={"model_step_erm": model_erm},
+            wrt=(0, 1, 4),
+            target="<= 1.1x ERM",
+            repeats=reps,
+        )
+    )
     return out
 
 

@@ -14,8 +14,8 @@ end-to-end epoch time is in examples/results/movielens_retrieval.md (s/epoch col
 
 import numpy as np
 import tensorflow as tf
-
 from harness import Case
+
 from losszoo import ops
 
 
@@ -57,8 +57,12 @@ def _mf_inputs(batch=512, users=943, items=1682, dim=32, seed=0):
         rng = np.random.default_rng(seed)
         u = tf.constant(rng.normal(scale=0.3, size=(users, dim)).astype(np.float32))
         v = tf.constant(rng.normal(scale=0.3, size=(items, dim)).astype(np.float32))
-        return (u, v, tf.constant(rng.integers(0, users, batch).astype(np.int32)),
-                tf.constant(rng.integers(0, items, batch).astype(np.int32)))
+        return (
+            u,
+            v,
+            tf.constant(rng.integers(0, users, batch).astype(np.int32)),
+            tf.constant(rng.integers(0, items, batch).astype(np.int32)),
+        )
 
     return make
 
@@ -76,26 +80,66 @@ def cases(quick=False):
     big = (64, 100_000) if quick else (256, 100_000)
     out = []
     for (batch, n), label in (((512, 512), "in-batch"), (big, "candidates")):
-        out.append(Case(op="rankmax_loss k=1", shape=f"{batch}x{n} {label}", fn=rankmax_k1,
-                        inputs=_inputs(batch, n), anchors={"softmax_ce": softmax_ce},
-                        target="<= 1.2x softmax_ce (xla)", repeats=repeats))
-        out.append(Case(op="rankmax_loss k=10", shape=f"{batch}x{n} {label}", fn=rankmax_k10,
-                        inputs=_inputs(batch, n), anchors={"softmax_ce": softmax_ce},
-                        target="ratio reported", repeats=repeats))
+        out.append(
+            Case(
+                op="rankmax_loss k=1",
+                shape=f"{batch}x{n} {label}",
+                fn=rankmax_k1,
+                inputs=_inputs(batch, n),
+                anchors={"softmax_ce": softmax_ce},
+                target="<= 1.2x softmax_ce (xla)",
+                repeats=repeats,
+            )
+        )
+        out.append(
+            Case(
+                op="rankmax_loss k=10",
+                shape=f"{batch}x{n} {label}",
+                fn=rankmax_k10,
+                inputs=_inputs(batch, n),
+                anchors={"softmax_ce": softmax_ce},
+                target="ratio reported",
+                repeats=repeats,
+            )
+        )
     for size in (512, 8192):
         reps = repeats if size == 512 else max(3, repeats // 4)
         shape = f"{size}x{size} in-batch (TFRS eye)"
-        out.append(Case(op="rankmax_loss k=1 dense labels", shape=shape, fn=rankmax_k1,
-                        inputs=_inputs(size, size, dense=True, eye=True),
-                        anchors={"softmax_ce dense": softmax_ce,
-                                 "softmax_ce ids": sparse_softmax_ce_of_dense},
-                        target="<= 1.2x softmax_ce (xla)", repeats=reps))
-        out.append(Case(op="rankmax_loss k=1 ids", shape=f"{size}x{size} in-batch (arange)",
-                        fn=rankmax_k1, inputs=_inputs(size, size, eye=True),
-                        anchors={"softmax_ce": softmax_ce}, target="ratio reported",
-                        repeats=reps))
-    out.append(Case(op="mf_step rankmax k=1", shape="512 users x 1682 movies, d=32",
-                    fn=_mf(rankmax_k1), inputs=_mf_inputs(), wrt=(0, 1),
-                    anchors={"mf_step softmax_ce": _mf(softmax_ce)},
-                    target="<= 1.1x softmax (end to end)", repeats=repeats))
+        out.append(
+            Case(
+                op="rankmax_loss k=1 dense labels",
+                shape=shape,
+                fn=rankmax_k1,
+                inputs=_inputs(size, size, dense=True, eye=True),
+                anchors={
+                    "softmax_ce dense": softmax_ce,
+                    "softmax_ce ids": sparse_softmax_ce_of_dense,
+                },
+                target="<= 1.2x softmax_ce (xla)",
+                repeats=reps,
+            )
+        )
+        out.append(
+            Case(
+                op="rankmax_loss k=1 ids",
+                shape=f"{size}x{size} in-batch (arange)",
+                fn=rankmax_k1,
+                inputs=_inputs(size, size, eye=True),
+                anchors={"softmax_ce": softmax_ce},
+                target="ratio reported",
+                repeats=reps,
+            )
+        )
+    out.append(
+        Case(
+            op="mf_step rankmax k=1",
+            shape="512 users x 1682 movies, d=32",
+            fn=_mf(rankmax_k1),
+            inputs=_mf_inputs(),
+            wrt=(0, 1),
+            anchors={"mf_step softmax_ce": _mf(softmax_ce)},
+            target="<= 1.1x softmax (end to end)",
+            repeats=repeats,
+        )
+    )
     return out

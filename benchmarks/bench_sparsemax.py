@@ -7,8 +7,8 @@ Targets (issue 2), under XLA on the 2-core CPU: forward+backward <= 2x softmax+C
 import keras
 import numpy as np
 import tensorflow as tf
-
 from harness import Case
+
 from losszoo import ops
 
 
@@ -46,7 +46,14 @@ def cases(quick=False):
         anchors = {"softmax_ce": softmax_ce, "keras.ops.sparsemax": keras_sparsemax}
         for name, fn in (("sparsemax_loss", sparsemax_loss), ("sparsemax", sparsemax_head)):
             out.append(
-                Case(op=name, shape=f"{batch}x{k}", fn=fn, inputs=_inputs(batch, k),
-                     anchors=anchors, target=target, repeats=5 if quick else 20)
+                Case(
+                    op=name,
+                    shape=f"{batch}x{k}",
+                    fn=fn,
+                    inputs=_inputs(batch, k),
+                    anchors=anchors,
+                    target=target,
+                    repeats=5 if quick else 20,
+                )
             )
     return out

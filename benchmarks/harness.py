@@ -13,7 +13,7 @@ import dataclasses
 import platform
 import statistics
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 

@@ -25,7 +25,7 @@ from harness import machine_line, measure  # noqa: E402
 
 
 def discover(only: list[str] | None) -> list[str]:
-    names = sorted(p.stem[len("bench_"):] for p in HERE.glob("bench_*.py"))
+    names = sorted(p.stem[len("bench_") :] for p in HERE.glob("bench_*.py"))
     if only:
         unknown = sorted(set(only) - set(names))
         if unknown:
@@ -35,8 +35,12 @@ def discover(only: list[str] | None) -> list[str]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    parser.add_argument("--only", action="append", help="benchmark name (repeatable), e.g. sparsemax")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument(
+        "--only", action="append", help="benchmark name (repeatable), e.g. sparsemax"
+    )
     parser.add_argument("--quick", action="store_true", help="smaller shapes and fewer repeats")
     args = parser.parse_args(argv)
 

@@ -57,18 +57,19 @@ BLOCK = 16  # rows per RNG block: rows [0, BLOCK) never depend on the batch size
 
 def _blocks(batch, seed, make_block):
     """Concatenate ``make_block(rng, rows)`` over blocks of BLOCK rows, each its own stream."""
+
     def fill(i):
         start = i * BLOCK
         part = make_block(np.random.default_rng([seed, i]), min(BLOCK, batch - start))
         for o, p in zip(out, part):
-            o[start:start + len(p)] = p
+            o[start : start + len(p)] = p
 
     first = make_block(np.random.default_rng([seed, 0]), min(BLOCK, batch))
     # filled in place (4096 x 1e6 inputs are 16 GB each), blocks in parallel: numpy's
     # generators release the GIL while filling arrays
     out = [np.empty((batch, *p.shape[1:]), p.dtype) for p in first]
     for o, p in zip(out, first):
-        o[:len(p)] = p
+        o[: len(p)] = p
     blocks = range(1, -(-batch // BLOCK))
     if out[0].size > 1 << 24:
         from concurrent.futures import ThreadPoolExecutor
@@ -87,6 +88,7 @@ def _logits_onehot(batch, k, seed=0):
         y = np.zeros((rows, k), np.float32)
         y[np.arange(rows), rng.integers(0, k, rows)] = 1.0
         return x, y
+
     return _blocks(batch, seed, block)
 
 
@@ -99,11 +101,13 @@ def _scores_ids(batch, n, seed=0, dense=False):
             y[np.arange(rows), ids] = 1.0
             return s, y
         return s, ids
+
     return _blocks(batch, seed, block)
 
 
 def _bcsoftmax(batch, k, seed=0, temperature=0.7):
     """bench_bcsoftmax's problem (feasible random boxes) plus a scalar temperature."""
+
     def block(rng, rows):
         x = rng.normal(0, 3, (rows, k))
         b = rng.random((rows, k))
@@ -113,11 +117,13 @@ def _bcsoftmax(batch, k, seed=0, temperature=0.7):
         a *= rng.random((rows, 1)) * 0.5
         b = np.minimum(np.maximum(a, b) + 1e-6, 1.0)
         return x.astype(np.float32), a.astype(np.float32), b.astype(np.float32)
+
     return _blocks(batch, seed, block) + [np.float32(temperature)]
 
 
 def _possibility(batch, k, seed=0):
     """bench_possibilistic's labels: ChaosNLI-like votes for K = 3, else the spec 6.2 staircase."""
+
     def block(rng, rows):
         logits = rng.standard_normal((rows, k), dtype=np.float32)
         if k == 3:
@@ -133,17 +139,24 @@ def _possibility(batch, k, seed=0):
                 for r, j in enumerate(others):
                     pi[i, j] = min(1 - 1e-6, 1e-6 + max(0.0, a - r * 0.01))
         return logits, pi.astype(np.float32)
+
     return _blocks(batch, seed, block)
 
 
 def _losses(batch, seed=0, alpha=1.5):
     """Per-example losses ~ Gamma(2) and a scalar dual variable, as in bench_dro."""
-    return _blocks(batch, seed, lambda rng, rows: (rng.gamma(2.0, size=rows).astype(np.float32),)
-                   ) + [np.float32(alpha)]
+    return _blocks(
+        batch, seed, lambda rng, rows: (rng.gamma(2.0, size=rows).astype(np.float32),)
+    ) + [np.float32(alpha)]
 
 
-GENERATORS = {"logits_onehot": _logits_onehot, "scores_ids": _scores_ids,
-              "bcsoftmax": _bcsoftmax, "possibility": _possibility, "losses": _losses}
+GENERATORS = {
+    "logits_onehot": _logits_onehot,
+    "scores_ids": _scores_ids,
+    "bcsoftmax": _bcsoftmax,
+    "possibility": _possibility,
+    "losses": _losses,
+}
 
 
 def make_inputs(recipe: dict, rows: int | None = None) -> list[np.ndarray]:
@@ -191,8 +204,13 @@ class XlaRunner:
     def custom_calls(self, proto: bytes) -> list[str]:
         """custom-call targets in the module (jaxlib must know each one)."""
         text = self.computation(proto).as_hlo_text()
-        return sorted({line.split('custom_call_target="')[1].split('"')[0]
-                       for line in text.splitlines() if 'custom_call_target="' in line})
+        return sorted(
+            {
+                line.split('custom_call_target="')[1].split('"')[0]
+                for line in text.splitlines()
+                if 'custom_call_target="' in line
+            }
+        )
 
     def compile(self, proto: bytes):
         """Compile an ``HloModuleProto`` (cached); returns ``(executable, program_shape)``."""
@@ -206,7 +224,8 @@ class XlaRunner:
         options = self.xc.CompileOptions()
         if hasattr(self.backend, "compile_and_load"):  # jax >= 0.6
             exe = self.backend.compile_and_load(
-                stablehlo, self.xc.DeviceList((self.device,)), options)
+                stablehlo, self.xc.DeviceList((self.device,)), options
+            )
         else:  # older jaxlib: compile() returns a loaded executable
             exe = self.backend.compile(stablehlo, options)
         return exe, comp.program_shape()
@@ -233,7 +252,9 @@ def check_signature(program_shape, inputs) -> None:
         raise ValueError(f"module has {len(params)} parameters, recipe gives {len(inputs)} inputs")
     for i, (p, x) in enumerate(zip(params, inputs)):
         if tuple(p.dimensions()) != x.shape or np.dtype(p.numpy_dtype()) != x.dtype:
-            raise ValueError(f"parameter {i}: module expects {p}, input is {x.dtype}{list(x.shape)}")
+            raise ValueError(
+                f"parameter {i}: module expects {p}, input is {x.dtype}{list(x.shape)}"
+            )
 
 
 def compare(out: np.ndarray, ref: np.ndarray, rtol: float, atol: float) -> tuple[bool, float]:
@@ -247,7 +268,8 @@ def compare(out: np.ndarray, ref: np.ndarray, rtol: float, atol: float) -> tuple
         return False, float("inf")
     fin = np.isfinite(ref)
     same_nonfinite = np.array_equal(np.isnan(out), np.isnan(ref)) and np.array_equal(
-        out[np.isinf(ref)], ref[np.isinf(ref)])
+        out[np.isinf(ref)], ref[np.isinf(ref)]
+    )
     if not fin.any():
         return bool(same_nonfinite), 0.0
     scale = max(1.0, float(np.max(np.abs(ref[fin]))))
@@ -300,8 +322,13 @@ def time_modules(runner, compiled: dict, repeats: int) -> dict:
 
 def run_case(runner, folder, case, reference, repeats=None, check_only=False):
     """Compile, check and time one case (op + anchors); returns one result row."""
-    row = {"op": case["op"], "shape": case["shape"], "target": case.get("target", ""),
-           "modules": {}, "error": None}
+    row = {
+        "op": case["op"],
+        "shape": case["shape"],
+        "target": case.get("target", ""),
+        "modules": {},
+        "error": None,
+    }
     try:
         inputs = make_inputs(case["inputs"])
         args = None
@@ -317,8 +344,12 @@ def run_case(runner, folder, case, reference, repeats=None, check_only=False):
                 args = runner.put(inputs)
             outs = runner.run(exe, args)
             status, worst = check_module(runner, folder, case, name, outs, reference)
-            row["modules"][name] = {"match": status, "worst": worst, "compile_s": compile_s,
-                                    "custom_calls": runner.custom_calls(proto)}
+            row["modules"][name] = {
+                "match": status,
+                "worst": worst,
+                "compile_s": compile_s,
+                "custom_calls": runner.custom_calls(proto),
+            }
             compiled[name] = (exe, args)
             del outs
         if not check_only:
@@ -334,40 +365,50 @@ def run_case(runner, folder, case, reference, repeats=None, check_only=False):
 def format_row(row, mode) -> str:
     """One Markdown row in run.py's columns (+ "matches TF")."""
     if row["error"]:
-        return (f"| {row['op']} | {row['shape']} | {mode} | FAILED | {row['error']} | "
-                f"{row['target']} | - |")
+        return (
+            f"| {row['op']} | {row['shape']} | {mode} | FAILED | {row['error']} | "
+            f"{row['target']} | - |"
+        )
     mods = row["modules"]
     op = mods[row["op"]]
     anchors = [a for a in mods if a != row["op"]]
     matches = "; ".join(
         f"{'' if n == row['op'] else n + ': '}{m['match']} ({m['worst']:.2g})"
-        for n, m in mods.items())
+        for n, m in mods.items()
+    )
     if "ms" not in op:
         return f"| {row['op']} | {row['shape']} | {mode} | - | - | {row['target']} | {matches} |"
-    ratios = "; ".join(f"{a}: {op['ms'] / mods[a]['ms']:.2f}x ({mods[a]['ms']:.2f})"
-                       for a in anchors)
-    return (f"| {row['op']} | {row['shape']} | {mode} | {op['ms']:.2f} | {ratios or '-'} | "
-            f"{row['target']} | {matches} |")
+    ratios = "; ".join(
+        f"{a}: {op['ms'] / mods[a]['ms']:.2f}x ({mods[a]['ms']:.2f})" for a in anchors
+    )
+    return (
+        f"| {row['op']} | {row['shape']} | {mode} | {op['ms']:.2f} | {ratios or '-'} | "
+        f"{row['target']} | {matches} |"
+    )
 
 
 def machine_line(runner, manifest) -> str:
     import jaxlib
 
     dev = runner.device
-    return (f"{platform.node()} | {platform.processor() or platform.machine()} | "
-            f"{os.cpu_count()} cores | {dev.platform}: {dev.device_kind} | "
-            f"Python {platform.python_version()} | jax {runner.jax.__version__} | "
-            f"jaxlib {jaxlib.__version__} | NumPy {np.__version__} | "
-            f"{time.strftime('%Y-%m-%d')} | exported from TF {manifest['tensorflow']} "
-            f"({manifest['preset']} shapes)")
+    return (
+        f"{platform.node()} | {platform.processor() or platform.machine()} | "
+        f"{os.cpu_count()} cores | {dev.platform}: {dev.device_kind} | "
+        f"Python {platform.python_version()} | jax {runner.jax.__version__} | "
+        f"jaxlib {jaxlib.__version__} | NumPy {np.__version__} | "
+        f"{time.strftime('%Y-%m-%d')} | exported from TF {manifest['tensorflow']} "
+        f"({manifest['preset']} shapes)"
+    )
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawTextHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     parser.add_argument("folder", type=pathlib.Path, help="folder written by xla_export.py")
-    parser.add_argument("--only", action="append",
-                        help="run cases whose op contains this text (repeatable)")
+    parser.add_argument(
+        "--only", action="append", help="run cases whose op contains this text (repeatable)"
+    )
     parser.add_argument("--platform", help="JAX platform to use (cpu, gpu); default: JAX's")
     parser.add_argument("--repeats", type=int, help="timed rounds per case (default: manifest)")
     parser.add_argument("--check-only", action="store_true", help="compile and check, no timing")
@@ -380,8 +421,10 @@ def main(argv=None) -> int:
     reference = np.load(folder / manifest["reference"])
     mode = f"xla via jax ({runner.device.platform})"
     print(f"machine: {machine_line(runner, manifest)}\n")
-    print("| op | shape | mode | fwd+bwd ms | ratio to anchors (anchor ms) | target | "
-          "matches TF (worst err / tol) |")
+    print(
+        "| op | shape | mode | fwd+bwd ms | ratio to anchors (anchor ms) | target | "
+        "matches TF (worst err / tol) |"
+    )
     print("|---|---|---|---|---|---|---|")
     rows, failed = [], 0
     for case in manifest["cases"]:
@@ -393,8 +436,7 @@ def main(argv=None) -> int:
         failed += bool(bad)
         print(format_row(row, mode), flush=True)
     if args.json:
-        args.json.write_text(json.dumps({"device": runner.device.platform, "rows": rows},
-                                        indent=1))
+        args.json.write_text(json.dumps({"device": runner.device.platform, "rows": rows}, indent=1))
     if failed:
         print(f"\n{failed} case(s) failed to compile, run or match TensorFlow", file=sys.stderr)
     return 1 if failed else 0

@@ -101,6 +101,7 @@ class Spec:
 
 # ---- functions not in the bench modules -------------------------------------------------
 
+
 def _sin_k(x):
     return tf.sin(tf.range(x.shape[-1], dtype=x.dtype))
 
@@ -157,6 +158,7 @@ def cvar(l, alpha):
 
 # ---- presets --------------------------------------------------------------------------
 
+
 def specs(preset: str) -> list[Spec]:
     """The cases of a preset (``"bench"``, ``"small"`` or ``"large"``)."""
     small, large = preset == "small", preset == "large"
@@ -174,9 +176,17 @@ def specs(preset: str) -> list[Spec]:
         if not (large or small):  # a full sort per row: not worth a GPU-only shape
             anchors["keras.ops.sparsemax"] = bs.keras_sparsemax
         for name, fn in (("sparsemax_loss", bs.sparsemax_loss), ("sparsemax", bs.sparsemax_head)):
-            out.append(Spec(name, f"{batch}x{k}", fn,
-                            {"generator": "logits_onehot", "batch": batch, "k": k},
-                            anchors, target=target, repeats=3 if large else 20))
+            out.append(
+                Spec(
+                    name,
+                    f"{batch}x{k}",
+                    fn,
+                    {"generator": "logits_onehot", "batch": batch, "k": k},
+                    anchors,
+                    target=target,
+                    repeats=3 if large else 20,
+                )
+            )
 
     # rankmax (loss with ids and dense labels, projection)
     if large:
@@ -190,22 +200,60 @@ def specs(preset: str) -> list[Spec]:
         reps = 3 if large else 20
         sm = {"softmax_ce": br.softmax_ce}
         out += [
-            Spec("rankmax_loss k=1", f"{batch}x{n} {label}", br.rankmax_k1, recipe, sm,
-                 target="<= 1.2x softmax_ce (xla)", repeats=reps),
-            Spec("rankmax_loss k=10", f"{batch}x{n} {label}", br.rankmax_k10, recipe, sm,
-                 target="ratio reported", repeats=reps),
-            Spec("rankmax k=1", f"{batch}x{n} {label}", rankmax_k1_head, recipe,
-                 {"softmax": softmax_head}, repeats=reps),
-            Spec("rankmax k=10", f"{batch}x{n} {label}", rankmax_k10_head, recipe,
-                 {"softmax": softmax_head}, repeats=reps),
+            Spec(
+                "rankmax_loss k=1",
+                f"{batch}x{n} {label}",
+                br.rankmax_k1,
+                recipe,
+                sm,
+                target="<= 1.2x softmax_ce (xla)",
+                repeats=reps,
+            ),
+            Spec(
+                "rankmax_loss k=10",
+                f"{batch}x{n} {label}",
+                br.rankmax_k10,
+                recipe,
+                sm,
+                target="ratio reported",
+                repeats=reps,
+            ),
+            Spec(
+                "rankmax k=1",
+                f"{batch}x{n} {label}",
+                rankmax_k1_head,
+                recipe,
+                {"softmax": softmax_head},
+                repeats=reps,
+            ),
+            Spec(
+                "rankmax k=10",
+                f"{batch}x{n} {label}",
+                rankmax_k10_head,
+                recipe,
+                {"softmax": softmax_head},
+                repeats=reps,
+            ),
         ]
         if n <= 512:
             dense = dict(recipe, dense=True)
             out += [
-                Spec("rankmax_loss k=1 dense labels", f"{batch}x{n} {label} (eye)",
-                     br.rankmax_k1, dense, sm, repeats=reps),
-                Spec("rankmax_loss k=10 dense labels", f"{batch}x{n} {label} (eye)",
-                     rankmax_k10_dense, dense, sm, repeats=reps),
+                Spec(
+                    "rankmax_loss k=1 dense labels",
+                    f"{batch}x{n} {label} (eye)",
+                    br.rankmax_k1,
+                    dense,
+                    sm,
+                    repeats=reps,
+                ),
+                Spec(
+                    "rankmax_loss k=10 dense labels",
+                    f"{batch}x{n} {label} (eye)",
+                    rankmax_k10_dense,
+                    dense,
+                    sm,
+                    repeats=reps,
+                ),
             ]
 
     # bcsoftmax with learned bounds and temperature
@@ -217,10 +265,18 @@ def specs(preset: str) -> list[Spec]:
             anchors["paper_alg5"] = paper_alg5_t
         if k <= 1024 or large:
             anchors["alg_A_sort"] = bcsoftmax_sort_t
-        out.append(Spec("bcsoftmax (bounds + temperature)", f"{batch}x{k}", bcsoftmax_t,
-                        {"generator": "bcsoftmax", "batch": batch, "k": k}, anchors,
-                        wrt=(0, 1, 2, 3), target="<= 3x softmax at K=1024" if k == 1024 else "",
-                        repeats=10 if k < 32768 else 3))
+        out.append(
+            Spec(
+                "bcsoftmax (bounds + temperature)",
+                f"{batch}x{k}",
+                bcsoftmax_t,
+                {"generator": "bcsoftmax", "batch": batch, "k": k},
+                anchors,
+                wrt=(0, 1, 2, 3),
+                target="<= 3x softmax at K=1024" if k == 1024 else "",
+                repeats=10 if k < 32768 else 3,
+            )
+        )
 
     # possibilistic projection (float64 Dykstra inside): the loss and the projection itself
     if not large:
@@ -228,33 +284,75 @@ def specs(preset: str) -> list[Spec]:
         if not small:
             anchors["antipignistic_kl"] = bp.antipignistic_kl
         for (batch, k), loss, proj, what, target in (
-                ((8, 3) if small else (256, 3), bp.projection_loss_nli, projection_nli,
-                 "certified, eps_cap .05, tol 1e-6", "<= 10 ms per step"),
-                ((8, 20) if small else (128, 20), bp.projection_loss_synthetic,
-                 projection_synthetic, "certified, tol 1e-8", "<= 300 ms per batch")):
+            (
+                (8, 3) if small else (256, 3),
+                bp.projection_loss_nli,
+                projection_nli,
+                "certified, eps_cap .05, tol 1e-6",
+                "<= 10 ms per step",
+            ),
+            (
+                (8, 20) if small else (128, 20),
+                bp.projection_loss_synthetic,
+                projection_synthetic,
+                "certified, tol 1e-8",
+                "<= 300 ms per batch",
+            ),
+        ):
             recipe = {"generator": "possibility", "batch": batch, "k": k}
             reps = 5 if k == 20 else 20
-            out.append(Spec(f"possibilistic_projection_loss ({what})", f"{batch}x{k}", loss,
-                            recipe, anchors, target=target, repeats=reps))
-            out.append(Spec(f"possibilistic_projection fwd ({what})", f"{batch}x{k}", proj,
-                            recipe, {} if small else {"softmax_ce": bp.softmax_ce}, wrt=(),
-                            repeats=reps))
+            out.append(
+                Spec(
+                    f"possibilistic_projection_loss ({what})",
+                    f"{batch}x{k}",
+                    loss,
+                    recipe,
+                    anchors,
+                    target=target,
+                    repeats=reps,
+                )
+            )
+            out.append(
+                Spec(
+                    f"possibilistic_projection fwd ({what})",
+                    f"{batch}x{k}",
+                    proj,
+                    recipe,
+                    {} if small else {"softmax_ce": bp.softmax_ce},
+                    wrt=(),
+                    repeats=reps,
+                )
+            )
 
     # safe-KL DRO risk and the baselines
     if not large:
-        anchors = {"mean": bd.plain_mean, "reduce_logsumexp": bd.reduce_logsumexp,
-                   "kl_dro_batch_lse": bd.batch_lse, "kl_dro_sumexp": sumexp,
-                   "cvar_risk": cvar}
+        anchors = {
+            "mean": bd.plain_mean,
+            "reduce_logsumexp": bd.reduce_logsumexp,
+            "kl_dro_batch_lse": bd.batch_lse,
+            "kl_dro_sumexp": sumexp,
+            "cvar_risk": cvar,
+        }
         if small:  # the baselines are ops too; reduce_logsumexp is plain TF
             del anchors["reduce_logsumexp"]
-        for batch in ((64,) if small else (10, 1024, 2 ** 20)):
-            out.append(Spec("safe_kl_dro_risk", f"B={batch}", bd.safe_kl,
-                            {"generator": "losses", "batch": batch}, anchors, wrt=(0, 1),
-                            target="report ratio vs mean", rowwise=False))
+        for batch in (64,) if small else (10, 1024, 2**20):
+            out.append(
+                Spec(
+                    "safe_kl_dro_risk",
+                    f"B={batch}",
+                    bd.safe_kl,
+                    {"generator": "losses", "batch": batch},
+                    anchors,
+                    wrt=(0, 1),
+                    target="report ratio vs mean",
+                    rowwise=False,
+                )
+            )
     return out
 
 
 # ---- export ---------------------------------------------------------------------------
+
 
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_")[:60]
@@ -292,13 +390,16 @@ def export_module(fn, spec: Spec, inputs, large: bool, cap: int, reference: str 
     ref_step = step if reference == "xla" else tf.function(forward_backward(fn, spec.wrt))
     if large:
         batch = spec.recipe["batch"]
-        tensor_specs = [tf.TensorSpec([batch, *x.shape[1:]] if x.ndim else [], x.dtype)
-                        for x in inputs]
+        tensor_specs = [
+            tf.TensorSpec([batch, *x.shape[1:]] if x.ndim else [], x.dtype) for x in inputs
+        ]
         ir = step.experimental_get_compiler_ir(*tensor_specs)
         rows_out = _flat(ref_step(*[tf.constant(x) for x in inputs]))  # TF, first rows
-        full_shapes = [list(o.shape) for o in
-                       tf.nest.flatten(step.get_concrete_function(*tensor_specs)
-                                       .structured_outputs) if o is not None]
+        full_shapes = [
+            list(o.shape)
+            for o in tf.nest.flatten(step.get_concrete_function(*tensor_specs).structured_outputs)
+            if o is not None
+        ]
     else:
         args = [tf.constant(x) for x in inputs]
         ir = step.experimental_get_compiler_ir(*args)
@@ -307,19 +408,31 @@ def export_module(fn, spec: Spec, inputs, large: bool, cap: int, reference: str 
     meta, refs = [], []
     if large:
         for o, shape in zip(rows_out, full_shapes):
-            rowwise = spec.rowwise and len(shape) > 0 and o.ndim == len(shape) \
-                and o.shape[0] == inputs[0].shape[0] and shape[0] == spec.recipe["batch"]
-            meta.append({"shape": shape, "dtype": o.dtype.name,
-                         "reference": "rows" if rowwise else "none"})
+            rowwise = (
+                spec.rowwise
+                and len(shape) > 0
+                and o.ndim == len(shape)
+                and o.shape[0] == inputs[0].shape[0]
+                and shape[0] == spec.recipe["batch"]
+            )
+            meta.append(
+                {"shape": shape, "dtype": o.dtype.name, "reference": "rows" if rowwise else "none"}
+            )
             refs.append(o if rowwise else None)
     else:
         for o in full:
             whole = o.nbytes <= cap or o.ndim == 0
-            meta.append({"shape": list(o.shape), "dtype": o.dtype.name,
-                         "reference": "full" if whole else "rows"})
+            meta.append(
+                {
+                    "shape": list(o.shape),
+                    "dtype": o.dtype.name,
+                    "reference": "full" if whole else "rows",
+                }
+            )
             refs.append(o)
-    refs = [r if r is None or r.ndim == 0 or r.nbytes <= cap else _leading_block(r, cap)
-            for r in refs]
+    refs = [
+        r if r is None or r.ndim == 0 or r.nbytes <= cap else _leading_block(r, cap) for r in refs
+    ]
     return proto, ir, meta, refs
 
 
@@ -335,30 +448,52 @@ def _leading_block(x: np.ndarray, cap: int) -> np.ndarray:
     return np.ascontiguousarray(x)
 
 
-def export(preset: str, out: pathlib.Path, only=None, cap: int = DEFAULT_CAP, log=print,
-           cases: list[Spec] | None = None, reference: str = "xla"):
+def export(
+    preset: str,
+    out: pathlib.Path,
+    only=None,
+    cap: int = DEFAULT_CAP,
+    log=print,
+    cases: list[Spec] | None = None,
+    reference: str = "xla",
+):
     """Write the folder for ``preset`` (or for ``cases``, exported the preset's way: traced
     from shapes and referenced by rows for ``"large"``); returns the manifest dict."""
     if out.exists():
         shutil.rmtree(out)
     (out / "modules").mkdir(parents=True)
     large = preset == "large"
-    manifest = {"format": FORMAT, "tensorflow": tf.__version__, "preset": preset,
-                "created": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-                "reference": "reference.npz", "reference_mode": reference,
-                "block_rows": BLOCK, "cases": []}
+    manifest = {
+        "format": FORMAT,
+        "tensorflow": tf.__version__,
+        "preset": preset,
+        "created": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "reference": "reference.npz",
+        "reference_mode": reference,
+        "block_rows": BLOCK,
+        "cases": [],
+    }
     reference = {}
     done = {}  # (function name, recipe) -> module entry, so shared anchors are exported once
     for spec in specs(preset) if cases is None else cases:
         if only and not any(s in spec.op for s in only):
             continue
         inputs = make_inputs(spec.recipe, rows=BLOCK if large else None)
-        case = {"op": spec.op, "shape": spec.shape, "target": spec.target,
-                "repeats": spec.repeats, "rtol": spec.rtol, "atol": spec.atol,
-                "inputs": spec.recipe, "wrt": list(spec.wrt), "anchors": list(spec.anchors),
-                "input_shapes": [[spec.recipe["batch"], *x.shape[1:]] if x.ndim else []
-                                 for x in inputs],
-                "modules": {}}
+        case = {
+            "op": spec.op,
+            "shape": spec.shape,
+            "target": spec.target,
+            "repeats": spec.repeats,
+            "rtol": spec.rtol,
+            "atol": spec.atol,
+            "inputs": spec.recipe,
+            "wrt": list(spec.wrt),
+            "anchors": list(spec.anchors),
+            "input_shapes": [
+                [spec.recipe["batch"], *x.shape[1:]] if x.ndim else [] for x in inputs
+            ],
+            "modules": {},
+        }
         for name, fn in [(spec.op, spec.fn), *spec.anchors.items()]:
             key = (id(fn), json.dumps(spec.recipe, sort_keys=True), spec.wrt)
             if key not in done:
@@ -371,13 +506,24 @@ def export(preset: str, out: pathlib.Path, only=None, cap: int = DEFAULT_CAP, lo
                 for i, r in enumerate(refs):
                     if r is not None:
                         reference[f"{mkey}/{i}"] = r
-                done[key] = {"file": path, "key": mkey, "function": fn.__name__,
-                             "bytes": len(proto), "outputs": meta,
-                             "custom_calls": targets, "hlo_ops": counts}
-                log(f"  exported {name} {spec.shape}: {len(proto) / 1024:.0f} KiB, "
+                done[key] = {
+                    "file": path,
+                    "key": mkey,
+                    "function": fn.__name__,
+                    "bytes": len(proto),
+                    "outputs": meta,
+                    "custom_calls": targets,
+                    "hlo_ops": counts,
+                }
+                log(
+                    f"  exported {name} {spec.shape}: {len(proto) / 1024:.0f} KiB, "
                     f"{time.perf_counter() - start:.1f} s"
-                    + (f", custom calls {done[key]['custom_calls']}"
-                       if done[key]["custom_calls"] else ""))
+                    + (
+                        f", custom calls {done[key]['custom_calls']}"
+                        if done[key]["custom_calls"]
+                        else ""
+                    )
+                )
             case["modules"][name] = done[key]
         manifest["cases"].append(case)
     np.savez_compressed(out / "reference.npz", **reference)
@@ -386,28 +532,44 @@ def export(preset: str, out: pathlib.Path, only=None, cap: int = DEFAULT_CAP, lo
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawTextHelpFormatter)
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("xla_export"),
-                        help="folder to (re)create (default: ./xla_export)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument(
+        "--out",
+        type=pathlib.Path,
+        default=pathlib.Path("xla_export"),
+        help="folder to (re)create (default: ./xla_export)",
+    )
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--small", action="store_true", help="tiny shapes (CI)")
     size.add_argument("--large", action="store_true", help="GPU-only shapes")
-    parser.add_argument("--only", action="append",
-                        help="cases whose op contains this text (repeatable)")
-    parser.add_argument("--reference", choices=("xla", "graph"), default="xla",
-                        help="how TF computes the reference outputs: the exported program "
-                             "under XLA (default) or as a plain tf.function (faster export)")
-    parser.add_argument("--cap", type=int, default=DEFAULT_CAP,
-                        help="largest output stored whole, bytes (else its first rows)")
+    parser.add_argument(
+        "--only", action="append", help="cases whose op contains this text (repeatable)"
+    )
+    parser.add_argument(
+        "--reference",
+        choices=("xla", "graph"),
+        default="xla",
+        help="how TF computes the reference outputs: the exported program "
+        "under XLA (default) or as a plain tf.function (faster export)",
+    )
+    parser.add_argument(
+        "--cap",
+        type=int,
+        default=DEFAULT_CAP,
+        help="largest output stored whole, bytes (else its first rows)",
+    )
     args = parser.parse_args(argv)
     preset = "small" if args.small else "large" if args.large else "bench"
     start = time.perf_counter()
     manifest = export(preset, args.out, args.only, args.cap, reference=args.reference)
     size = sum(p.stat().st_size for p in args.out.rglob("*") if p.is_file())
-    print(f"{len(manifest['cases'])} cases, "
-          f"{len({m['key'] for c in manifest['cases'] for m in c['modules'].values()})} modules, "
-          f"{size / 2**20:.1f} MiB in {args.out} ({time.perf_counter() - start:.0f} s)")
+    print(
+        f"{len(manifest['cases'])} cases, "
+        f"{len({m['key'] for c in manifest['cases'] for m in c['modules'].values()})} modules, "
+        f"{size / 2**20:.1f} MiB in {args.out} ({time.perf_counter() - start:.0f} s)"
+    )
     return 0
 
 

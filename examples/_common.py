@@ -78,8 +78,10 @@ def fmt_stat(values, digits: int = 4) -> str:
 def seeds_note(n: int) -> str:
     """How to read the table's numbers given the number of seeds."""
     if n == 1:
-        return ("One seed: single runs, no spread estimate; run with more seeds before "
-                "calling any difference real.")
+        return (
+            "One seed: single runs, no spread estimate; run with more seeds before "
+            "calling any difference real."
+        )
     return f"Mean ± sample standard deviation over {n} seeds."
 
 
@@ -91,8 +93,14 @@ class RunProgress:
     loops that train epoch by epoch call :meth:`update` themselves.
     """
 
-    def __init__(self, label: str, epochs: int, enabled: bool = True, metrics=("loss",),
-                 unit_name: str = "epoch"):
+    def __init__(
+        self,
+        label: str,
+        epochs: int,
+        enabled: bool = True,
+        metrics=("loss",),
+        unit_name: str = "epoch",
+    ):
         import keras
 
         self.enabled = enabled
@@ -112,8 +120,9 @@ class RunProgress:
         if not self.enabled:
             return
         items = [(k, float(v)) for k, v in (values or {}).items()]
-        self.bar.update(min(self.done, self.epochs), values=items,
-                        finalize=finished or self.done >= self.epochs)
+        self.bar.update(
+            min(self.done, self.epochs), values=items, finalize=finished or self.done >= self.epochs
+        )
 
     def callback(self):
         import keras

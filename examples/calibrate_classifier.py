@@ -53,8 +53,16 @@ import losszoo  # noqa: E402,F401
 from losszoo import calibration as C  # noqa: E402
 
 SCRIPT = "calibrate_classifier"
-LABELS = {"uncal": "Uncal", "ts": "TS", "pb-c": "PB-C", "pb-l": "PB-L", "pb-c-l": "PB-C-L",
-          "pb-c-u": "PB-C-U", "lb-c": "LB-C", "lb-l": "LB-L"}
+LABELS = {
+    "uncal": "Uncal",
+    "ts": "TS",
+    "pb-c": "PB-C",
+    "pb-l": "PB-L",
+    "pb-c-l": "PB-C-L",
+    "pb-c-u": "PB-C-U",
+    "lb-c": "LB-C",
+    "lb-l": "LB-L",
+}
 
 
 def load(dataset, seed, train_frac=0.05, val_frac=0.35):
@@ -105,33 +113,49 @@ def base_model(d, k, hidden, depth):
 
 
 def evaluate(probs, y):
-    return {"ECE": C.ece(probs, y), "cwECE": C.classwise_ece(probs, y),
-            "NLL": C.nll(probs, y), "Acc": C.accuracy(probs, y)}
+    return {
+        "ECE": C.ece(probs, y),
+        "cwECE": C.classwise_ece(probs, y),
+        "NLL": C.nll(probs, y),
+        "Acc": C.accuracy(probs, y),
+    }
 
 
 def run_seed(args, seed):
     progress = _common.RunProgress(
-        f"seed {seed}: base model, then {len(args.methods)} calibrators", 1 + len(args.methods),
-        metrics=("ECE",), unit_name="fit")
+        f"seed {seed}: base model, then {len(args.methods)} calibrators",
+        1 + len(args.methods),
+        metrics=("ECE",),
+        unit_name="fit",
+    )
     keras.utils.set_random_seed(seed)
     xtr, ytr, xv, yv, xte, yte = load(args.dataset, seed, args.train_frac, args.val_frac)
     k = int(max(ytr.max(), yv.max(), yte.max()) + 1)
     base = base_model(xtr.shape[1], k, args.hidden, args.depth)
-    base.compile(optimizer=keras.optimizers.Adam(args.lr),
-                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                 steps_per_execution=100, jit_compile=True)
+    base.compile(
+        optimizer=keras.optimizers.Adam(args.lr),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        steps_per_execution=100,
+        jit_compile=True,
+    )
     # a fixed number of minibatch steps over the (repeated, reshuffled) training split
     batch = min(args.batch_size, len(xtr))
-    ds = (tf.data.Dataset.from_tensor_slices((xtr, ytr))
-          .shuffle(min(len(xtr), 10000), seed=seed, reshuffle_each_iteration=True)
-          .repeat().batch(batch, drop_remainder=True))
+    ds = (
+        tf.data.Dataset.from_tensor_slices((xtr, ytr))
+        .shuffle(min(len(xtr), 10000), seed=seed, reshuffle_each_iteration=True)
+        .repeat()
+        .batch(batch, drop_remainder=True)
+    )
     t0 = time.time()
     base.fit(ds, epochs=1, steps_per_epoch=args.steps, shuffle=False, verbose=0)
     train_nll = float(base.evaluate(xtr, ytr, batch_size=512, verbose=0))
     if args.verbose:
-        print(f"[seed {seed}] base model: {len(xtr)} training examples, {args.steps} steps "
-              f"(~{args.steps * batch / len(xtr):.0f} epochs) in {time.time() - t0:.1f}s, "
-              f"training NLL {train_nll:.2e}", flush=True)
+        print(
+            f"[seed {seed}] base model: {len(xtr)} training examples, {args.steps} steps "
+            f"(~{args.steps * batch / len(xtr):.0f} epochs) in {time.time() - t0:.1f}s, "
+            f"training NLL {train_nll:.2e}",
+            flush=True,
+        )
     logits = base.predict(xte, verbose=0)
     out = {"uncal": keras.ops.convert_to_numpy(keras.ops.softmax(logits, -1))}
     progress.update({"ECE": C.ece(out["uncal"], yte)}, finished=not args.methods)
@@ -141,8 +165,11 @@ def run_seed(args, seed):
         out[method] = model.predict(xte, verbose=0)
         progress.update({"ECE": C.ece(out[method], yte)}, finished=i + 1 == len(args.methods))
         if args.verbose:
-            print(f"[seed {seed}] {LABELS.get(method, method):7s} fitted in "
-                  f"{time.time() - t0:5.1f}s  test ECE {C.ece(out[method], yte):.4f}", flush=True)
+            print(
+                f"[seed {seed}] {LABELS.get(method, method):7s} fitted in "
+                f"{time.time() - t0:5.1f}s  test ECE {C.ece(out[method], yte):.4f}",
+                flush=True,
+            )
     return {m: evaluate(p, yte) for m, p in out.items()}, out, yte
 
 
@@ -153,7 +180,8 @@ RECIPE = (
     "(lr {a.lr:g}, batch {a.batch_size}) for {a.steps} steps, until the training NLL is ~1e-7; "
     "{a.val_frac:.0%} of the data fits the calibrators, the rest is the test split. Calibrators: "
     "Adam lr 1e-3, epsilon 1e-8, batch 128, {a.calib_epochs} epochs on the validation NLL "
-    "(spec section 5.4). PB-C-L is PB with the upper bound fixed at 1 (lower bound only).")
+    "(spec section 5.4). PB-C-L is PB with the upper bound fixed at 1 (lower bound only)."
+)
 
 
 def acceptance_checks(per_seed, methods):
@@ -168,8 +196,10 @@ def acceptance_checks(per_seed, methods):
     ece = {m: np.array([s[m]["ECE"] for s in per_seed]) for m in ["uncal", *methods]}
     out = []
     if n < 2:
-        out.append("One seed: no noise estimate, so no verdicts on ECE differences; run with "
-                   "--seeds 2 or more for the acceptance checks on ECE.")
+        out.append(
+            "One seed: no noise estimate, so no verdicts on ECE differences; run with "
+            "--seeds 2 or more for the acceptance checks on ECE."
+        )
     if "ts" in ece and n >= 2:
         for m in methods:
             if m == "ts":
@@ -178,43 +208,69 @@ def acceptance_checks(per_seed, methods):
             se = d.std(ddof=1) / np.sqrt(n)
             ok_ts = d.mean() <= 2 * se
             ok_unc = ece[m].mean() <= 0.5 * ece["uncal"].mean()
-            out.append(f"{LABELS.get(m, m)}: ECE - TS = {d.mean():+.4f} (paired SE {se:.4f}) -> "
-                       f"{'no worse than TS within noise' if ok_ts else 'WORSE than TS'}; "
-                       f"ECE {ece[m].mean():.4f} vs uncalibrated {ece['uncal'].mean():.4f} -> "
-                       f"{'well below (<= half)' if ok_unc else 'NOT well below'}")
+            out.append(
+                f"{LABELS.get(m, m)}: ECE - TS = {d.mean():+.4f} (paired SE {se:.4f}) -> "
+                f"{'no worse than TS within noise' if ok_ts else 'WORSE than TS'}; "
+                f"ECE {ece[m].mean():.4f} vs uncalibrated {ece['uncal'].mean():.4f} -> "
+                f"{'well below (<= half)' if ok_unc else 'NOT well below'}"
+            )
     if "pb-c-l" in methods:
         acc_u = [s["uncal"]["Acc"] for s in per_seed]
         acc_p = [s["pb-c-l"]["Acc"] for s in per_seed]
         same = all(a == b for a, b in zip(acc_u, acc_p))
-        out.append("PB-C-L (upper bound 1) accuracy == uncalibrated accuracy in every seed: "
-                   f"{same} (uncal {', '.join(f'{a:.4f}' for a in acc_u)}; "
-                   f"PB-C-L {', '.join(f'{a:.4f}' for a in acc_p)})")
+        out.append(
+            "PB-C-L (upper bound 1) accuracy == uncalibrated accuracy in every seed: "
+            f"{same} (uncal {', '.join(f'{a:.4f}' for a in acc_u)}; "
+            f"PB-C-L {', '.join(f'{a:.4f}' for a in acc_p)})"
+        )
     return out
 
 
 def main(argv=None):
     parser = _common.make_parser(SCRIPT, __doc__)
-    parser.add_argument("--dataset", default="digits", choices=["digits", "cifar100", "20news"],
-                        help="data set (cifar100 and 20news are downloaded)")
-    parser.add_argument("--seeds", type=int, default=5,
-                        help="runs (seeds 0..N-1; base model retrained per seed)")
-    parser.add_argument("--train-frac", type=float, default=0.05,
-                        help="digits: fraction of the data used to train the base model")
-    parser.add_argument("--val-frac", type=float, default=0.35,
-                        help="digits: fraction used to fit the calibrators (the rest is test)")
+    parser.add_argument(
+        "--dataset",
+        default="digits",
+        choices=["digits", "cifar100", "20news"],
+        help="data set (cifar100 and 20news are downloaded)",
+    )
+    parser.add_argument(
+        "--seeds", type=int, default=5, help="runs (seeds 0..N-1; base model retrained per seed)"
+    )
+    parser.add_argument(
+        "--train-frac",
+        type=float,
+        default=0.05,
+        help="digits: fraction of the data used to train the base model",
+    )
+    parser.add_argument(
+        "--val-frac",
+        type=float,
+        default=0.35,
+        help="digits: fraction used to fit the calibrators (the rest is test)",
+    )
     parser.add_argument("--depth", type=int, default=4, help="base-model hidden layers")
     parser.add_argument("--hidden", type=int, default=256, help="base-model hidden width")
     parser.add_argument("--steps", type=int, default=2000, help="base-model Adam steps")
     parser.add_argument("--batch-size", type=int, default=32, help="base-model minibatch")
     parser.add_argument("--lr", type=float, default=3e-3, help="base-model Adam learning rate")
-    parser.add_argument("--calib-epochs", type=int, default=500,
-                        help="epochs of each calibrator's fit on the validation split")
-    parser.add_argument("--methods", default="ts,pb-c,pb-l,pb-c-l,lb-c,lb-l",
-                        help="comma-separated calibrators (fit_calibrator method names)")
-    parser.add_argument("--diagram", default="uncal,ts,pb-c,pb-l,lb-c,lb-l",
-                        help="methods shown in the reliability diagram (first seed)")
-    parser.add_argument("--verbose", action="store_true",
-                        help="also print a line per fitted model")
+    parser.add_argument(
+        "--calib-epochs",
+        type=int,
+        default=500,
+        help="epochs of each calibrator's fit on the validation split",
+    )
+    parser.add_argument(
+        "--methods",
+        default="ts,pb-c,pb-l,pb-c-l,lb-c,lb-l",
+        help="comma-separated calibrators (fit_calibrator method names)",
+    )
+    parser.add_argument(
+        "--diagram",
+        default="uncal,ts,pb-c,pb-l,lb-c,lb-l",
+        help="methods shown in the reliability diagram (first seed)",
+    )
+    parser.add_argument("--verbose", action="store_true", help="also print a line per fitted model")
     args = parser.parse_args(argv)
     args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     out_dir = _common.output_dir(args.out, SCRIPT)
@@ -244,11 +300,13 @@ def main(argv=None):
     md = out_dir / f"{stem}.md"
     with open(md, "w") as f:
         f.write(f"Command: `{_common.command_line(SCRIPT, argv)}`\n\n")
-        f.write(f"Dataset {args.dataset}; {args.seeds} seed(s) (base model retrained per seed); "
-                "test split. " + _common.seeds_note(args.seeds) + " "
-                "ECE: top-label, 15 equal-width bins (paper eq. 28); cwECE: classwise ECE; "
-                "NLL and cwECE are our additions (not in the paper). "
-                f"Total runtime {runtime:.0f}s on 2 shared CPU cores.\n\n")
+        f.write(
+            f"Dataset {args.dataset}; {args.seeds} seed(s) (base model retrained per seed); "
+            "test split. " + _common.seeds_note(args.seeds) + " "
+            "ECE: top-label, 15 equal-width bins (paper eq. 28); cwECE: classwise ECE; "
+            "NLL and cwECE are our additions (not in the paper). "
+            f"Total runtime {runtime:.0f}s on 2 shared CPU cores.\n\n"
+        )
         if args.dataset == "digits":
             f.write(RECIPE.format(a=args) + "\n\n")
         f.write(table + "\n\n")
@@ -258,8 +316,12 @@ def main(argv=None):
     probs, y = first
     shown = [m for m in args.diagram.split(",") if m.strip() in probs] or list(probs)
     png = out_dir / f"{stem}.png"
-    C.reliability_diagram({LABELS.get(m, m): probs[m] for m in shown}, y, path=png,
-                          title=f"{args.dataset}, seed 0 (test split)")
+    C.reliability_diagram(
+        {LABELS.get(m, m): probs[m] for m in shown},
+        y,
+        path=png,
+        title=f"{args.dataset}, seed 0 (test split)",
+    )
     _common.wrote(png)
 
 

@@ -67,8 +67,9 @@ def load(noise=0.25, seed=0):
 
 def build(seed):
     keras.utils.set_random_seed(seed)
-    return keras.Sequential([keras.Input((64,)), keras.layers.Dense(128, activation="relu"),
-                             keras.layers.Dense(10)])
+    return keras.Sequential(
+        [keras.Input((64,)), keras.layers.Dense(128, activation="relu"), keras.layers.Dense(10)]
+    )
 
 
 def make_loss(method, args):
@@ -87,8 +88,9 @@ def main(argv=None):
     p.add_argument("--lam", type=float, default=1.0, help="KL-DRO temperature lambda")
     p.add_argument("--rho", type=float, default=0.1, help="safe-KL DRO level rho")
     p.add_argument("--batch", type=int, default=32, help="minibatch size")
-    p.add_argument("--lr", default="erm=3e-3,safe_kl=1e-3,sumexp=3e-4",
-                   help="Adam step size per method")
+    p.add_argument(
+        "--lr", default="erm=3e-3,safe_kl=1e-3,sumexp=3e-4", help="Adam step size per method"
+    )
     p.add_argument("--quick", action="store_true", help="5 epochs and 1 seed")
     p.add_argument("--verbose", action="store_true", help="also print a line per run")
     args = p.parse_args(argv)
@@ -96,8 +98,10 @@ def main(argv=None):
         args.epochs, args.seeds = 5, 1
     lrs = {k: float(v) for k, v in (kv.split("=") for kv in args.lr.split(","))}
     (Xtr, ytr, ytr_clean), (Xva, yva), (Xte, yte) = load()
-    print(f"train {len(Xtr)} (noisy {np.mean(ytr != ytr_clean):.0%}), val {len(Xva)}, "
-          f"test {len(Xte)} (clean)")
+    print(
+        f"train {len(Xtr)} (noisy {np.mean(ytr != ytr_clean):.0%}), val {len(Xva)}, "
+        f"test {len(Xte)} (clean)"
+    )
     out = _common.output_dir(args.out, SCRIPT)
     curves, rows = {}, []
     t0 = time.time()
@@ -106,33 +110,50 @@ def main(argv=None):
         for seed in range(args.seeds):
             model = build(seed)
             loss = make_loss(method, args)
-            model.compile(keras.optimizers.Adam(lrs[method]), loss=loss,
-                          metrics=[keras.metrics.SparseCategoricalAccuracy(name="acc")])
+            model.compile(
+                keras.optimizers.Adam(lrs[method]),
+                loss=loss,
+                metrics=[keras.metrics.SparseCategoricalAccuracy(name="acc")],
+            )
             test_curve = []
 
             def record(epoch, logs, model=model, test_curve=test_curve):
                 test_curve.append(model.evaluate(Xte, yte, verbose=0, return_dict=True)["acc"])
 
             cb = keras.callbacks.LambdaCallback(on_epoch_end=record)
-            bar = _common.RunProgress(f"{method}, seed {seed}", args.epochs,
-                                      metrics=("loss", "val_acc"))
-            h = model.fit(Xtr, ytr, batch_size=args.batch, epochs=args.epochs, verbose=0,
-                          validation_data=(Xva, yva), callbacks=[cb, bar.callback()])
+            bar = _common.RunProgress(
+                f"{method}, seed {seed}", args.epochs, metrics=("loss", "val_acc")
+            )
+            h = model.fit(
+                Xtr,
+                ytr,
+                batch_size=args.batch,
+                epochs=args.epochs,
+                verbose=0,
+                validation_data=(Xva, yva),
+                callbacks=[cb, bar.callback()],
+            )
             vals.append(h.history["val_acc"])
             tests.append(test_curve)
             accs.append(test_curve[-1])
             extra = ""
             if method == "safe_kl":
-                extra = (f"  alpha={h.history['safe_kl_dro_alpha'][-1]:.3f} "
-                         f"mean_w={h.history['safe_kl_dro_mean_w'][-1]:.3f} "
-                         f"saturation={h.history['safe_kl_dro_saturation'][-1]:.3f}")
+                extra = (
+                    f"  alpha={h.history['safe_kl_dro_alpha'][-1]:.3f} "
+                    f"mean_w={h.history['safe_kl_dro_mean_w'][-1]:.3f} "
+                    f"saturation={h.history['safe_kl_dro_saturation'][-1]:.3f}"
+                )
             if args.verbose:
-                print(f"[{time.time() - t0:6.1f}s] {method:8s} seed {seed}: clean test acc "
-                      f"{test_curve[-1]:.4f}, noisy val acc {h.history['val_acc'][-1]:.4f}"
-                      f"{extra}", flush=True)
+                print(
+                    f"[{time.time() - t0:6.1f}s] {method:8s} seed {seed}: clean test acc "
+                    f"{test_curve[-1]:.4f}, noisy val acc {h.history['val_acc'][-1]:.4f}"
+                    f"{extra}",
+                    flush=True,
+                )
         curves[method] = (np.mean(vals, 0), np.mean(tests, 0))
-        rows.append((method, lrs[method], accs, [v[-1] for v in vals],
-                     float(np.max(np.mean(tests, 0)))))
+        rows.append(
+            (method, lrs[method], accs, [v[-1] for v in vals], float(np.max(np.mean(tests, 0))))
+        )
 
     import matplotlib
 
@@ -142,37 +163,49 @@ def main(argv=None):
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     for i, (method, (val, test)) in enumerate(curves.items()):
         ep = np.arange(1, len(val) + 1)
-        ax.plot(ep, test, "-", marker="o", markersize=3, color=f"C{i}",
-                label=f"{method}: clean test")
+        ax.plot(
+            ep, test, "-", marker="o", markersize=3, color=f"C{i}", label=f"{method}: clean test"
+        )
         ax.plot(ep, val, "--", color=f"C{i}", label=f"{method}: noisy validation")
     ax.set_xlabel("epoch")
     ax.set_ylabel("accuracy")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, ncol=2, loc="lower right")
-    ax.set_title(f"Digits with 25% label noise: accuracy per epoch (mean of {args.seeds} "
-                 "seed(s))\nsolid = clean test labels, dashed = noisy validation labels",
-                 fontsize=10)
+    ax.set_title(
+        f"Digits with 25% label noise: accuracy per epoch (mean of {args.seeds} "
+        "seed(s))\nsolid = clean test labels, dashed = noisy validation labels",
+        fontsize=10,
+    )
     fig.tight_layout()
     png = out / f"{SCRIPT}.png"
     fig.savefig(png, dpi=110)
     plt.close(fig)
 
-    lines = [f"Command: `{_common.command_line(SCRIPT, argv)}`", "",
-             "digits, 25% feature-dependent label noise in train/val, clean test; MLP 64-128-10; "
-             f"Adam, batch {args.batch}, {args.epochs} epochs, {args.seeds} seed(s); "
-             f"lam = {args.lam}, rho = {args.rho}. {_common.seeds_note(args.seeds)} "
-             f"Total runtime {time.time() - t0:.0f}s on 2 shared CPU cores.", "",
-             "| method | Adam lr | clean test acc (final) | noisy val acc (final) "
-             "| best mean test acc over epochs |",
-             "|---|---|---|---|---|"]
+    lines = [
+        f"Command: `{_common.command_line(SCRIPT, argv)}`",
+        "",
+        "digits, 25% feature-dependent label noise in train/val, clean test; MLP 64-128-10; "
+        f"Adam, batch {args.batch}, {args.epochs} epochs, {args.seeds} seed(s); "
+        f"lam = {args.lam}, rho = {args.rho}. {_common.seeds_note(args.seeds)} "
+        f"Total runtime {time.time() - t0:.0f}s on 2 shared CPU cores.",
+        "",
+        "| method | Adam lr | clean test acc (final) | noisy val acc (final) "
+        "| best mean test acc over epochs |",
+        "|---|---|---|---|---|",
+    ]
     for method, lr, accs, finals, best in rows:
-        lines.append(f"| {method} | {lr:g} | {_common.fmt_stat(accs)} | "
-                     f"{_common.fmt_stat(finals)} | {best:.4f} |")
+        lines.append(
+            f"| {method} | {lr:g} | {_common.fmt_stat(accs)} | "
+            f"{_common.fmt_stat(finals)} | {best:.4f} |"
+        )
     table = "\n".join(lines)
     print("\n" + table)
     md = out / f"{SCRIPT}.md"
-    md.write_text("# Noisy labels (digits): ERM vs safe-KL DRO vs sum-of-exp\n\n" + table
-                  + f"\n\n![validation vs test accuracy]({SCRIPT}.png)\n")
+    md.write_text(
+        "# Noisy labels (digits): ERM vs safe-KL DRO vs sum-of-exp\n\n"
+        + table
+        + f"\n\n![validation vs test accuracy]({SCRIPT}.png)\n"
+    )
     _common.wrote(md)
     _common.wrote(png)
 

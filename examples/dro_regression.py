@@ -73,7 +73,7 @@ def optimum(X, y, lam):
 
     def f(t):
         r = y64 - X64 @ t
-        l = r ** 2 / lam
+        l = r**2 / lam
         return lam * (logsumexp(l) - math.log(len(l))), (softmax(l) * -2 * r) @ X64
 
     t0 = np.linalg.lstsq(X64, y64, rcond=None)[0]
@@ -105,7 +105,8 @@ def make_epoch(method, lam, rho, momentum=0.9):
             return i + 1, theta, alpha, v_theta, v_alpha
 
         _, theta, alpha, v_theta, v_alpha = tf.while_loop(
-            lambda i, *_: i < tf.shape(idx)[0], step, (0, theta, alpha, v_theta, v_alpha))
+            lambda i, *_: i < tf.shape(idx)[0], step, (0, theta, alpha, v_theta, v_alpha)
+        )
         return theta, alpha, v_theta, v_alpha
 
     _EPOCHS[key] = epoch
@@ -118,8 +119,9 @@ def run(X, y, method, batch, lr, lam, rho, epochs, seed):
     steps = n // batch
     epoch = make_epoch(method, lam, rho)
     # start at least squares, as the paper's California runs [R]
-    theta = tf.constant(np.linalg.lstsq(X.astype(np.float64), y.astype(np.float64), rcond=None)[0],
-                        tf.float32)
+    theta = tf.constant(
+        np.linalg.lstsq(X.astype(np.float64), y.astype(np.float64), rcond=None)[0], tf.float32
+    )
     v_t, v_a = tf.zeros([d]), tf.zeros([])
     first = rng.permutation(n)[:batch]
     first_losses = (y[first] - X[first] @ theta.numpy()) ** 2
@@ -128,8 +130,9 @@ def run(X, y, method, batch, lr, lam, rho, epochs, seed):
     curve = [exact_objective(X, y, theta.numpy(), lam)]
     for _ in range(epochs):
         idx = rng.permutation(n)[: steps * batch].reshape(steps, batch)
-        theta, alpha, v_t, v_a = epoch(Xt, yt, tf.constant(idx), theta, alpha, v_t, v_a,
-                                       tf.constant(lr, tf.float32))
+        theta, alpha, v_t, v_a = epoch(
+            Xt, yt, tf.constant(idx), theta, alpha, v_t, v_a, tf.constant(lr, tf.float32)
+        )
         obj = exact_objective(X, y, theta.numpy(), lam)
         curve.append(obj if np.isfinite(obj) else np.inf)
     return np.array(curve)
@@ -137,16 +140,21 @@ def run(X, y, method, batch, lr, lam, rho, epochs, seed):
 
 def main(argv=None):
     p = _common.make_parser(SCRIPT, __doc__)
-    p.add_argument("--datasets", default="diabetes,heavy_tailed",
-                   help="comma-separated data sets (diabetes, heavy_tailed)")
+    p.add_argument(
+        "--datasets",
+        default="diabetes,heavy_tailed",
+        help="comma-separated data sets (diabetes, heavy_tailed)",
+    )
     p.add_argument("--batches", default="10,50,200", help="comma-separated batch sizes |D|")
     p.add_argument("--epochs", type=int, default=30, help="SGD epochs per run")
     p.add_argument("--seeds", type=int, default=5, help="runs per setting (seeds 0..N-1)")
-    p.add_argument("--lam", default="diabetes=1,heavy_tailed=2",
-                   help="temperature per data set")
+    p.add_argument("--lam", default="diabetes=1,heavy_tailed=2", help="temperature per data set")
     p.add_argument("--rho", type=float, default=1e-3, help="safe-KL DRO level rho")
-    p.add_argument("--grid", default="1e-6,3e-6,1e-5,3e-5,1e-4,3e-4,1e-3,3e-3",
-                   help="step sizes tried per method and batch size (on seed 0)")
+    p.add_argument(
+        "--grid",
+        default="1e-6,3e-6,1e-5,3e-5,1e-4,3e-4,1e-3,3e-3",
+        help="step sizes tried per method and batch size (on seed 0)",
+    )
     p.add_argument("--quick", action="store_true", help="5 epochs, 2 seeds, 3 step sizes")
     args = p.parse_args(argv)
     if args.quick:
@@ -162,31 +170,42 @@ def main(argv=None):
     datasets = args.datasets.split(",")
     lams = {k: float(v) for k, v in (kv.split("=") for kv in args.lam.split(","))}
     rows = []
-    fig, axes = plt.subplots(len(datasets), len(batches),
-                             figsize=(4 * len(batches), 3.2 * len(datasets)), squeeze=False)
+    fig, axes = plt.subplots(
+        len(datasets), len(batches), figsize=(4 * len(batches), 3.2 * len(datasets)), squeeze=False
+    )
     t0 = time.time()
     for di, name in enumerate(datasets):
         X, y = load_data(name)
         lam = lams[name]
         r_star = optimum(X, y, lam)
         print(f"{name}: n={len(X)}, min_theta R = {r_star:.4f}", flush=True)
-        rows.append((name, "-", "min_theta R (L-BFGS, full data)", float("nan"),
-                     np.array([r_star])))
+        rows.append(
+            (name, "-", "min_theta R (L-BFGS, full data)", float("nan"), np.array([r_star]))
+        )
         r_min = None
         for bi, batch in enumerate(batches):
             ax = axes[di, bi]
             for method, color in (("safe_kl", "C0"), ("batch_lse", "C3")):
                 # tune the step size on seed 0 by the final exact objective
-                finals = {lr: run(X, y, method, batch, lr, lam, args.rho, args.epochs, 0)[-1]
-                          for lr in grid}
+                finals = {
+                    lr: run(X, y, method, batch, lr, lam, args.rho, args.epochs, 0)[-1]
+                    for lr in grid
+                }
                 best = min(finals, key=lambda k: finals[k] if np.isfinite(finals[k]) else np.inf)
-                curves = np.array([run(X, y, method, batch, best, lam, args.rho, args.epochs, s)
-                                   for s in range(args.seeds)])
+                curves = np.array(
+                    [
+                        run(X, y, method, batch, best, lam, args.rho, args.epochs, s)
+                        for s in range(args.seeds)
+                    ]
+                )
                 mean = curves.mean(0)
                 std = curves.std(0, ddof=1) if len(curves) > 1 else np.zeros_like(mean)
                 rows.append((name, batch, method, best, curves[:, -1]))
-                print(f"[{time.time() - t0:6.1f}s] {name:12s} B={batch:<4d} {method:9s} "
-                      f"lr={best:g}  final R = {_common.fmt_stat(curves[:, -1])}", flush=True)
+                print(
+                    f"[{time.time() - t0:6.1f}s] {name:12s} B={batch:<4d} {method:9s} "
+                    f"lr={best:g}  final R = {_common.fmt_stat(curves[:, -1])}",
+                    flush=True,
+                )
                 ep = np.arange(len(mean))
                 ax.plot(ep, mean, color=color, label=f"{method} (lr={best:g})")
                 ax.fill_between(ep, mean - std, mean + std, color=color, alpha=0.2)
@@ -196,33 +215,45 @@ def main(argv=None):
             ax.set_ylabel("exact KL-DRO objective R")
             ax.axhline(r_star, color="k", lw=0.8, ls=":", label="min R")
             lo = r_star
-            top = max(np.nanmax(np.where(np.isfinite(r[4]), r[4], np.nan)) for r in rows
-                      if r[0] == name and np.isfinite(r[4]).any())
+            top = max(
+                np.nanmax(np.where(np.isfinite(r[4]), r[4], np.nan))
+                for r in rows
+                if r[0] == name and np.isfinite(r[4]).any()
+            )
             ax.set_ylim(lo - 0.02 * abs(lo), lo + 2.0 * (top - lo) + 1e-3)
             ax.legend(fontsize=7)
     band = "mean ± std band over seeds" if args.seeds > 1 else "one seed"
-    fig.suptitle(f"Exact full-data KL-DRO objective per epoch ({band}; dotted: minimum)",
-                 fontsize=10)
+    fig.suptitle(
+        f"Exact full-data KL-DRO objective per epoch ({band}; dotted: minimum)", fontsize=10
+    )
     fig.tight_layout()
     png = out / f"{SCRIPT}.png"
     fig.savefig(png, dpi=110)
     plt.close(fig)
 
-    lines = [f"Command: `{_common.command_line(SCRIPT, argv)}`", "",
-             f"lam = {lams}, rho = {args.rho}, {args.epochs} epochs, Nesterov SGD (momentum 0.9) "
-             "from the least-squares theta (alpha: first-batch solution), step size tuned on "
-             f"seed 0 over {grid}. {_common.seeds_note(args.seeds)} R = lam log mean exp(l/lam) "
-             "on the full data (lower is better). "
-             f"Total runtime {time.time() - t0:.0f}s on 2 shared CPU cores.",
-             "", "| data | batch | method | step size | final exact R |", "|---|---|---|---|---|"]
+    lines = [
+        f"Command: `{_common.command_line(SCRIPT, argv)}`",
+        "",
+        f"lam = {lams}, rho = {args.rho}, {args.epochs} epochs, Nesterov SGD (momentum 0.9) "
+        "from the least-squares theta (alpha: first-batch solution), step size tuned on "
+        f"seed 0 over {grid}. {_common.seeds_note(args.seeds)} R = lam log mean exp(l/lam) "
+        "on the full data (lower is better). "
+        f"Total runtime {time.time() - t0:.0f}s on 2 shared CPU cores.",
+        "",
+        "| data | batch | method | step size | final exact R |",
+        "|---|---|---|---|---|",
+    ]
     for name, batch, method, lr, finals in rows:
         step = "-" if not np.isfinite(lr) else f"{lr:g}"
         lines.append(f"| {name} | {batch} | {method} | {step} | {_common.fmt_stat(finals)} |")
     table = "\n".join(lines)
     print("\n" + table)
     md = out / f"{SCRIPT}.md"
-    md.write_text("# KL-DRO regression: safe-KL vs mini-batch LogSumExp\n\n" + table
-                  + f"\n\n![objective per epoch]({SCRIPT}.png)\n")
+    md.write_text(
+        "# KL-DRO regression: safe-KL vs mini-batch LogSumExp\n\n"
+        + table
+        + f"\n\n![objective per epoch]({SCRIPT}.png)\n"
+    )
     _common.wrote(md)
     _common.wrote(png)
 

@@ -64,31 +64,57 @@ TAG = "keras3_retrieval"
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(
-        description=__doc__.split("\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--loss", choices=(*LOSSES, "all"), default="all",
-                   help="loss to train with; 'all' runs the three")
-    p.add_argument("--negatives", choices=NEGATIVES, nargs="+", default=list(NEGATIVES),
-                   help="negative sampling settings to run (one table row group each)")
-    p.add_argument("--sampling-correction", action=argparse.BooleanOptionalAction, default=True,
-                   help="in-batch only: subtract log(sampling probability) of each candidate "
-                   "(keras_rs.layers.SamplingProbabilityCorrection)")
+        description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    p.add_argument(
+        "--loss",
+        choices=(*LOSSES, "all"),
+        default="all",
+        help="loss to train with; 'all' runs the three",
+    )
+    p.add_argument(
+        "--negatives",
+        choices=NEGATIVES,
+        nargs="+",
+        default=list(NEGATIVES),
+        help="negative sampling settings to run (one table row group each)",
+    )
+    p.add_argument(
+        "--sampling-correction",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="in-batch only: subtract log(sampling probability) of each candidate "
+        "(keras_rs.layers.SamplingProbabilityCorrection)",
+    )
     p.add_argument("--dim", type=int, default=32, help="embedding dimension")
     p.add_argument("--lr", type=float, default=0.01, help="Adam learning rate")
     p.add_argument("--l2", type=float, default=1e-4, help="L2 penalty on the embedding tables")
     p.add_argument("--batch-size", type=int, default=512, help="training batch size")
     p.add_argument("--epochs", type=int, default=20, help="maximum epochs")
-    p.add_argument("--patience", type=int, default=3,
-                   help="stop after this many epochs without a better validation AP@10")
+    p.add_argument(
+        "--patience",
+        type=int,
+        default=3,
+        help="stop after this many epochs without a better validation AP@10",
+    )
     p.add_argument("--k", type=int, default=1, help="Rankmax k")
     p.add_argument("--margin", type=float, default=1.0, help="Rankmax margin (eta)")
     p.add_argument("--seeds", type=int, default=1, help="runs per setting (seeds 0..N-1)")
-    p.add_argument("--data-dir", default=None,
-                   help="MovieLens 100K folder; default: the losszoo cache, else download")
-    p.add_argument("--out", default=None,
-                   help="output folder; default: a fresh out/keras3_retrieval-<UTC timestamp>")
-    p.add_argument("--verbose", action="store_true",
-                   help="print one line per epoch instead of one progress bar per run")
+    p.add_argument(
+        "--data-dir",
+        default=None,
+        help="MovieLens 100K folder; default: the losszoo cache, else download",
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        help="output folder; default: a fresh out/keras3_retrieval-<UTC timestamp>",
+    )
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="print one line per epoch instead of one progress bar per run",
+    )
     args = p.parse_args(argv)
     if args.seeds < 1:
         p.error("--seeds must be >= 1")
@@ -136,10 +162,13 @@ def build_model(num_users, num_items, negatives, args, seed, item_probability=No
 
     def table(size, offset):
         return keras.layers.Embedding(
-            size, args.dim,
-            embeddings_initializer=keras.initializers.RandomNormal(stddev=0.1,
-                                                                   seed=seed * 2 + offset),
-            embeddings_regularizer=keras.regularizers.L2(args.l2))
+            size,
+            args.dim,
+            embeddings_initializer=keras.initializers.RandomNormal(
+                stddev=0.1, seed=seed * 2 + offset
+            ),
+            embeddings_regularizer=keras.regularizers.L2(args.l2),
+        )
 
     class TwoTower(keras.Model):
         def __init__(self):
@@ -185,8 +214,7 @@ def dataset(pairs, negatives, batch_size, seed):
 
 
 def embeddings(model):
-    return (np.asarray(model.users.embeddings.numpy()),
-            np.asarray(model.items.embeddings.numpy()))
+    return (np.asarray(model.users.embeddings.numpy()), np.asarray(model.items.embeddings.numpy()))
 
 
 def paper_metrics(model, heldout, exclude):
@@ -213,8 +241,14 @@ def train_one(name, negatives, seed, split, masks, args, progress):
 
     keras.utils.set_random_seed(seed)
     counts = np.bincount(split.train[:, 1], minlength=split.num_items)
-    model = build_model(split.num_users, split.num_items, negatives, args, seed,
-                        item_probability=counts / counts.sum())
+    model = build_model(
+        split.num_users,
+        split.num_items,
+        negatives,
+        args,
+        seed,
+        item_probability=counts / counts.sum(),
+    )
     model.compile(optimizer=keras.optimizers.Adam(args.lr), loss=make_loss(name, negatives, args))
     train = dataset(split.train, negatives, args.batch_size, seed)
     history, best, best_weights, wait, epoch_times = [], -np.inf, None, 0, []
@@ -225,13 +259,17 @@ def train_one(name, negatives, seed, split, masks, args, progress):
         val = paper_metrics(model, masks["val"], masks["train"])
         val["loss"] = float(fit.history["loss"][-1])
         if not np.isfinite(val["loss"]):
-            raise FloatingPointError(f"{name}/{negatives} seed {seed}: loss {val['loss']} at "
-                                     f"epoch {epoch + 1}")
+            raise FloatingPointError(
+                f"{name}/{negatives} seed {seed}: loss {val['loss']} at epoch {epoch + 1}"
+            )
         history.append(val)
         if args.verbose:
-            print(f"  [{name} {negatives} seed {seed}] epoch {epoch + 1:3d}  loss "
-                  f"{val['loss']:10.2f}  val AP@10 {val['AP@10']:.4f}  Acc {val['Accuracy']:.4f}"
-                  f"  R@100 {val['R@100']:.4f}  ({epoch_times[-1]:.1f}s)", flush=True)
+            print(
+                f"  [{name} {negatives} seed {seed}] epoch {epoch + 1:3d}  loss "
+                f"{val['loss']:10.2f}  val AP@10 {val['AP@10']:.4f}  Acc {val['Accuracy']:.4f}"
+                f"  R@100 {val['R@100']:.4f}  ({epoch_times[-1]:.1f}s)",
+                flush=True,
+            )
         else:
             progress.update(epoch + 1, [("val AP@10", val["AP@10"])])
         if val["AP@10"] > best:
@@ -250,8 +288,7 @@ def train_one(name, negatives, seed, split, masks, args, progress):
         "test_topk": topk_hits(model, split.test),
         "best_epoch": int(np.argmax([h["AP@10"] for h in history])) + 1,
         "epochs_run": len(history),
-        "epoch_seconds": float(np.median(epoch_times[1:] if len(epoch_times) > 1
-                                         else epoch_times)),
+        "epoch_seconds": float(np.median(epoch_times[1:] if len(epoch_times) > 1 else epoch_times)),
         "history": history,
     }
 
@@ -300,14 +337,14 @@ def table(results, args, command, data_summary):
         "(keras_rs.layers.BruteForceRetrieval, nothing removed; TFRS' FactorizedTopK).",
         "",
         "| negatives | loss | split | AP@10 | Accuracy | R@100 | "
-        + " | ".join(f"top-{k}" for k in TOPK) + " | best epoch | s/epoch |",
+        + " | ".join(f"top-{k}" for k in TOPK)
+        + " | best epoch | s/epoch |",
         "|---|---|---|---|---|---|" + "---|" * len(TOPK) + "---|---|",
     ]
     for (negatives, name), runs in results.items():
         for part in ("val", "test"):
             row = [negatives, name, "validation" if part == "val" else "test"]
-            row += [summary([r[part][key] for r in runs]) for key in ("AP@10", "Accuracy",
-                                                                        "R@100")]
+            row += [summary([r[part][key] for r in runs]) for key in ("AP@10", "Accuracy", "R@100")]
             row += [summary([r[f"{part}_topk"][f"top{k}"] for r in runs]) for k in TOPK]
             row.append(summary([r["best_epoch"] for r in runs], 1))
             row.append(summary([r["epoch_seconds"] for r in runs], 2))
@@ -332,14 +369,22 @@ def table(results, args, command, data_summary):
                 continue
             row = [name]
             for key in ("AP@10", "Accuracy", "R@100"):
-                row += [summary([r["test"][key] for r in theirs]),
-                        summary([r["test"][key] for r in ours])]
-            row += [summary([r["test_topk"]["top100"] for r in theirs]),
-                    summary([r["test_topk"]["top100"] for r in ours])]
+                row += [
+                    summary([r["test"][key] for r in theirs]),
+                    summary([r["test"][key] for r in ours]),
+                ]
+            row += [
+                summary([r["test_topk"]["top100"] for r in theirs]),
+                summary([r["test_topk"]["top100"] for r in ours]),
+            ]
             lines.append("| " + " | ".join(row) + " |")
-    lines += ["", "Paper (Table 2, ml-latest-small, its own tuning): Rankmax 0.154 AP@10 / 0.342 "
-              "accuracy / 0.387 R@100; softmax 0.147 / 0.300 / 0.401; sparsemax 0.147 / 0.286 / "
-              "0.384.", ""]
+    lines += [
+        "",
+        "Paper (Table 2, ml-latest-small, its own tuning): Rankmax 0.154 AP@10 / 0.342 "
+        "accuracy / 0.387 R@100; softmax 0.147 / 0.300 / 0.401; sparsemax 0.147 / 0.286 / "
+        "0.384.",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -359,9 +404,15 @@ def plot(results, path):
                     continue
                 for i, run in enumerate(runs):
                     values = [h[key] for h in run["history"]]
-                    ax.plot(range(1, len(values) + 1), values, marker="o", markersize=3,
-                            color=f"C{LOSSES.index(name)}", alpha=0.9 if i == 0 else 0.45,
-                            label=name if i == 0 else None)
+                    ax.plot(
+                        range(1, len(values) + 1),
+                        values,
+                        marker="o",
+                        markersize=3,
+                        color=f"C{LOSSES.index(name)}",
+                        alpha=0.9 if i == 0 else 0.45,
+                        label=name if i == 0 else None,
+                    )
             ax.set_title(f"{negatives} negatives: validation {key}")
             ax.set_xlabel("epoch")
             ax.set_ylabel(f"validation {key}")
@@ -380,7 +431,8 @@ def main(argv=None):
     from losszoo.datasets import movielens
 
     command = "PYTHONPATH=. python examples/keras3_retrieval.py " + " ".join(
-        sys.argv[1:] if argv is None else argv)
+        sys.argv[1:] if argv is None else argv
+    )
     data = movielens.load_100k(args.data_dir)
     _, _, nu, ni = data.indexed()
     data_summary = f"{nu} users, {ni} movies, {data.num_ratings} ratings"
@@ -389,21 +441,31 @@ def main(argv=None):
     results = {(negatives, name): [] for negatives in settings for name in names}
     for seed in range(args.seeds):
         split = movielens.split_pairs(data, seed=seed)
-        masks = {part: movielens.pairs_to_mask(getattr(split, attr), nu, ni)
-                 for part, attr in (("train", "train"), ("val", "validation"), ("test", "test"))}
+        masks = {
+            part: movielens.pairs_to_mask(getattr(split, attr), nu, ni)
+            for part, attr in (("train", "train"), ("val", "validation"), ("test", "test"))
+        }
         for negatives, name in results:
             print(f"{name}, {negatives} negatives, seed {seed}", flush=True)
             progress = None if args.verbose else keras.utils.Progbar(args.epochs, unit_name="epoch")
             results[(negatives, name)].append(
-                train_one(name, negatives, seed, split, masks, args, progress))
+                train_one(name, negatives, seed, split, masks, args, progress)
+            )
     text = table(results, args, command, data_summary)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     written = [out / f"{TAG}.md", out / f"{TAG}.json", out / f"{TAG}.png"]
     written[0].write_text(text)
-    written[1].write_text(json.dumps(
-        {"command": command, "args": {k: v for k, v in vars(args).items()},
-         "runs": {f"{neg}/{name}": runs for (neg, name), runs in results.items()}}, indent=1))
+    written[1].write_text(
+        json.dumps(
+            {
+                "command": command,
+                "args": {k: v for k, v in vars(args).items()},
+                "runs": {f"{neg}/{name}": runs for (neg, name), runs in results.items()},
+            },
+            indent=1,
+        )
+    )
     plot(results, written[2])
     print()
     print(text)

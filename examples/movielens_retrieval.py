@@ -71,39 +71,70 @@ TOPK = (1, 5, 10, 50, 100)
 def parse_args(argv=None):
     p = _common.make_parser(SCRIPT, __doc__)
     p.add_argument("--loss", choices=(*LOSSES, "all"), default="all", help="loss(es) to train")
-    p.add_argument("--settings", choices=("tuned", "shared"), default="tuned",
-                   help="tuned: each loss's learning rate from TUNED (or --tuned-from); "
-                   "shared: --lr for every loss")
-    p.add_argument("--tuned-from", default=None,
-                   help="a *_tuning.json written by --tune, used instead of TUNED")
-    p.add_argument("--tune", action="store_true",
-                   help="run the learning-rate grid on validation AP@10 (split seed "
-                   f"{TUNE_SEED}) and write the tuning table instead of the results")
-    p.add_argument("--grid-lr", type=float, nargs="+", default=list(GRID_LR),
-                   help="learning rates tried by --tune")
-    p.add_argument("--negatives", choices=("full", "in-batch"), default="full",
-                   help="full: every movie is a negative; in-batch: TFRS's in-batch softmax")
+    p.add_argument(
+        "--settings",
+        choices=("tuned", "shared"),
+        default="tuned",
+        help="tuned: each loss's learning rate from TUNED (or --tuned-from); "
+        "shared: --lr for every loss",
+    )
+    p.add_argument(
+        "--tuned-from",
+        default=None,
+        help="a *_tuning.json written by --tune, used instead of TUNED",
+    )
+    p.add_argument(
+        "--tune",
+        action="store_true",
+        help="run the learning-rate grid on validation AP@10 (split seed "
+        f"{TUNE_SEED}) and write the tuning table instead of the results",
+    )
+    p.add_argument(
+        "--grid-lr",
+        type=float,
+        nargs="+",
+        default=list(GRID_LR),
+        help="learning rates tried by --tune",
+    )
+    p.add_argument(
+        "--negatives",
+        choices=("full", "in-batch"),
+        default="full",
+        help="full: every movie is a negative; in-batch: TFRS's in-batch softmax",
+    )
     p.add_argument("--dim", type=int, default=32, help="embedding dimension")
-    p.add_argument("--optimizer", choices=("adam", "adagrad", "sgd"), default="adam",
-                   help="optimizer")
-    p.add_argument("--lr", type=float, default=0.01,
-                   help="learning rate for --settings shared")
+    p.add_argument(
+        "--optimizer", choices=("adam", "adagrad", "sgd"), default="adam", help="optimizer"
+    )
+    p.add_argument("--lr", type=float, default=0.01, help="learning rate for --settings shared")
     p.add_argument("--l2", type=float, default=1e-4, help="L2 penalty on the embedding tables")
     p.add_argument("--batch-size", type=int, default=512, help="training batch size")
     p.add_argument("--epochs", type=int, default=20, help="maximum epochs")
-    p.add_argument("--patience", type=int, default=3,
-                   help="early stopping: epochs without a better validation AP@10")
+    p.add_argument(
+        "--patience",
+        type=int,
+        default=3,
+        help="early stopping: epochs without a better validation AP@10",
+    )
     p.add_argument("--k", type=int, default=1, help="Rankmax k")
     p.add_argument("--margin", type=float, default=1.0, help="Rankmax margin (eta)")
-    p.add_argument("--seeds", type=int, default=3, help="runs per loss (split and init seeds "
-                   "0..N-1)")
-    p.add_argument("--data-dir", default=None,
-                   help="MovieLens 100K folder (either layout); else the cache, GroupLens or the "
-                   "recbole wheel")
+    p.add_argument(
+        "--seeds", type=int, default=3, help="runs per loss (split and init seeds 0..N-1)"
+    )
+    p.add_argument(
+        "--data-dir",
+        default=None,
+        help="MovieLens 100K folder (either layout); else the cache, GroupLens or the "
+        "recbole wheel",
+    )
     p.add_argument("--tag", default=SCRIPT, help="file name stem of the results")
-    p.add_argument("--verbose", type=int, default=0,
-                   help="0: one progress bar per run; 1: also a line per epoch; 2: also Keras' "
-                   "per-epoch fit log")
+    p.add_argument(
+        "--verbose",
+        type=int,
+        default=0,
+        help="0: one progress bar per run; 1: also a line per epoch; 2: also Keras' "
+        "per-epoch fit log",
+    )
     return p.parse_args(argv)
 
 
@@ -135,16 +166,20 @@ def build_model(name, num_users, num_items, args, seed=0):
     class TwoTower(tfrs.Model):
         def __init__(self):
             super().__init__()
+
             def init(offset):
                 return tf_keras.initializers.RandomNormal(stddev=0.1, seed=seed * 2 + offset)
 
             reg = tf_keras.regularizers.l2(args.l2)
             self.users = tf_keras.layers.Embedding(
-                num_users, args.dim, embeddings_initializer=init(0), embeddings_regularizer=reg)
+                num_users, args.dim, embeddings_initializer=init(0), embeddings_regularizer=reg
+            )
             self.items = tf_keras.layers.Embedding(
-                num_items, args.dim, embeddings_initializer=init(1), embeddings_regularizer=reg)
-            self.task = tfrs.tasks.Retrieval(loss=make_loss(name, args),
-                                             remove_accidental_hits=args.negatives == "in-batch")
+                num_items, args.dim, embeddings_initializer=init(1), embeddings_regularizer=reg
+            )
+            self.task = tfrs.tasks.Retrieval(
+                loss=make_loss(name, args), remove_accidental_hits=args.negatives == "in-batch"
+            )
             self.all_items = tf.range(num_items)
 
         def compute_loss(self, features, training=False):
@@ -157,10 +192,15 @@ def build_model(name, num_users, num_items, args, seed=0):
             # per row, its own positive plus every *other* movie: a softmax over all movies.
             everything = self.items(self.all_items)
             batch = tf.shape(query)[0]
-            mask = tf.concat([tf.eye(batch, dtype=tf.bool),
-                              positive[:, None] != self.all_items[None, :]], axis=1)
-            return self.task(query, tf.concat([candidates, everything], 0), score_mask=mask,
-                             compute_metrics=False)
+            mask = tf.concat(
+                [tf.eye(batch, dtype=tf.bool), positive[:, None] != self.all_items[None, :]], axis=1
+            )
+            return self.task(
+                query,
+                tf.concat([candidates, everything], 0),
+                score_mask=mask,
+                compute_metrics=False,
+            )
 
     return TwoTower()
 
@@ -168,8 +208,11 @@ def build_model(name, num_users, num_items, args, seed=0):
 def make_optimizer(args, lr):
     import tf_keras
 
-    return {"adam": tf_keras.optimizers.Adam, "adagrad": tf_keras.optimizers.Adagrad,
-            "sgd": tf_keras.optimizers.SGD}[args.optimizer](lr)
+    return {
+        "adam": tf_keras.optimizers.Adam,
+        "adagrad": tf_keras.optimizers.Adagrad,
+        "sgd": tf_keras.optimizers.SGD,
+    }[args.optimizer](lr)
 
 
 def embeddings(model):
@@ -189,8 +232,11 @@ def factorized_topk(model, pairs):
     index = tfrs.layers.factorized_top_k.BruteForce(k=max(TOPK))
     index.index(tf.constant(v), tf.range(v.shape[0]))
     metric = tfrs.metrics.FactorizedTopK(candidates=index, ks=TOPK)
-    metric.update_state(tf.constant(u[pairs[:, 0]]), tf.constant(v[pairs[:, 1]]),
-                        true_candidate_ids=tf.constant(pairs[:, 1], tf.int32))
+    metric.update_state(
+        tf.constant(u[pairs[:, 0]]),
+        tf.constant(v[pairs[:, 1]]),
+        true_candidate_ids=tf.constant(pairs[:, 1], tf.int32),
+    )
     return {f"top{k}": float(value) for k, value in zip(TOPK, metric.result())}
 
 
@@ -200,10 +246,12 @@ def train_one(name, seed, split, masks, args, lr):
     tf_keras.utils.set_random_seed(seed)
     model = build_model(name, split.num_users, split.num_items, args, seed)
     model.compile(optimizer=make_optimizer(args, lr))
-    progress = _common.RunProgress(f"{name}, seed {seed}, lr {lr:g}", args.epochs,
-                                   metrics=("loss", "val AP@10"))
+    progress = _common.RunProgress(
+        f"{name}, seed {seed}, lr {lr:g}", args.epochs, metrics=("loss", "val AP@10")
+    )
     train = tf.data.Dataset.from_tensor_slices(
-        {"user": split.train[:, 0].astype(np.int32), "item": split.train[:, 1].astype(np.int32)})
+        {"user": split.train[:, 0].astype(np.int32), "item": split.train[:, 1].astype(np.int32)}
+    )
     train = train.shuffle(len(split.train), seed=seed, reshuffle_each_iteration=True)
     train = train.batch(args.batch_size).prefetch(2)
     history, best, best_weights, wait, epoch_times = [], -1.0, None, 0, []
@@ -215,9 +263,12 @@ def train_one(name, seed, split, masks, args, lr):
         val["loss"] = float(fit.history["loss"][-1])
         history.append(val)
         if args.verbose >= 1:
-            print(f"  [{name} seed {seed}] epoch {epoch + 1:3d}  loss {val['loss']:10.2f}  "
-                  f"val AP@10 {val['AP@10']:.4f}  Acc {val['Accuracy']:.4f}  "
-                  f"R@100 {val['R@100']:.4f}  ({epoch_times[-1]:.1f}s)", flush=True)
+            print(
+                f"  [{name} seed {seed}] epoch {epoch + 1:3d}  loss {val['loss']:10.2f}  "
+                f"val AP@10 {val['AP@10']:.4f}  Acc {val['Accuracy']:.4f}  "
+                f"R@100 {val['R@100']:.4f}  ({epoch_times[-1]:.1f}s)",
+                flush=True,
+            )
         if val["AP@10"] > best:
             best, best_weights, wait = val["AP@10"], model.get_weights(), 0
         else:
@@ -247,8 +298,11 @@ fmt = _common.fmt_stat
 
 def table(results, args, command):
     lrs = ", ".join(f"{name} {runs[0]['lr']:g}" for name, runs in results.items())
-    settings = ("per-loss tuned learning rates (see the tuning table)" if args.settings == "tuned"
-                else "one shared learning rate for every loss")
+    settings = (
+        "per-loss tuned learning rates (see the tuning table)"
+        if args.settings == "tuned"
+        else "one shared learning rate for every loss"
+    )
     lines = [
         f"# MovieLens 100K retrieval: {', '.join(results)}",
         "",
@@ -267,7 +321,8 @@ def table(results, args, command):
         "at least one held-out movie. FactorizedTopK is TFRS's metric over the held-out pairs "
         "(all movies ranked, nothing removed).",
         "",
-        "| loss | split | AP@10 | Accuracy | R@100 | " + " | ".join(f"top-{k}" for k in TOPK)
+        "| loss | split | AP@10 | Accuracy | R@100 | "
+        + " | ".join(f"top-{k}" for k in TOPK)
         + " | best epoch | s/epoch |",
         "|---|---|---|---|---|" + "---|" * len(TOPK) + "---|---|",
     ]
@@ -281,16 +336,21 @@ def table(results, args, command):
             row.append(fmt([r["best_epoch"] for r in runs], 1))
             row.append(fmt([r["epoch_seconds"] for r in runs], 2))
             lines.append("| " + " | ".join(row) + " |")
-    lines += ["", "Paper (Table 2, ml-latest-small, its own tuning): Rankmax 0.154 AP@10 / 0.342 "
-              "accuracy / 0.387 R@100; softmax 0.147 / 0.300 / 0.401; sparsemax 0.147 / 0.286 / "
-              "0.384.", "",
-              "Sparsemax and shared hyper-parameters: with one learning rate for all losses "
-              "(`--settings shared`, the `--lr` default 0.01) sparsemax peaks "
-              "after one or two epochs at about a third of softmax's AP@10 (validation AP@10 "
-              "0.054 vs 0.126, 3 seeds). That learning rate is too large for sparsemax: in the "
-              "grid (`--tune`, movielens_retrieval_tuning.md) its validation AP@10 is 0.103 at "
-              "lr 0.003 against 0.056 at 0.01. The rows above use each loss's tuned learning "
-              "rate.", ""]
+    lines += [
+        "",
+        "Paper (Table 2, ml-latest-small, its own tuning): Rankmax 0.154 AP@10 / 0.342 "
+        "accuracy / 0.387 R@100; softmax 0.147 / 0.300 / 0.401; sparsemax 0.147 / 0.286 / "
+        "0.384.",
+        "",
+        "Sparsemax and shared hyper-parameters: with one learning rate for all losses "
+        "(`--settings shared`, the `--lr` default 0.01) sparsemax peaks "
+        "after one or two epochs at about a third of softmax's AP@10 (validation AP@10 "
+        "0.054 vs 0.126, 3 seeds). That learning rate is too large for sparsemax: in the "
+        "grid (`--tune`, movielens_retrieval_tuning.md) its validation AP@10 is 0.103 at "
+        "lr 0.003 against 0.056 at 0.01. The rows above use each loss's tuned learning "
+        "rate.",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -313,13 +373,18 @@ def tuning_table(grid, best, args, command):
     for name, rows in grid.items():
         for row in rows:
             mark = "**" if row["lr"] == best[name]["lr"] else ""
-            lines.append(f"| {name} | {mark}{row['lr']:g}{mark} | {row['AP@10']:.4f} | "
-                         f"{row['Accuracy']:.4f} | {row['R@100']:.4f} | {row['best_epoch']} |")
+            lines.append(
+                f"| {name} | {mark}{row['lr']:g}{mark} | {row['AP@10']:.4f} | "
+                f"{row['Accuracy']:.4f} | {row['R@100']:.4f} | {row['best_epoch']} |"
+            )
     lrs = sorted(row["lr"] for rows in grid.values() for row in rows)
     edge = [name for name in grid if best[name]["lr"] in (lrs[0], lrs[-1]) and len(set(lrs)) > 1]
     if edge:
-        lines += ["", f"Best at the edge of the grid: {', '.join(edge)}; a wider grid may find a "
-                  "better learning rate for these."]
+        lines += [
+            "",
+            f"Best at the edge of the grid: {', '.join(edge)}; a wider grid may find a "
+            "better learning rate for these.",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -334,12 +399,19 @@ def plot(results, path):
         for key, ax in zip(("AP@10", "R@100"), axes):
             for i, run in enumerate(runs):
                 values = [h[key] for h in run["history"]]
-                ax.plot(range(1, len(values) + 1), values, "o-", markersize=4,
-                        color=f"C{LOSSES.index(name)}", alpha=0.9 if i == 0 else 0.45,
-                        label=f"{name} (lr {run['lr']:g})" if i == 0 else None)
+                ax.plot(
+                    range(1, len(values) + 1),
+                    values,
+                    "o-",
+                    markersize=4,
+                    color=f"C{LOSSES.index(name)}",
+                    alpha=0.9 if i == 0 else 0.45,
+                    label=f"{name} (lr {run['lr']:g})" if i == 0 else None,
+                )
                 best = run["best_epoch"]
-                ax.plot([best], [values[best - 1]], "*", markersize=11,
-                        color=f"C{LOSSES.index(name)}")
+                ax.plot(
+                    [best], [values[best - 1]], "*", markersize=11, color=f"C{LOSSES.index(name)}"
+                )
     longest = max(len(r["history"]) for runs in results.values() for r in runs)
     for key, ax in zip(("AP@10", "R@100"), axes):
         ax.set_xlabel("epoch")
@@ -349,9 +421,11 @@ def plot(results, path):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=9)
     seeds = len(next(iter(results.values())))
-    fig.suptitle(f"MovieLens 100K two-tower retrieval: validation metrics per epoch "
-                 f"({seeds} seed(s), one line each; star = epoch kept by early stopping)",
-                 fontsize=10)
+    fig.suptitle(
+        f"MovieLens 100K two-tower retrieval: validation metrics per epoch "
+        f"({seeds} seed(s), one line each; star = epoch kept by early stopping)",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -366,8 +440,10 @@ def load(args):
 
 def split_masks(data, seed, nu, ni):
     split = movielens.split_pairs(data, seed=seed)
-    masks = {part: movielens.pairs_to_mask(getattr(split, attr), nu, ni)
-             for part, attr in (("train", "train"), ("val", "validation"), ("test", "test"))}
+    masks = {
+        part: movielens.pairs_to_mask(getattr(split, attr), nu, ni)
+        for part, attr in (("train", "train"), ("val", "validation"), ("test", "test"))
+    }
     return split, masks
 
 
@@ -386,7 +462,8 @@ def tune(args, names, out, command):
     print(text)
     _common.wrote(out / f"{args.tag}_tuning.md").write_text(text)
     _common.wrote(out / f"{args.tag}_tuning.json").write_text(
-        json.dumps({"grid": grid, "best": best}, indent=1))
+        json.dumps({"grid": grid, "best": best}, indent=1)
+    )
     return best
 
 

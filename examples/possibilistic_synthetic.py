@@ -43,42 +43,42 @@ K, RHO, SCALE = 20, 1e-6, 2.0
 BETA = {30: 1.5, 80: 0.9, 150: 0.6}
 # Paper Table 5: (d, alpha, N_tr) -> (lr_A, lr_B, acc_A, sd_A, acc_B, sd_B)
 PAPER = {
-    (30, .40, 200): (.01, .0008, .9118, .0184, .8689, .0173),
-    (30, .40, 500): (.03, .002, .9258, .0161, .9055, .0167),
-    (30, .40, 1000): (.006, .001, .9277, .0150, .9287, .0136),
-    (30, .60, 200): (.02, .0006, .9286, .0155, .8629, .0172),
-    (30, .60, 500): (.03, .001, .9353, .0127, .9096, .0159),
-    (30, .60, 1000): (.01, .0006, .9384, .0143, .9291, .0136),
-    (30, .80, 200): (.006, .0004, .9358, .0136, .8414, .0201),
-    (30, .80, 500): (.007, .0006, .9425, .0109, .9011, .0173),
-    (30, .80, 1000): (.008, .0007, .9467, .0107, .9241, .0139),
-    (30, .95, 200): (.004, .0003, .9392, .0133, .8026, .0342),
-    (30, .95, 500): (.007, .0003, .9464, .0112, .8864, .0185),
-    (30, .95, 1000): (.002, .0003, .9485, .0105, .9159, .0152),
-    (80, .40, 200): (.005, .0005, .9102, .0105, .8136, .0196),
-    (80, .40, 500): (.006, .0008, .9407, .0076, .8932, .0133),
-    (80, .40, 1000): (.007, .0003, .9497, .0061, .9314, .0094),
-    (80, .60, 200): (.007, .0004, .9341, .0085, .8084, .0205),
-    (80, .60, 500): (.009, .0005, .9531, .0069, .8939, .0138),
-    (80, .60, 1000): (.006, .0002, .9571, .0057, .9303, .0103),
-    (80, .80, 200): (.006, .0003, .9470, .0092, .7772, .0211),
-    (80, .80, 500): (.007, .0003, .9584, .0061, .8836, .0138),
-    (80, .80, 1000): (.007, .0002, .9603, .0058, .9236, .0088),
-    (80, .95, 200): (.008, .0002, .9504, .0078, .7310, .0137),
-    (80, .95, 500): (.009, .0002, .9599, .0062, .8592, .0176),
-    (80, .95, 1000): (.008, .0002, .9592, .0055, .9097, .0107),
-    (150, .40, 200): (.003, .001, .7931, .0161, .6759, .0189),
-    (150, .40, 500): (.005, .0004, .8914, .0063, .7978, .0090),
-    (150, .40, 1000): (.006, .0002, .9188, .0065, .8663, .0071),
-    (150, .60, 200): (.004, .0008, .8408, .0108, .6515, .0179),
-    (150, .60, 500): (.004, .0005, .9187, .0048, .7862, .0095),
-    (150, .60, 1000): (.009, .0002, .9293, .0060, .8626, .0079),
-    (150, .80, 200): (.003, .0003, .8545, .0110, .6042, .0208),
-    (150, .80, 500): (.006, .0003, .9306, .0043, .7628, .0086),
-    (150, .80, 1000): (.006, .0002, .9342, .0056, .8417, .0080),
-    (150, .95, 200): (.004, .0005, .8697, .0125, .5343, .0214),
-    (150, .95, 500): (.009, .0002, .9346, .0050, .7203, .0119),
-    (150, .95, 1000): (.003, .0002, .9354, .0052, .8147, .0123),
+    (30, 0.40, 200): (0.01, 0.0008, 0.9118, 0.0184, 0.8689, 0.0173),
+    (30, 0.40, 500): (0.03, 0.002, 0.9258, 0.0161, 0.9055, 0.0167),
+    (30, 0.40, 1000): (0.006, 0.001, 0.9277, 0.0150, 0.9287, 0.0136),
+    (30, 0.60, 200): (0.02, 0.0006, 0.9286, 0.0155, 0.8629, 0.0172),
+    (30, 0.60, 500): (0.03, 0.001, 0.9353, 0.0127, 0.9096, 0.0159),
+    (30, 0.60, 1000): (0.01, 0.0006, 0.9384, 0.0143, 0.9291, 0.0136),
+    (30, 0.80, 200): (0.006, 0.0004, 0.9358, 0.0136, 0.8414, 0.0201),
+    (30, 0.80, 500): (0.007, 0.0006, 0.9425, 0.0109, 0.9011, 0.0173),
+    (30, 0.80, 1000): (0.008, 0.0007, 0.9467, 0.0107, 0.9241, 0.0139),
+    (30, 0.95, 200): (0.004, 0.0003, 0.9392, 0.0133, 0.8026, 0.0342),
+    (30, 0.95, 500): (0.007, 0.0003, 0.9464, 0.0112, 0.8864, 0.0185),
+    (30, 0.95, 1000): (0.002, 0.0003, 0.9485, 0.0105, 0.9159, 0.0152),
+    (80, 0.40, 200): (0.005, 0.0005, 0.9102, 0.0105, 0.8136, 0.0196),
+    (80, 0.40, 500): (0.006, 0.0008, 0.9407, 0.0076, 0.8932, 0.0133),
+    (80, 0.40, 1000): (0.007, 0.0003, 0.9497, 0.0061, 0.9314, 0.0094),
+    (80, 0.60, 200): (0.007, 0.0004, 0.9341, 0.0085, 0.8084, 0.0205),
+    (80, 0.60, 500): (0.009, 0.0005, 0.9531, 0.0069, 0.8939, 0.0138),
+    (80, 0.60, 1000): (0.006, 0.0002, 0.9571, 0.0057, 0.9303, 0.0103),
+    (80, 0.80, 200): (0.006, 0.0003, 0.9470, 0.0092, 0.7772, 0.0211),
+    (80, 0.80, 500): (0.007, 0.0003, 0.9584, 0.0061, 0.8836, 0.0138),
+    (80, 0.80, 1000): (0.007, 0.0002, 0.9603, 0.0058, 0.9236, 0.0088),
+    (80, 0.95, 200): (0.008, 0.0002, 0.9504, 0.0078, 0.7310, 0.0137),
+    (80, 0.95, 500): (0.009, 0.0002, 0.9599, 0.0062, 0.8592, 0.0176),
+    (80, 0.95, 1000): (0.008, 0.0002, 0.9592, 0.0055, 0.9097, 0.0107),
+    (150, 0.40, 200): (0.003, 0.001, 0.7931, 0.0161, 0.6759, 0.0189),
+    (150, 0.40, 500): (0.005, 0.0004, 0.8914, 0.0063, 0.7978, 0.0090),
+    (150, 0.40, 1000): (0.006, 0.0002, 0.9188, 0.0065, 0.8663, 0.0071),
+    (150, 0.60, 200): (0.004, 0.0008, 0.8408, 0.0108, 0.6515, 0.0179),
+    (150, 0.60, 500): (0.004, 0.0005, 0.9187, 0.0048, 0.7862, 0.0095),
+    (150, 0.60, 1000): (0.009, 0.0002, 0.9293, 0.0060, 0.8626, 0.0079),
+    (150, 0.80, 200): (0.003, 0.0003, 0.8545, 0.0110, 0.6042, 0.0208),
+    (150, 0.80, 500): (0.006, 0.0003, 0.9306, 0.0043, 0.7628, 0.0086),
+    (150, 0.80, 1000): (0.006, 0.0002, 0.9342, 0.0056, 0.8417, 0.0080),
+    (150, 0.95, 200): (0.004, 0.0005, 0.8697, 0.0125, 0.5343, 0.0214),
+    (150, 0.95, 500): (0.009, 0.0002, 0.9346, 0.0050, 0.7203, 0.0119),
+    (150, 0.95, 1000): (0.003, 0.0002, 0.9354, 0.0052, 0.8147, 0.0123),
 }
 
 
@@ -134,7 +134,8 @@ class LinearTrainer:
             logits = tf.matmul(x, self.w) + self.b
             if self.model == "A":
                 loss, info = ops.possibilistic_projection_loss(
-                    logits, pi, tol=1e-8, max_cycles=2000, stopping="paper", eps_cap=1e-9)
+                    logits, pi, tol=1e-8, max_cycles=2000, stopping="paper", eps_cap=1e-9
+                )
                 cycles = info["cycles"]
             else:
                 loss = ops.antipignistic_kl_loss(logits, pi)
@@ -147,8 +148,8 @@ class LinearTrainer:
             g = g + wd * var  # PyTorch Adam(weight_decay): coupled L2
             m.assign(b1 * m + (1 - b1) * g)
             v.assign(b2 * v + (1 - b2) * g * g)
-            mhat = m / (1 - b1 ** self.t)
-            vhat = v / (1 - b2 ** self.t)
+            mhat = m / (1 - b1**self.t)
+            vhat = v / (1 - b2**self.t)
             var.assign_sub(self.lr * mhat / (tf.sqrt(vhat) + eps))
         return loss, cycles
 
@@ -157,7 +158,7 @@ class LinearTrainer:
         for _ in range(epochs):
             perm = rng.permutation(n)
             for s in range(0, n, self.batch):
-                idx = perm[s:s + self.batch]
+                idx = perm[s : s + self.batch]
                 pad = self.batch - len(idx)  # pad the last batch with weight-0 rows
                 xb = np.concatenate([x[idx], np.zeros((pad, x.shape[1]))])
                 pb = np.concatenate([pi[idx], np.ones((pad, K))])
@@ -189,28 +190,40 @@ def run_once(trainers, seed, d, alpha, n_tr, model, lr, epochs=None):
 
 def main(argv=None):
     parser = _common.make_parser(SCRIPT, __doc__)
-    parser.add_argument("--quick", action="store_true",
-                        help="4 configurations, 3 learning rates per model, 3 runs (the default)")
-    parser.add_argument("--full", action="store_true",
-                        help="the paper's 36 configurations, 27 learning rates, 10 runs")
-    parser.add_argument("--smoke", action="store_true",
-                        help="one configuration, the paper's learning rates, 1 run, 2 epochs")
-    parser.add_argument("--runs", type=int, default=None,
-                        help="final runs per configuration (None: 3 quick, 10 full)")
-    parser.add_argument("--verbose", action="store_true",
-                        help="also print a line per grid point")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="4 configurations, 3 learning rates per model, 3 runs (the default)",
+    )
+    parser.add_argument(
+        "--full",
+        action="store_true",
+        help="the paper's 36 configurations, 27 learning rates, 10 runs",
+    )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="one configuration, the paper's learning rates, 1 run, 2 epochs",
+    )
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=None,
+        help="final runs per configuration (None: 3 quick, 10 full)",
+    )
+    parser.add_argument("--verbose", action="store_true", help="also print a line per grid point")
     args = parser.parse_args(argv)
     epochs = None
     if args.smoke:
-        configs = [(30, .40, 200)]
+        configs = [(30, 0.40, 200)]
         grid_a, grid_b = [PAPER[configs[0]][0]], [PAPER[configs[0]][1]]
         val_seeds, runs, epochs = 1, args.runs or 1, 2
     elif args.full:
         configs = sorted(PAPER)
-        grid_a = [m * 10.0 ** e for e in (-4, -3, -2) for m in range(1, 10)]
+        grid_a = [m * 10.0**e for e in (-4, -3, -2) for m in range(1, 10)]
         grid_b, val_seeds, runs = grid_a, 3, args.runs or 10
     else:
-        configs = [(30, .40, 200), (30, .95, 200), (30, .40, 1000), (30, .95, 1000)]
+        configs = [(30, 0.40, 200), (30, 0.95, 200), (30, 0.40, 1000), (30, 0.95, 1000)]
         grid_a, grid_b = [0.004, 0.01, 0.02], [0.0003, 0.0008, 0.002]
         val_seeds, runs = 1, args.runs or 3
     args.runs = runs
@@ -221,20 +234,24 @@ def main(argv=None):
         best = {}
         bar = _common.RunProgress(
             f"d={d} alpha={alpha} N={n_tr}: learning-rate grid, then {runs} run(s) per model",
-            (len(grid_a) + len(grid_b)) * val_seeds + 2 * runs, metrics=("acc",),
-            unit_name="fit")
+            (len(grid_a) + len(grid_b)) * val_seeds + 2 * runs,
+            metrics=("acc",),
+            unit_name="fit",
+        )
         for model, grid in (("A", grid_a), ("B", grid_b)):
             scores = []
             for lr in grid:
                 val = []
                 for s in range(val_seeds):
-                    val.append(run_once(trainers, 10_000 + s, d, alpha, n_tr, model, lr,
-                                        epochs)[0])
+                    val.append(run_once(trainers, 10_000 + s, d, alpha, n_tr, model, lr, epochs)[0])
                     bar.update({"acc": val[-1]})
                 scores.append(np.mean(val))
                 if args.verbose:
-                    print(f"[{time.time() - t0:6.0f}s] d={d} alpha={alpha} N={n_tr} model "
-                          f"{model} lr={lr:g}: val acc {np.mean(val):.4f}", flush=True)
+                    print(
+                        f"[{time.time() - t0:6.0f}s] d={d} alpha={alpha} N={n_tr} model "
+                        f"{model} lr={lr:g}: val acc {np.mean(val):.4f}",
+                        flush=True,
+                    )
             best[model] = grid[int(np.argmax(scores))]
         accs = {}
         for m in ("A", "B"):
@@ -244,8 +261,11 @@ def main(argv=None):
                 bar.update({"acc": accs[m][-1]})
         rows.append((d, alpha, n_tr, best["A"], best["B"], accs["A"], accs["B"]))
         if args.verbose:
-            print(f"[{time.time() - t0:6.0f}s] d={d} alpha={alpha} N={n_tr}: "
-                  f"A {np.mean(accs['A']):.4f} B {np.mean(accs['B']):.4f}", flush=True)
+            print(
+                f"[{time.time() - t0:6.0f}s] d={d} alpha={alpha} N={n_tr}: "
+                f"A {np.mean(accs['A']):.4f} B {np.mean(accs['B']):.4f}",
+                flush=True,
+            )
     cyc = np.array(sum((t.cycles for key, t in trainers.items() if key[2] == "A"), []))
     write_results(args, rows, cyc, time.time() - t0, out, argv)
 
@@ -257,12 +277,17 @@ def write_results(args, rows, cycles, seconds, out, argv=None):
     import matplotlib.pyplot as plt
 
     fmt = _common.fmt_stat
-    lines = [f"Command: `{_common.command_line(SCRIPT, argv)}`", "",
-             f"Runtime {seconds / 60:.1f} min on 2 shared CPU cores. Test accuracy over "
-             f"{args.runs} final run(s) per configuration (mean ± sd when more than one); the "
-             "paper's Table 5 (10 runs, mean ± sd) in parentheses.", "",
-             "| d | alpha | N_tr | lr_A (paper) | lr_B (paper) | Acc_A (paper) | Acc_B (paper) "
-             "| A - B |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Command: `{_common.command_line(SCRIPT, argv)}`",
+        "",
+        f"Runtime {seconds / 60:.1f} min on 2 shared CPU cores. Test accuracy over "
+        f"{args.runs} final run(s) per configuration (mean ± sd when more than one); the "
+        "paper's Table 5 (10 runs, mean ± sd) in parentheses.",
+        "",
+        "| d | alpha | N_tr | lr_A (paper) | lr_B (paper) | Acc_A (paper) | Acc_B (paper) "
+        "| A - B |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     wins = 0
     for d, alpha, n_tr, la, lb, acc_a, acc_b in rows:
         p = PAPER[(d, alpha, n_tr)]
@@ -271,30 +296,48 @@ def write_results(args, rows, cycles, seconds, out, argv=None):
         lines.append(
             f"| {d} | {alpha:.2f} | {n_tr} | {la:g} ({p[0]:g}) | {lb:g} ({p[1]:g}) | "
             f"{fmt(acc_a)} ({p[2]:.4f} ± {p[3]:.4f}) | "
-            f"{fmt(acc_b)} ({p[4]:.4f} ± {p[5]:.4f}) | {diff:+.4f} |")
-    lines += ["", f"Model A has the higher mean test accuracy in {wins} of {len(rows)} "
-              "configurations (paper: 35 of 36)."]
+            f"{fmt(acc_b)} ({p[4]:.4f} ± {p[5]:.4f}) | {diff:+.4f} |"
+        )
+    lines += [
+        "",
+        f"Model A has the higher mean test accuracy in {wins} of {len(rows)} "
+        "configurations (paper: 35 of 36).",
+    ]
     if args.runs == 1:
         lines.append(_common.seeds_note(1))
     if len(cycles):
-        lines.append(f"Dykstra cycles per training example (Model A, paper rule, tol 1e-8): "
-                     f"mean {cycles.mean():.1f}, p90 {np.percentile(cycles, 90):.0f}, "
-                     f"max {cycles.max()}, over {len(cycles)} projections.")
+        lines.append(
+            f"Dykstra cycles per training example (Model A, paper rule, tol 1e-8): "
+            f"mean {cycles.mean():.1f}, p90 {np.percentile(cycles, 90):.0f}, "
+            f"max {cycles.max()}, over {len(cycles)} projections."
+        )
     name = SCRIPT + ("_full" if args.full else "_smoke" if args.smoke else "_quick")
     print("\n".join(lines))
     _common.wrote(out / f"{name}.md").write_text("\n".join(lines) + "\n")
     fig, ax = plt.subplots(figsize=(max(6, 1.5 * len(rows) + 1), 3.8))
     labels = [f"d={r[0]}\na={r[1]}\nN={r[2]}" for r in rows]
     xs = np.arange(len(rows))
+
     def sd(values):
         return np.std(values, ddof=1) if len(values) > 1 else 0.0
 
-    ax.bar(xs - 0.2, [np.mean(r[5]) for r in rows], 0.4, yerr=[sd(r[5]) for r in rows],
-           label="A: projection")
-    ax.bar(xs + 0.2, [np.mean(r[6]) for r in rows], 0.4, yerr=[sd(r[6]) for r in rows],
-           label="B: antipignistic")
-    ax.scatter(xs - 0.2, [PAPER[r[:3]][2] for r in rows], marker="x", color="k", zorder=3,
-               label="paper")
+    ax.bar(
+        xs - 0.2,
+        [np.mean(r[5]) for r in rows],
+        0.4,
+        yerr=[sd(r[5]) for r in rows],
+        label="A: projection",
+    )
+    ax.bar(
+        xs + 0.2,
+        [np.mean(r[6]) for r in rows],
+        0.4,
+        yerr=[sd(r[6]) for r in rows],
+        label="B: antipignistic",
+    )
+    ax.scatter(
+        xs - 0.2, [PAPER[r[:3]][2] for r in rows], marker="x", color="k", zorder=3, label="paper"
+    )
     ax.scatter(xs + 0.2, [PAPER[r[:3]][4] for r in rows], marker="x", color="k", zorder=3)
     ax.set_xticks(xs, labels)
     ax.set_ylabel("test accuracy")

@@ -99,7 +99,8 @@ TOUR: list[TourEntry] = [
     TourEntry(
         name="safe-KL DRO risk (CE, lam=1, rho=0.1)",
         loss=lambda: losszoo.losses.SafeKLDRORisk(
-            keras.losses.SparseCategoricalCrossentropy(from_logits=True), lam=1.0, rho=0.1),
+            keras.losses.SparseCategoricalCrossentropy(from_logits=True), lam=1.0, rho=0.1
+        ),
         head=lambda: keras.layers.Softmax(),
     ),
     TourEntry(
@@ -168,8 +169,9 @@ def evaluate(probs: np.ndarray, labels: np.ndarray) -> dict[str, float]:
 
 
 def run_entry(entry: TourEntry, data: Digits, epochs: int, seed: int, verbose: int) -> dict:
-    progress = _common.RunProgress(entry.name, epochs, enabled=verbose == 0,
-                                   metrics=("loss", "val_loss"))
+    progress = _common.RunProgress(
+        entry.name, epochs, enabled=verbose == 0, metrics=("loss", "val_loss")
+    )
     keras.utils.set_random_seed(seed)
     model = build_model(data.x_train.shape[1], 10)
     model.compile(optimizer=keras.optimizers.Adam(3e-3), loss=entry.loss())
@@ -195,8 +197,9 @@ def run_entry(entry: TourEntry, data: Digits, epochs: int, seed: int, verbose: i
 
 
 def format_rows(results: list[dict]) -> str:
-    header = ("| method | test accuracy | test NLL | test ECE | zero probabilities "
-              "| train time (s) |")
+    header = (
+        "| method | test accuracy | test NLL | test ECE | zero probabilities | train time (s) |"
+    )
     lines = [header, "|---|---|---|---|---|---|"]
     for r in results:
         nll = "n/a (p_true = 0 somewhere)" if np.isnan(r["nll"]) else f"{r['nll']:.3f}"
@@ -217,10 +220,16 @@ def main(argv=None) -> int:
     parser = _common.make_parser(SCRIPT, __doc__)
     parser.add_argument("--epochs", type=int, default=30, help="training epochs per method")
     parser.add_argument("--seed", type=int, default=0, help="data split and initialisation seed")
-    parser.add_argument("--only", action="append",
-                        help="run only entries whose name contains this (repeatable)")
-    parser.add_argument("--verbose", type=int, default=0, choices=(0, 1, 2),
-                        help="0: one progress bar per method; 1, 2: Keras' fit log")
+    parser.add_argument(
+        "--only", action="append", help="run only entries whose name contains this (repeatable)"
+    )
+    parser.add_argument(
+        "--verbose",
+        type=int,
+        default=0,
+        choices=(0, 1, 2),
+        help="0: one progress bar per method; 1, 2: Keras' fit log",
+    )
     args = parser.parse_args(argv)
 
     data = load_digits(args.seed)
@@ -231,13 +240,16 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     results = [run_entry(entry, data, args.epochs, args.seed, args.verbose) for entry in entries]
     seconds = time.perf_counter() - start
-    summary = (f"Digits: {len(data.x_train)} train / {len(data.x_val)} val / "
-               f"{len(data.x_test)} test, {args.epochs} epochs, seed {args.seed}. "
-               + _common.seeds_note(1))
+    summary = (
+        f"Digits: {len(data.x_train)} train / {len(data.x_val)} val / "
+        f"{len(data.x_test)} test, {args.epochs} epochs, seed {args.seed}. " + _common.seeds_note(1)
+    )
     table = format_rows(results)
     print(f"\n{summary}\n\n{table}\n")
-    text = (f"# Tour of losszoo on digits\n\nCommand: `{_common.command_line(SCRIPT, argv)}` "
-            f"(2-core CPU, {seconds:.0f} s)\n\n{summary}\n\n{table}\n\n{NOTE}\n")
+    text = (
+        f"# Tour of losszoo on digits\n\nCommand: `{_common.command_line(SCRIPT, argv)}` "
+        f"(2-core CPU, {seconds:.0f} s)\n\n{summary}\n\n{table}\n\n{NOTE}\n"
+    )
     _common.wrote(out / "tour.md").write_text(text)
     return 0
 

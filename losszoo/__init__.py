@@ -16,9 +16,13 @@ from losszoo._backend import require_tensorflow_backend
 
 require_tensorflow_backend()
 
-from losszoo import ops  # noqa: E402
-from losszoo import heads, losses, metrics  # noqa: E402
-from losszoo import calibration  # noqa: E402  (needs heads)
+from losszoo import (  # noqa: E402
+    calibration,  # noqa: E402  (needs heads)
+    heads,
+    losses,
+    metrics,
+    ops,  # noqa: E402
+)
 from losszoo.ops._common import set_validation, validation, validation_enabled  # noqa: E402
 from losszoo.registry import entries, get, get_class, names, register, tf_keras_loss  # noqa: E402
 

@@ -39,8 +39,12 @@ def main(argv: list[str] | None = None) -> int:
         description="Print the registry (built-ins and plugins) as a Markdown table.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    listing.add_argument("--kind", default=None, choices=("loss", "head", "metric"),
-                         help="only this kind; None lists every kind")
+    listing.add_argument(
+        "--kind",
+        default=None,
+        choices=("loss", "head", "metric"),
+        help="only this kind; None lists every kind",
+    )
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()

@@ -13,9 +13,7 @@ import tensorflow as tf  # noqa: E402
 
 # Two logical CPUs, so MirroredStrategy tests run on any machine.
 _cpus = tf.config.list_physical_devices("CPU")
-tf.config.set_logical_device_configuration(
-    _cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2
-)
+tf.config.set_logical_device_configuration(_cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
 
 import keras  # noqa: E402
 

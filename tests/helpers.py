@@ -43,8 +43,9 @@ def classification_data(n=256, k=6, d=10, seed=0):
 
 def small_mlp(k=6, d=10):
     """A tiny MLP emitting ``k`` logits, for training smoke, precision and distribution checks."""
-    return keras.Sequential([keras.Input((d,)), keras.layers.Dense(16, activation="relu"),
-                             keras.layers.Dense(k)])
+    return keras.Sequential(
+        [keras.Input((d,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(k)]
+    )
 
 
 def _as_float64(args):
@@ -102,7 +103,10 @@ def assert_grad_matches_fd(f, args, wrt=(0,), eps=1e-6, atol=1e-6, rtol=1e-5, se
             numeric[j] = (scalar(*a_plus).numpy() - scalar(*a_minus).numpy()) / (2 * eps)
         analytic = np.zeros_like(x) if grad is None else tf.convert_to_tensor(grad).numpy()
         np.testing.assert_allclose(
-            analytic, numeric, atol=atol, rtol=rtol,
+            analytic,
+            numeric,
+            atol=atol,
+            rtol=rtol,
             err_msg=f"gradient w.r.t. argument {i} differs from finite differences",
         )
 
@@ -117,13 +121,18 @@ def assert_grad_matches_reference(f, f_ref, args, wrt=(0,), atol=1e-6, rtol=1e-6
         with tf.GradientTape() as tape:
             tape.watch(watched)
             outs = _float_outputs(fn(*args))
-            value = sum(tf.reduce_sum(tf.constant(w) * tf.cast(o, tf.float64))
-                        for w, o in zip(weights, outs))
+            value = sum(
+                tf.reduce_sum(tf.constant(w) * tf.cast(o, tf.float64))
+                for w, o in zip(weights, outs)
+            )
         return tape.gradient(value, watched)
 
     for i, got, want in zip(wrt, grads_of(f), grads_of(f_ref)):
         np.testing.assert_allclose(
-            np.asarray(got), np.asarray(want), atol=atol, rtol=rtol,
+            np.asarray(got),
+            np.asarray(want),
+            atol=atol,
+            rtol=rtol,
             err_msg=f"gradient w.r.t. argument {i} differs from the reference's autodiff",
         )
 
@@ -153,8 +162,13 @@ def assert_xla_matches_eager(f, *args, atol=1e-6, rtol=1e-6, grad_wrt=(0,)):
             continue
         want, got = np.asarray(want), np.asarray(got)
         if np.issubdtype(want.dtype, np.floating):
-            np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64),
-                                       atol=atol, rtol=rtol, err_msg="XLA differs from eager")
+            np.testing.assert_allclose(
+                got.astype(np.float64),
+                want.astype(np.float64),
+                atol=atol,
+                rtol=rtol,
+                err_msg="XLA differs from eager",
+            )
         else:
             np.testing.assert_array_equal(got, want, err_msg="XLA differs from eager")
 
@@ -235,8 +249,9 @@ def _mirrored_strategy(devices):
     )
 
 
-def assert_mirrored_matches_single(build_model, x, y, loss, steps=3, atol=1e-5, rtol=1e-4,
-                                   learning_rate=0.1):
+def assert_mirrored_matches_single(
+    build_model, x, y, loss, steps=3, atol=1e-5, rtol=1e-4, learning_rate=0.1
+):
     """MirroredStrategy over 2 logical CPUs trains exactly like one device.
 
     Both runs start from the same weights and take ``steps`` full-batch SGD steps on the
@@ -258,8 +273,9 @@ def assert_mirrored_matches_single(build_model, x, y, loss, steps=3, atol=1e-5, 
     mirrored.fit(x, y, batch_size=len(x), epochs=steps, shuffle=False, verbose=0)
 
     for a, b in zip(single.get_weights(), mirrored.get_weights()):
-        np.testing.assert_allclose(b, a, atol=atol, rtol=rtol,
-                                   err_msg="MirroredStrategy training differs from one device")
+        np.testing.assert_allclose(
+            b, a, atol=atol, rtol=rtol, err_msg="MirroredStrategy training differs from one device"
+        )
     moved = max(np.max(np.abs(a - b)) for a, b in zip(single.get_weights(), initial))
     assert moved > 1e-4, "training did not change the weights; the comparison is vacuous"
     return single, mirrored

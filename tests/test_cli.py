@@ -46,4 +46,3 @@ def test_unknown_kind_is_rejected(capsys):
         main(["list", "--kind", "optimizer"])
     assert exit_info.value.code == 2
     assert "--kind" in capsys.readouterr().err
-

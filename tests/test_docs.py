@@ -50,11 +50,12 @@ def test_docstring_examples(path):
             try:
                 example.evaluate()
             except Exception as err:
-                raise AssertionError(f"{name}, docstring example at line {example.line}: "
-                                     f"{type(err).__name__}: {err}") from err
+                raise AssertionError(
+                    f"{name}, docstring example at line {example.line}: {type(err).__name__}: {err}"
+                ) from err
     finally:
         for key in {(e.kind, e.name) for e in losszoo.entries()} - before:
-            _core._unregister(key)                   # names registered by an example
+            _core._unregister(key)  # names registered by an example
 
 
 def test_mkdocs_build_strict(tmp_path):
@@ -63,11 +64,26 @@ def test_mkdocs_build_strict(tmp_path):
     mkdocs = shutil.which("mkdocs")
     command = [mkdocs] if mkdocs else [sys.executable, "-m", "mkdocs"]
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
-    result = subprocess.run([*command, "build", "--strict", "--site-dir", str(tmp_path / "site")],
-                            cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
+    result = subprocess.run(
+        [*command, "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    for page in ("api/ops", "api/heads", "api/losses", "api/calibration", "api/metrics",
-                 "api/registry", "api/datasets", "examples", "training_at_scale"):
+    for page in (
+        "api/ops",
+        "api/heads",
+        "api/losses",
+        "api/calibration",
+        "api/metrics",
+        "api/registry",
+        "api/datasets",
+        "examples",
+        "training_at_scale",
+    ):
         html = (tmp_path / "site" / page / "index.html").read_text()
         assert "doc-heading" in html or page in ("examples", "training_at_scale"), page
     ops = (tmp_path / "site" / "api" / "ops" / "index.html").read_text()

@@ -24,7 +24,7 @@ pytest.importorskip("matplotlib")
 def load(name):
     spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module                          # dataclasses look it up
+    sys.modules[spec.name] = module  # dataclasses look it up
     spec.loader.exec_module(module)
     return module
 
@@ -56,7 +56,7 @@ def written(capsys):
 
 @pytest.fixture(autouse=True)
 def _no_committed_results_touched(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)                              # default out/ goes here
+    monkeypatch.chdir(tmp_path)  # default out/ goes here
     before = {p: p.stat().st_mtime_ns for p in (EXAMPLES / "results").iterdir()}
     yield
     after = {p: p.stat().st_mtime_ns for p in (EXAMPLES / "results").iterdir()}
@@ -74,17 +74,34 @@ def test_tour(capsys):
 
 
 def test_calibrate_classifier(tmp_path, capsys):
-    load("calibrate_classifier").main([
-        "--seeds", "1", "--steps", "20", "--calib-epochs", "2", "--methods", "ts",
-        "--diagram", "uncal,ts", "--depth", "1", "--hidden", "16", "--out", str(tmp_path / "c")])
+    load("calibrate_classifier").main(
+        [
+            "--seeds",
+            "1",
+            "--steps",
+            "20",
+            "--calib-epochs",
+            "2",
+            "--methods",
+            "ts",
+            "--diagram",
+            "uncal,ts",
+            "--depth",
+            "1",
+            "--hidden",
+            "16",
+            "--out",
+            str(tmp_path / "c"),
+        ]
+    )
     out = capsys.readouterr().out
-    assert "no worse than TS" not in out and "WORSE" not in out    # one seed: no verdict
+    assert "no worse than TS" not in out and "WORSE" not in out  # one seed: no verdict
     md = tmp_path / "c" / "calibrate_classifier.md"
     png = md.with_suffix(".png")
     assert f"wrote {md}" in out and f"wrote {png}" in out
     rows = table_rows(md)
     assert [r.split("|")[1].strip() for r in rows] == ["Uncal", "TS"]
-    assert all("±" not in r for r in rows)                          # one seed: no spread
+    assert all("±" not in r for r in rows)  # one seed: no spread
     assert all(len(numbers(r)) == 4 for r in rows)
     check_png(png)
 
@@ -100,8 +117,22 @@ def test_dro_noisy_labels(tmp_path, capsys):
 
 
 def test_dro_regression(tmp_path, capsys):
-    load("dro_regression").main(["--datasets", "diabetes", "--batches", "50", "--seeds", "2",
-                                 "--grid", "1e-4", "--epochs", "1", "--out", str(tmp_path)])
+    load("dro_regression").main(
+        [
+            "--datasets",
+            "diabetes",
+            "--batches",
+            "50",
+            "--seeds",
+            "2",
+            "--grid",
+            "1e-4",
+            "--epochs",
+            "1",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert {f.name for f in written(capsys)} == {"dro_regression.md", "dro_regression.png"}
     rows = table_rows(tmp_path / "dro_regression.md")
     assert len(rows) == 3 and all("±" in r for r in rows[1:])  # two seeds: mean ± std
@@ -127,45 +158,75 @@ def _synthetic_movielens(folder, users=40, items=150, per_user=12, seed=0):
             lines.append(f"{u}\t{i}\t{rng.integers(1, 6)}\t{880000000 + len(lines)}\n")
     (folder / "u.data").write_text("".join(lines))
     flags = "|".join(["0"] * 19)
-    (folder / "u.item").write_bytes("".join(
-        f"{i}|Movie {i} (1995)|01-Jan-1995||http://x|{flags}\n" for i in range(1, items + 1)
-    ).encode("latin-1"))
+    (folder / "u.item").write_bytes(
+        "".join(
+            f"{i}|Movie {i} (1995)|01-Jan-1995||http://x|{flags}\n" for i in range(1, items + 1)
+        ).encode("latin-1")
+    )
 
 
 def test_movielens_retrieval(tmp_path, capsys, monkeypatch):
     pytest.importorskip("tensorflow_recommenders")
-    monkeypatch.setenv("LOSSZOO_CACHE_DIR", str(tmp_path / "cache"))   # never the real cache
+    monkeypatch.setenv("LOSSZOO_CACHE_DIR", str(tmp_path / "cache"))  # never the real cache
     data = tmp_path / "ml"
     _synthetic_movielens(data)
     module = load("movielens_retrieval")
-    common = ["--data-dir", str(data), "--dim", "4", "--batch-size", "128", "--epochs", "1",
-              "--out", str(tmp_path / "r")]
+    common = [
+        "--data-dir",
+        str(data),
+        "--dim",
+        "4",
+        "--batch-size",
+        "128",
+        "--epochs",
+        "1",
+        "--out",
+        str(tmp_path / "r"),
+    ]
     module.main([*common, "--tune", "--loss", "sparsemax", "--grid-lr", "0.01", "0.03"])
     tuning = json.loads((tmp_path / "r" / "movielens_retrieval_tuning.json").read_text())
     assert [row["lr"] for row in tuning["grid"]["sparsemax"]] == [0.01, 0.03]
     best = max(tuning["grid"]["sparsemax"], key=lambda row: row["AP@10"])["lr"]
     assert tuning["best"]["sparsemax"]["lr"] == best
     tuned = tmp_path / "tuned.json"
-    tuned.write_text(json.dumps({"best": {"softmax": {"lr": 0.02}, "sparsemax": {"lr": best},
-                                          "rankmax": {"lr": 0.005}}}))
+    tuned.write_text(
+        json.dumps(
+            {"best": {"softmax": {"lr": 0.02}, "sparsemax": {"lr": best}, "rankmax": {"lr": 0.005}}}
+        )
+    )
     results = module.main([*common, "--seeds", "1", "--tuned-from", str(tuned)])
     assert {name: runs[0]["lr"] for name, runs in results.items()} == {
-        "softmax": 0.02, "sparsemax": best, "rankmax": 0.005}
+        "softmax": 0.02,
+        "sparsemax": best,
+        "rankmax": 0.005,
+    }
     out = capsys.readouterr().out
     for suffix in (".md", ".png", ".json"):
         assert f"wrote {tmp_path / 'r' / ('movielens_retrieval' + suffix)}" in out
     rows = table_rows(tmp_path / "r" / "movielens_retrieval.md")
     assert [r.split("|")[1].strip() for r in rows] == [
-        "softmax", "softmax", "sparsemax", "sparsemax", "rankmax", "rankmax"]
+        "softmax",
+        "softmax",
+        "sparsemax",
+        "sparsemax",
+        "rankmax",
+        "rankmax",
+    ]
     assert all("±" not in r for r in rows)
     saved = json.loads((tmp_path / "r" / "movielens_retrieval.json").read_text())
     assert 0.0 <= saved["rankmax"][0]["test"]["AP@10"] <= 1.0
-    check_png(tmp_path / "r" / "movielens_retrieval.png")             # one epoch: markers
+    check_png(tmp_path / "r" / "movielens_retrieval.png")  # one epoch: markers
 
 
 def test_every_option_has_help_with_default(capsys):
-    for name in ("tour", "calibrate_classifier", "dro_noisy_labels", "dro_regression",
-                 "possibilistic_synthetic", "movielens_retrieval"):
+    for name in (
+        "tour",
+        "calibrate_classifier",
+        "dro_noisy_labels",
+        "dro_regression",
+        "possibilistic_synthetic",
+        "movielens_retrieval",
+    ):
         with pytest.raises(SystemExit):
             sys_argv, sys.argv = sys.argv, [name, "--help"]
             try:

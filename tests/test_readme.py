@@ -29,7 +29,8 @@ README = ROOT / "README.md"
 def _check_bash(example):
     tomllib = pytest.importorskip("tomllib")
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
-        "optional-dependencies"]
+        "optional-dependencies"
+    ]
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     for line in example.parsed.strip().splitlines():
         for part in line.split("&&"):
@@ -43,7 +44,8 @@ def _check_bash(example):
                 assert (ROOT / words[1]).is_file(), f"README runs missing {words[1]}"
         if "pytest" in line:
             assert line.strip() in [c.strip() for c in ci], (
-                f".ci/run must run the README's test command {line.strip()!r}")
+                f".ci/run must run the README's test command {line.strip()!r}"
+            )
 
 
 def _check_toml(example):
@@ -63,7 +65,7 @@ PARSERS = [
 def test_readme_code_blocks_run():
     document = Sybil(parsers=PARSERS).parse(README)
     examples = list(document)
-    fenced = re.findall(r"^```(\w*)", README.read_text(), re.M)[::2]   # opening fences
+    fenced = re.findall(r"^```(\w*)", README.read_text(), re.M)[::2]  # opening fences
     assert len(examples) == sum(lang in ("python", "bash", "toml") for lang in fenced)
     assert set(fenced) <= {"python", "bash", "toml", ""}, f"unchecked block languages {fenced}"
     before = {(e.kind, e.name) for e in losszoo.entries()}
@@ -72,25 +74,28 @@ def test_readme_code_blocks_run():
             try:
                 example.evaluate()
             except Exception as err:
-                raise AssertionError(f"README.md block at line {example.line} failed: "
-                                     f"{type(err).__name__}: {err}") from err
+                raise AssertionError(
+                    f"README.md block at line {example.line} failed: {type(err).__name__}: {err}"
+                ) from err
     finally:
         for key in {(e.kind, e.name) for e in losszoo.entries()} - before:
-            _core._unregister(key)                           # the plugin example's name
+            _core._unregister(key)  # the plugin example's name
     assert "focal_sparsemax" not in losszoo.names("loss")
 
 
 def test_readme_registry_table_is_current(capsys):
     text = README.read_text()
-    table = re.search(r"<!-- registry-table:start -->\n(.*?)<!-- registry-table:end -->",
-                      text, re.S).group(1)
+    table = re.search(
+        r"<!-- registry-table:start -->\n(.*?)<!-- registry-table:end -->", text, re.S
+    ).group(1)
     assert cli_main(["list"]) == 0
     printed = capsys.readouterr().out
 
     def rows(text):
-        text = text.replace("`", "")                         # README quotes class paths
+        text = text.replace("`", "")  # README quotes class paths
         cells = [re.sub(r"\s*\|\s*", "|", line.strip()) for line in text.strip().splitlines()]
         return [row for row in cells if not set(row) <= set("|-")]
 
     assert rows(table) == rows(printed), (
-        "README's registry table is stale: paste `python -m losszoo list` between the markers")
+        "README's registry table is stale: paste `python -m losszoo list` between the markers"
+    )

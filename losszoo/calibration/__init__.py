@@ -22,7 +22,20 @@ from losszoo.calibration.streaming import (
 )
 
 __all__ = [
-    "Accuracy", "AdaptiveECE", "BrierScore", "ClasswiseECE", "ExpectedCalibrationError",
-    "NegativeLogLikelihood", "accuracy", "adaptive_ece", "brier_score", "classwise_ece", "ece",
-    "fit_calibrator", "make_calibrator", "nll", "reliability_curve", "reliability_diagram",
+    "Accuracy",
+    "AdaptiveECE",
+    "BrierScore",
+    "ClasswiseECE",
+    "ExpectedCalibrationError",
+    "NegativeLogLikelihood",
+    "accuracy",
+    "adaptive_ece",
+    "brier_score",
+    "classwise_ece",
+    "ece",
+    "fit_calibrator",
+    "make_calibrator",
+    "nll",
+    "reliability_curve",
+    "reliability_diagram",
 ]

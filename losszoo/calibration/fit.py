@@ -48,8 +48,9 @@ def _needs_features(layer):
     return getattr(layer, "bound_fn", None) == "linear"
 
 
-def _train(calibrator, logits, feats, labels, epochs, batch_size, learning_rate, epsilon, seed,
-           verbose):
+def _train(
+    calibrator, logits, feats, labels, epochs, batch_size, learning_rate, epsilon, seed, verbose
+):
     calibrator([logits[:2], feats[:2]] if feats is not None else logits[:2])  # build
     variables = calibrator.trainable_variables
     opt = keras.optimizers.Adam(learning_rate=learning_rate, epsilon=epsilon)
@@ -73,7 +74,7 @@ def _train(calibrator, logits, feats, labels, epochs, batch_size, learning_rate,
         order = rng.permutation(n)
         total = 0.0
         for start in range(0, n, batch_size):
-            sel = order[start:start + batch_size]
+            sel = order[start : start + batch_size]
             total += float(step(logits[sel], zdummy[sel], labels[sel])) * len(sel)
         history.append(total / n)
         if verbose and (epoch + 1) % max(1, epochs // 10) == 0:
@@ -81,10 +82,22 @@ def _train(calibrator, logits, feats, labels, epochs, batch_size, learning_rate,
     return history
 
 
-def fit_calibrator(model_or_logits, x_val, y_val, method: str = "temperature_scaling", *,
-                   epochs: int = 500, batch_size: int = 128, learning_rate: float = 1e-3,
-                   epsilon: float = 1e-8, features_layer: str | None = None, seed: int = 0,
-                   verbose: int = 0, return_history: bool = False, **calibrator_kwargs):
+def fit_calibrator(
+    model_or_logits,
+    x_val,
+    y_val,
+    method: str = "temperature_scaling",
+    *,
+    epochs: int = 500,
+    batch_size: int = 128,
+    learning_rate: float = 1e-3,
+    epsilon: float = 1e-8,
+    features_layer: str | None = None,
+    seed: int = 0,
+    verbose: int = 0,
+    return_history: bool = False,
+    **calibrator_kwargs,
+):
     """Fit a post-hoc calibrator on held-out data and return the calibrated Keras model.
 
     Only the calibrator's parameters are trained (the base model is frozen), by Adam with the
@@ -140,15 +153,18 @@ def fit_calibrator(model_or_logits, x_val, y_val, method: str = "temperature_sca
     calibrator = make_calibrator(method, **calibrator_kwargs)
     needs = _needs_features(calibrator)
     labels_raw = np.asarray(y_val)
-    if labels_raw.dtype == bool or not (np.issubdtype(labels_raw.dtype, np.integer)
-                                        or np.issubdtype(labels_raw.dtype, np.floating)):
+    if labels_raw.dtype == bool or not (
+        np.issubdtype(labels_raw.dtype, np.integer) or np.issubdtype(labels_raw.dtype, np.floating)
+    ):
         raise TypeError(f"`y_val` must be integer class ids, got dtype {labels_raw.dtype}.")
     if labels_raw.ndim > 2 or (labels_raw.ndim == 2 and labels_raw.shape[1] != 1):
-        raise ValueError(f"`y_val` must be class ids of shape [N] or [N, 1], got shape "
-                         f"{labels_raw.shape}.")
+        raise ValueError(
+            f"`y_val` must be class ids of shape [N] or [N, 1], got shape {labels_raw.shape}."
+        )
     labels_raw = labels_raw.reshape(-1)
     if np.issubdtype(labels_raw.dtype, np.floating) and (
-            not np.all(np.isfinite(labels_raw)) or np.any(labels_raw != np.round(labels_raw))):
+        not np.all(np.isfinite(labels_raw)) or np.any(labels_raw != np.round(labels_raw))
+    ):
         raise ValueError("`y_val` must be integer class ids (got NaN, Inf or fractions).")
     if labels_raw.size == 0:
         raise ValueError("`y_val` is empty: nothing to fit on.")
@@ -157,8 +173,9 @@ def fit_calibrator(model_or_logits, x_val, y_val, method: str = "temperature_sca
         logits_t = base.outputs[0]
         feats_t = None
         if needs:
-            feats_t = (base.get_layer(features_layer).output if features_layer
-                       else base.layers[-1].input)
+            feats_t = (
+                base.get_layer(features_layer).output if features_layer else base.layers[-1].input
+            )
         extractor = keras.Model(base.inputs, [logits_t, feats_t] if needs else logits_t)
         out = extractor.predict(x_val, batch_size=512, verbose=0)
         logits, feats = (out[0], out[1]) if needs else (out, None)
@@ -170,16 +187,21 @@ def fit_calibrator(model_or_logits, x_val, y_val, method: str = "temperature_sca
         base = None
     logits = np.asarray(logits, np.float32)
     if logits.ndim != 2:
-        raise ValueError(f"`model_or_logits`: the validation logits must be [N, K], got shape "
-                         f"{logits.shape}.")
+        raise ValueError(
+            f"`model_or_logits`: the validation logits must be [N, K], got shape {logits.shape}."
+        )
     check_logits(logits, "model_or_logits")  # NaN / +inf / all -inf rows: before fitting
     k = logits.shape[1]
     if len(logits) != len(labels_raw):
-        raise ValueError(f"`y_val` must have one label per validation example: "
-                         f"{len(labels_raw)} labels for {len(logits)} examples.")
+        raise ValueError(
+            f"`y_val` must have one label per validation example: "
+            f"{len(labels_raw)} labels for {len(logits)} examples."
+        )
     if np.any(labels_raw < 0) or np.any(labels_raw >= k):
-        raise ValueError(f"`y_val` must be class ids in [0, {k}), got values in "
-                         f"[{labels_raw.min()}, {labels_raw.max()}].")
+        raise ValueError(
+            f"`y_val` must be class ids in [0, {k}), got values in "
+            f"[{labels_raw.min()}, {labels_raw.max()}]."
+        )
     labels = labels_raw.astype(np.int32)
     if needs:
         feats = np.asarray(feats, np.float32)
@@ -190,8 +212,9 @@ def fit_calibrator(model_or_logits, x_val, y_val, method: str = "temperature_sca
             raise ValueError("`x_val`: the features must not contain NaN or Inf.")
     else:
         feats = None
-    history = _train(calibrator, logits, feats, labels, epochs, batch_size, learning_rate,
-                     epsilon, seed, verbose)
+    history = _train(
+        calibrator, logits, feats, labels, epochs, batch_size, learning_rate, epsilon, seed, verbose
+    )
 
     if base is not None:
         base.trainable = False
@@ -201,8 +224,9 @@ def fit_calibrator(model_or_logits, x_val, y_val, method: str = "temperature_sca
         logit_in = keras.Input((logits.shape[1],), name="logits")
         if needs:
             feat_in = keras.Input((feats.shape[1],), name="features")
-            model = keras.Model([logit_in, feat_in], calibrator([logit_in, feat_in]),
-                                name="calibrator")
+            model = keras.Model(
+                [logit_in, feat_in], calibrator([logit_in, feat_in]), name="calibrator"
+            )
         else:
             model = keras.Model(logit_in, calibrator(logit_in), name="calibrator")
     return (model, history) if return_history else model

@@ -3,7 +3,8 @@
 Top-label ECE follows the paper's eq. 28 (spec section 6): ``M`` equal-width bins, right-closed
 ``((m-1)/M, m/M]``, weighted by bin size, empty bins contribute 0. Classwise ECE, adaptive
 (equal-mass) ECE, NLL and the Brier score are our additions (the paper reports only ECE and
-accuracy). ``probs`` is ``[N, K]``; ``labels`` are integer class ids ``[N]`` (or one-hot ``[N, K]``).
+accuracy). ``probs`` is ``[N, K]``; ``labels`` are integer class ids ``[N]`` (or one-hot
+``[N, K]``).
 
 Fail loud (README, "Bad input"): every function raises ``ValueError``/``TypeError`` naming the
 argument for probabilities that are not on the simplex (NaN, Inf, negative, rows not summing to
@@ -47,30 +48,42 @@ def _prep(probs, labels):
         raise ValueError("`probs` must be non-negative (probabilities).")
     worst = np.max(np.abs(probs.sum(-1) - 1.0))
     if worst > SUM_TOL:
-        raise ValueError(f"`probs` rows must sum to 1 (within {SUM_TOL}); the worst row is off "
-                         f"by {worst:.3g}. Pass probabilities, not logits.")
+        raise ValueError(
+            f"`probs` rows must sum to 1 (within {SUM_TOL}); the worst row is off "
+            f"by {worst:.3g}. Pass probabilities, not logits."
+        )
     raw = np.asarray(labels)
-    if raw.dtype == bool or not (np.issubdtype(raw.dtype, np.integer)
-                                 or np.issubdtype(raw.dtype, np.floating)):
-        raise TypeError(f"`labels` must be integer class ids or one-hot rows, got dtype {raw.dtype}.")
+    if raw.dtype == bool or not (
+        np.issubdtype(raw.dtype, np.integer) or np.issubdtype(raw.dtype, np.floating)
+    ):
+        raise TypeError(
+            f"`labels` must be integer class ids or one-hot rows, got dtype {raw.dtype}."
+        )
     if raw.ndim == 2 and raw.shape == (n, k) and k > 1:
         onehot_ok = np.all((raw == 0) | (raw == 1)) and np.all(raw.sum(-1) == 1)
         if not onehot_ok:
-            raise ValueError("`labels` of shape [N, K] must be one-hot rows (one 1, zeros elsewhere).")
+            raise ValueError(
+                "`labels` of shape [N, K] must be one-hot rows (one 1, zeros elsewhere)."
+            )
         return probs, raw.argmax(-1).astype(np.int64)
     if raw.ndim > 2 or (raw.ndim == 2 and raw.shape[1] != 1):
-        raise ValueError(f"`labels` must be [N], [N, 1] or one-hot [N, K] for `probs` {probs.shape},"
-                         f" got shape {raw.shape}.")
+        raise ValueError(
+            f"`labels` must be [N], [N, 1] or one-hot [N, K] for `probs` {probs.shape},"
+            f" got shape {raw.shape}."
+        )
     flat = raw.reshape(-1)
     if flat.shape[0] != n:
-        raise ValueError(f"`labels` and `probs` must have the same number of rows, got "
-                         f"{flat.shape[0]} and {n}.")
+        raise ValueError(
+            f"`labels` and `probs` must have the same number of rows, got {flat.shape[0]} and {n}."
+        )
     if np.issubdtype(flat.dtype, np.floating) and (
-            not np.all(np.isfinite(flat)) or np.any(flat != np.round(flat))):
+        not np.all(np.isfinite(flat)) or np.any(flat != np.round(flat))
+    ):
         raise ValueError("`labels` must be integer class ids (got NaN, Inf or fractions).")
     if np.any(flat < 0) or np.any(flat >= k):
-        raise ValueError(f"`labels` must be class ids in [0, {k}), got values in "
-                         f"[{flat.min()}, {flat.max()}].")
+        raise ValueError(
+            f"`labels` must be class ids in [0, {k}), got values in [{flat.min()}, {flat.max()}]."
+        )
     return probs, flat.astype(np.int64)
 
 

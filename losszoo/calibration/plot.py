@@ -30,8 +30,9 @@ def reliability_curve(probs, labels, n_bins: int = 15):
     return mean_conf, acc, count
 
 
-def reliability_diagram(results, labels=None, n_bins: int = 15, path=None, title=None,
-                        max_cols: int = 3):
+def reliability_diagram(
+    results, labels=None, n_bins: int = 15, path=None, title=None, max_cols: int = 3
+):
     """Plot reliability diagrams, one panel per method (at most ``max_cols`` per row).
 
     Each bin's bar reaches its accuracy: blue up to the smaller of accuracy and mean
@@ -84,16 +85,40 @@ def reliability_diagram(results, labels=None, n_bins: int = 15, path=None, title
         full = count > 0
         c, a, x = mean_conf[full], acc[full], centers[full]
         low = np.minimum(a, c)
-        ax.bar(x, low, width=width, color="tab:blue", edgecolor="k", lw=0.5,
-               label="accuracy (up to the mean confidence)")
+        ax.bar(
+            x,
+            low,
+            width=width,
+            color="tab:blue",
+            edgecolor="k",
+            lw=0.5,
+            label="accuracy (up to the mean confidence)",
+        )
         over = c > a
-        ax.bar(x[over], (c - a)[over], bottom=a[over], width=width, color="tab:red", alpha=0.35,
-               hatch="//", edgecolor="tab:red", lw=0.5,
-               label="overconfident: confidence above accuracy")
+        ax.bar(
+            x[over],
+            (c - a)[over],
+            bottom=a[over],
+            width=width,
+            color="tab:red",
+            alpha=0.35,
+            hatch="//",
+            edgecolor="tab:red",
+            lw=0.5,
+            label="overconfident: confidence above accuracy",
+        )
         under = a > c
-        ax.bar(x[under], (a - c)[under], bottom=c[under], width=width, color="tab:green",
-               alpha=0.8, edgecolor="k", lw=0.5,
-               label="underconfident: accuracy above confidence")
+        ax.bar(
+            x[under],
+            (a - c)[under],
+            bottom=c[under],
+            width=width,
+            color="tab:green",
+            alpha=0.8,
+            edgecolor="k",
+            lw=0.5,
+            label="underconfident: accuracy above confidence",
+        )
         ax.plot([0, 1], [0, 1], "k--", lw=1, label="perfect calibration")
         ax.set_xlim(0, 1)
         ax.set_ylim(0, 1)
@@ -103,8 +128,9 @@ def reliability_diagram(results, labels=None, n_bins: int = 15, path=None, title
     for ax in list(axes.flat)[n:]:
         ax.set_visible(False)
     handles, names = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, names, loc="lower center", ncol=min(4, len(names)), fontsize=8,
-               frameon=False)
+    fig.legend(
+        handles, names, loc="lower center", ncol=min(4, len(names)), fontsize=8, frameon=False
+    )
     if title:
         fig.suptitle(title)
     fig.tight_layout(rect=(0, 0.6 / (3.4 * rows + 0.6), 1, 1))

@@ -58,8 +58,9 @@ def _labels_probs(y_true, y_pred, num_classes=None):
     y_true = tf.convert_to_tensor(y_true)
     if y_true.dtype == tf.bool or not (y_true.dtype.is_integer or y_true.dtype.is_floating):
         raise TypeError(f"`y_true` must be integer ids or one-hot rows, got {y_true.dtype.name}.")
-    onehot = (y_true.shape.rank is not None and y_true.shape.rank >= 2 and y_true.shape[-1] == k
-              and k > 1)
+    onehot = (
+        y_true.shape.rank is not None and y_true.shape.rank >= 2 and y_true.shape[-1] == k and k > 1
+    )
     checks = []
     validate = validation_enabled()
     pv = static_value(y_pred) if validate else None
@@ -68,14 +69,19 @@ def _labels_probs(y_true, y_pred, num_classes=None):
     pred_ok = tf.logical_and(tf.reduce_all(y_pred >= 0, -1), tf.abs(sums - 1.0) <= SUM_TOL)
     if onehot:
         yt = tf.cast(tf.reshape(y_true, [-1, k]), tf.float32)
-        true_ok = tf.logical_and(tf.reduce_all(tf.logical_or(tf.equal(yt, 0.0), tf.equal(yt, 1.0)), -1),
-                                 tf.equal(tf.reduce_sum(yt, -1), 1.0))
+        true_ok = tf.logical_and(
+            tf.reduce_all(tf.logical_or(tf.equal(yt, 0.0), tf.equal(yt, 1.0)), -1),
+            tf.equal(tf.reduce_sum(yt, -1), 1.0),
+        )
         labels = tf.argmax(yt, -1, output_type=tf.int32)
         if validate:
             tvv = None if tv is None else np.asarray(tv, np.float64).reshape(-1, k)
-            _require(None if tvv is None else (np.isin(tvv, (0.0, 1.0)).all(-1) & (tvv.sum(-1) == 1)),
-                     true_ok, "`y_true` of shape [N, K] must be one-hot rows (one 1, zeros elsewhere).",
-                     checks)
+            _require(
+                None if tvv is None else (np.isin(tvv, (0.0, 1.0)).all(-1) & (tvv.sum(-1) == 1)),
+                true_ok,
+                "`y_true` of shape [N, K] must be one-hot rows (one 1, zeros elsewhere).",
+                checks,
+            )
     else:
         flat = tf.reshape(y_true, [-1])
         if flat.dtype.is_floating:
@@ -89,26 +95,44 @@ def _labels_probs(y_true, y_pred, num_classes=None):
             labels = tf.cast(tf.where(true_ok, fi, 0), tf.int32)
         if validate:
             tvv = None if tv is None else np.asarray(tv, np.float64).reshape(-1)
-            _require(None if tvv is None else np.isfinite(tvv) & (tvv == np.round(np.nan_to_num(tvv))),
-                     true_ok if flat.dtype.is_floating else tf.constant(True),
-                     "`y_true` must be integer class ids (got NaN, Inf or fractions).", checks)
-            _require(None if tvv is None else (tvv >= 0) & (tvv < k),
-                     true_ok, f"`y_true` must be class ids in [0, {k}).", checks)
+            _require(
+                None if tvv is None else np.isfinite(tvv) & (tvv == np.round(np.nan_to_num(tvv))),
+                true_ok if flat.dtype.is_floating else tf.constant(True),
+                "`y_true` must be integer class ids (got NaN, Inf or fractions).",
+                checks,
+            )
+            _require(
+                None if tvv is None else (tvv >= 0) & (tvv < k),
+                true_ok,
+                f"`y_true` must be class ids in [0, {k}).",
+                checks,
+            )
     if validate:
         pvv = None if pv is None else np.asarray(pv, np.float64).reshape(-1, k)
-        _require(None if pvv is None else np.isfinite(pvv),
-                 tf.math.is_finite(y_pred), "`y_pred` must not contain NaN or Inf.", checks)
-        _require(None if pvv is None else (pvv >= 0).all(-1) & (np.abs(pvv.sum(-1) - 1) <= SUM_TOL),
-                 pred_ok, f"`y_pred` rows must be probabilities: non-negative, summing to 1 "
-                 f"(within {SUM_TOL}).", checks)
+        _require(
+            None if pvv is None else np.isfinite(pvv),
+            tf.math.is_finite(y_pred),
+            "`y_pred` must not contain NaN or Inf.",
+            checks,
+        )
+        _require(
+            None if pvv is None else (pvv >= 0).all(-1) & (np.abs(pvv.sum(-1) - 1) <= SUM_TOL),
+            pred_ok,
+            f"`y_pred` rows must be probabilities: non-negative, summing to 1 (within {SUM_TOL}).",
+            checks,
+        )
     n_true, n_pred = tf.shape(labels)[0], tf.shape(y_pred)[0]
     if labels.shape[0] is not None and y_pred.shape[0] is not None:
         if labels.shape[0] != y_pred.shape[0]:
-            raise ValueError(f"`y_true` has {labels.shape[0]} rows but `y_pred` has "
-                             f"{y_pred.shape[0]}.")
+            raise ValueError(
+                f"`y_true` has {labels.shape[0]} rows but `y_pred` has {y_pred.shape[0]}."
+            )
     elif validate:
-        checks.append(tf.debugging.assert_equal(n_true, n_pred,
-                                                "`y_true` and `y_pred` must have as many rows."))
+        checks.append(
+            tf.debugging.assert_equal(
+                n_true, n_pred, "`y_true` and `y_pred` must have as many rows."
+            )
+        )
     bad = tf.logical_not(tf.logical_and(true_ok, pred_ok))  # NaN sums fail pred_ok too
     if checks:
         with tf.control_dependencies(checks):
@@ -125,9 +149,15 @@ class _BinnedTopLabel(keras.metrics.Metric):
     def __init__(self, n_bins, name, **kwargs):
         super().__init__(name=name, **kwargs)
         self.n_bins = check_number(n_bins, "n_bins", low=1, integer=True)
-        self.counts = self.add_variable(shape=(self._resolution(),), initializer="zeros", name="counts")
-        self.conf_sum = self.add_variable(shape=(self._resolution(),), initializer="zeros", name="conf_sum")
-        self.correct_sum = self.add_variable(shape=(self._resolution(),), initializer="zeros", name="correct_sum")
+        self.counts = self.add_variable(
+            shape=(self._resolution(),), initializer="zeros", name="counts"
+        )
+        self.conf_sum = self.add_variable(
+            shape=(self._resolution(),), initializer="zeros", name="conf_sum"
+        )
+        self.correct_sum = self.add_variable(
+            shape=(self._resolution(),), initializer="zeros", name="correct_sum"
+        )
 
     def _resolution(self):
         return self.n_bins
@@ -153,8 +183,12 @@ class _BinnedTopLabel(keras.metrics.Metric):
         return {**super().get_config(), "n_bins": self.n_bins}
 
 
-@register("ece", kind="metric", aliases=("expected_calibration_error",),
-          description="Top-label expected calibration error (equal-width bins, default 15)")
+@register(
+    "ece",
+    kind="metric",
+    aliases=("expected_calibration_error",),
+    description="Top-label expected calibration error (equal-width bins, default 15)",
+)
 class ExpectedCalibrationError(_BinnedTopLabel):
     """Streaming top-label ECE: ``sum_m |B_m|/N |acc(B_m) - conf(B_m)|`` over ``n_bins``
     right-closed equal-width confidence bins (paper eq. 28).
@@ -174,8 +208,11 @@ class ExpectedCalibrationError(_BinnedTopLabel):
         return tf.reduce_sum(tf.abs(self.correct_sum - self.conf_sum)) / n
 
 
-@register("adaptive_ece", kind="metric",
-          description="Top-label ECE with equal-mass bins (streaming histogram approximation)")
+@register(
+    "adaptive_ece",
+    kind="metric",
+    description="Top-label ECE with equal-mass bins (streaming histogram approximation)",
+)
 class AdaptiveECE(_BinnedTopLabel):
     """Streaming equal-mass ECE. Confidences are accumulated in ``resolution`` fine equal-width
     bins; at ``result()`` consecutive fine bins are grouped into ``n_bins`` groups of about equal
@@ -189,8 +226,9 @@ class AdaptiveECE(_BinnedTopLabel):
       0.45
     """
 
-    def __init__(self, n_bins: int = 15, resolution: int = 4096, name: str = "adaptive_ece",
-                 **kwargs):
+    def __init__(
+        self, n_bins: int = 15, resolution: int = 4096, name: str = "adaptive_ece", **kwargs
+    ):
         n_bins = check_number(n_bins, "n_bins", low=1, integer=True)
         self.resolution = check_number(resolution, "resolution", low=n_bins, integer=True)
         super().__init__(n_bins, name, **kwargs)
@@ -207,8 +245,11 @@ class AdaptiveECE(_BinnedTopLabel):
         q = tf.floor(n / m)
         rem = n - q * m
         big = (q + 1.0) * rem
-        group = tf.where(before < big, tf.floor(before / (q + 1.0)),
-                         rem + tf.floor((before - big) / tf.maximum(q, 1.0)))
+        group = tf.where(
+            before < big,
+            tf.floor(before / (q + 1.0)),
+            rem + tf.floor((before - big) / tf.maximum(q, 1.0)),
+        )
         group = tf.clip_by_value(tf.cast(group, tf.int32), 0, self.n_bins - 1)
         corr = tf.math.unsorted_segment_sum(self.correct_sum, group, self.n_bins)
         conf = tf.math.unsorted_segment_sum(self.conf_sum, group, self.n_bins)
@@ -218,8 +259,11 @@ class AdaptiveECE(_BinnedTopLabel):
         return {**super().get_config(), "resolution": self.resolution}
 
 
-@register("classwise_ece", kind="metric",
-          description="Classwise ECE: mean over classes of the binned calibration error of p_k")
+@register(
+    "classwise_ece",
+    kind="metric",
+    description="Classwise ECE: mean over classes of the binned calibration error of p_k",
+)
 class ClasswiseECE(keras.metrics.Metric):
     """Streaming classwise ECE over ``num_classes`` classes and ``n_bins`` equal-width bins.
 
@@ -245,10 +289,12 @@ class ClasswiseECE(keras.metrics.Metric):
         labels, probs, bad = _labels_probs(y_true, y_pred, self.num_classes)
         probs = nan_where(bad[:, None], probs)
         k, m = self.num_classes, self.n_bins
-        idx = _bin_index(probs, m) + tf.range(k)[None, :] * m      # [N, K] flat (class, bin)
+        idx = _bin_index(probs, m) + tf.range(k)[None, :] * m  # [N, K] flat (class, bin)
         hits = tf.one_hot(labels, k, dtype=tf.float32)
         seg = tf.reshape(idx, [-1])
-        self.counts.assign_add(tf.math.unsorted_segment_sum(tf.ones_like(tf.reshape(probs, [-1])), seg, k * m))
+        self.counts.assign_add(
+            tf.math.unsorted_segment_sum(tf.ones_like(tf.reshape(probs, [-1])), seg, k * m)
+        )
         self.prob_sum.assign_add(tf.math.unsorted_segment_sum(tf.reshape(probs, [-1]), seg, k * m))
         self.hit_sum.assign_add(tf.math.unsorted_segment_sum(tf.reshape(hits, [-1]), seg, k * m))
 
@@ -273,8 +319,11 @@ class _MeanOf(keras.metrics.Metric):
     def update_state(self, y_true, y_pred, sample_weight=None):
         labels, probs, bad = _labels_probs(y_true, y_pred)
         values = nan_where(bad, self._values(labels, probs))
-        w = tf.ones_like(values) if sample_weight is None else tf.cast(
-            tf.reshape(sample_weight, [-1]), tf.float32)
+        w = (
+            tf.ones_like(values)
+            if sample_weight is None
+            else tf.cast(tf.reshape(sample_weight, [-1]), tf.float32)
+        )
         self.total.assign_add(tf.reduce_sum(values * w))
         self.count.assign_add(tf.reduce_sum(w))
 
@@ -286,8 +335,12 @@ class _MeanOf(keras.metrics.Metric):
         self.count.assign(0.0)
 
 
-@register("nll", kind="metric", aliases=("negative_log_likelihood",),
-          description="Mean negative log-likelihood -log p[y] of probabilities")
+@register(
+    "nll",
+    kind="metric",
+    aliases=("negative_log_likelihood",),
+    description="Mean negative log-likelihood -log p[y] of probabilities",
+)
 class NegativeLogLikelihood(_MeanOf):
     """Streaming mean ``-log p[y]`` (probabilities floored at 1e-12).
 
@@ -306,8 +359,12 @@ class NegativeLogLikelihood(_MeanOf):
         return -tf.math.log(tf.maximum(p, 1e-12))
 
 
-@register("brier_score", kind="metric", aliases=("brier",),
-          description="Brier score: mean of sum_k (p_k - [y = k])^2")
+@register(
+    "brier_score",
+    kind="metric",
+    aliases=("brier",),
+    description="Brier score: mean of sum_k (p_k - [y = k])^2",
+)
 class BrierScore(_MeanOf):
     """Streaming Brier score ``mean sum_k (p_k - [y = k])^2``.
 
@@ -326,8 +383,11 @@ class BrierScore(_MeanOf):
         return tf.reduce_sum(tf.square(probs - hits), -1)
 
 
-@register("calibration_accuracy", kind="metric",
-          description="Top-1 accuracy of probabilities (argmax), for calibration reports")
+@register(
+    "calibration_accuracy",
+    kind="metric",
+    description="Top-1 accuracy of probabilities (argmax), for calibration reports",
+)
 class Accuracy(_MeanOf):
     """Streaming top-1 accuracy (argmax of the probabilities against integer or one-hot labels).
 

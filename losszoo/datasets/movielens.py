@@ -37,9 +37,25 @@ RECBOLE_PREFIX = "recbole/dataset_example/ml-100k/"
 CACHE_ENV = "LOSSZOO_CACHE_DIR"
 
 GENRES = (
-    "unknown", "Action", "Adventure", "Animation", "Children's", "Comedy", "Crime",
-    "Documentary", "Drama", "Fantasy", "Film-Noir", "Horror", "Musical", "Mystery", "Romance",
-    "Sci-Fi", "Thriller", "War", "Western",
+    "unknown",
+    "Action",
+    "Adventure",
+    "Animation",
+    "Children's",
+    "Comedy",
+    "Crime",
+    "Documentary",
+    "Drama",
+    "Fantasy",
+    "Film-Noir",
+    "Horror",
+    "Musical",
+    "Mystery",
+    "Romance",
+    "Sci-Fi",
+    "Thriller",
+    "War",
+    "Western",
 )
 
 
@@ -75,8 +91,12 @@ class MovieLens100K:
         """
         users = np.unique(self.user)
         items = np.unique(np.concatenate([self.item, self.item_ids]))
-        return (np.searchsorted(users, self.user), np.searchsorted(items, self.item),
-                users.size, items.size)
+        return (
+            np.searchsorted(users, self.user),
+            np.searchsorted(items, self.item),
+            users.size,
+            items.size,
+        )
 
 
 # --------------------------------------------------------------------------- readers
@@ -92,14 +112,19 @@ def _read_grouplens(folder: Path) -> MovieLens100K:
         if not line.strip():
             continue
         parts = line.split("|")
-        flags = parts[-len(GENRES):]
+        flags = parts[-len(GENRES) :]
         item_ids.append(int(parts[0]))
         titles.append(parts[1])
         genres.append(tuple(g for g, f in zip(GENRES, flags) if f.strip() == "1"))
     return MovieLens100K(
-        user=data[:, 0], item=data[:, 1], rating=data[:, 2].astype(np.float32),
-        timestamp=data[:, 3], item_ids=np.asarray(item_ids, np.int64), titles=titles,
-        genres=genres, source=str(folder),
+        user=data[:, 0],
+        item=data[:, 1],
+        rating=data[:, 2].astype(np.float32),
+        timestamp=data[:, 3],
+        item_ids=np.asarray(item_ids, np.int64),
+        titles=titles,
+        genres=genres,
+        source=str(folder),
     )
 
 
@@ -116,18 +141,30 @@ def _read_recbole(folder: Path) -> MovieLens100K:
     for name in ("user_id", "item_id", "rating", "timestamp"):
         if name not in col:
             raise ValueError(f"{folder / 'ml-100k.inter'}: missing column {name!r} in header.")
-    table = np.asarray([[r[col["user_id"]], r[col["item_id"]], r[col["rating"]],
-                         r[col["timestamp"]]] for r in rows], dtype=np.float64).reshape(-1, 4)
+    table = np.asarray(
+        [
+            [r[col["user_id"]], r[col["item_id"]], r[col["rating"]], r[col["timestamp"]]]
+            for r in rows
+        ],
+        dtype=np.float64,
+    ).reshape(-1, 4)
     header, rows = _atomic_table(folder / "ml-100k.item")
     col = {name: i for i, name in enumerate(header)}
     item_ids = np.asarray([int(r[col["item_id"]]) for r in rows], np.int64)
     titles = [r[col["movie_title"]] if "movie_title" in col else "" for r in rows]
-    genres = [tuple(r[col["class"]].split()) if "class" in col and len(r) > col["class"] else ()
-              for r in rows]
+    genres = [
+        tuple(r[col["class"]].split()) if "class" in col and len(r) > col["class"] else ()
+        for r in rows
+    ]
     return MovieLens100K(
-        user=table[:, 0].astype(np.int64), item=table[:, 1].astype(np.int64),
-        rating=table[:, 2].astype(np.float32), timestamp=table[:, 3].astype(np.int64),
-        item_ids=item_ids, titles=titles, genres=genres, source=str(folder),
+        user=table[:, 0].astype(np.int64),
+        item=table[:, 1].astype(np.int64),
+        rating=table[:, 2].astype(np.float32),
+        timestamp=table[:, 3].astype(np.int64),
+        item_ids=item_ids,
+        titles=titles,
+        genres=genres,
+        source=str(folder),
     )
 
 
@@ -153,8 +190,12 @@ def read_folder(folder) -> MovieLens100K:
     if found is None and archive_path.is_file():
         try:
             with zipfile.ZipFile(archive_path) as archive:
-                _extract_members(archive, "ml-100k/", folder / "ml-100k",
-                                 ("u.data", "u.item", "u.user", "u.genre", "README"))
+                _extract_members(
+                    archive,
+                    "ml-100k/",
+                    folder / "ml-100k",
+                    ("u.data", "u.item", "u.user", "u.genre", "README"),
+                )
         except zipfile.BadZipFile as err:
             raise ValueError(
                 f"{archive_path} is not a valid zip archive ({err}); it is probably corrupt or "
@@ -185,7 +226,7 @@ def _extract_members(archive: zipfile.ZipFile, prefix: str, target: Path, names=
     for member in archive.namelist():
         if not member.startswith(prefix) or member.endswith("/"):
             continue
-        name = member[len(prefix):]
+        name = member[len(prefix) :]
         if "/" in name or (names is not None and name not in names):
             continue
         with archive.open(member) as src, open(target / name, "wb") as dst:
@@ -199,22 +240,34 @@ def _from_grouplens(target: Path, timeout: float = 30.0) -> None:
     with urllib.request.urlopen(GROUPLENS_URL, timeout=timeout) as response:
         payload = response.read()
     with zipfile.ZipFile(io.BytesIO(payload)) as archive:
-        _extract_members(archive, "ml-100k/", target,
-                         ("u.data", "u.item", "u.user", "u.genre", "README"))
+        _extract_members(
+            archive, "ml-100k/", target, ("u.data", "u.item", "u.user", "u.genre", "README")
+        )
 
 
 def _from_recbole_wheel(target: Path, timeout: float = 300.0) -> None:
     with tempfile.TemporaryDirectory(prefix="losszoo-recbole-") as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-               "--quiet", RECBOLE_REQUIREMENT, "-d", tmp]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "--quiet",
+            RECBOLE_REQUIREMENT,
+            "-d",
+            tmp,
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         wheels = list(Path(tmp).glob("recbole-*.whl"))
         if proc.returncode != 0 or not wheels:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no wheel"]
             raise RuntimeError(f"`{' '.join(cmd[2:])}` failed: {tail[0]}")
         with zipfile.ZipFile(wheels[0]) as archive:
-            _extract_members(archive, RECBOLE_PREFIX, target,
-                             ("ml-100k.inter", "ml-100k.item", "ml-100k.user"))
+            _extract_members(
+                archive, RECBOLE_PREFIX, target, ("ml-100k.inter", "ml-100k.item", "ml-100k.user")
+            )
 
 
 def load_100k(data_dir=None, download: bool = True, verbose: bool = False) -> MovieLens100K:
@@ -239,8 +292,10 @@ def load_100k(data_dir=None, download: bool = True, verbose: bool = False) -> Mo
       TypeError: ``data_dir`` is not a path, or ``download`` / ``verbose`` is not a bool.
     """
     if data_dir is not None and not isinstance(data_dir, (str, os.PathLike)):
-        raise TypeError(f"`data_dir` must be a path (str or os.PathLike) or None, got "
-                        f"{type(data_dir).__name__}.")
+        raise TypeError(
+            f"`data_dir` must be a path (str or os.PathLike) or None, got "
+            f"{type(data_dir).__name__}."
+        )
     for arg, value in (("download", download), ("verbose", verbose)):
         if not isinstance(value, bool):
             raise TypeError(f"`{arg}` must be True or False, got {value!r}.")
@@ -261,9 +316,10 @@ def load_100k(data_dir=None, download: bool = True, verbose: bool = False) -> Mo
     except (OSError, ValueError) as err:
         failures.append(f"cache {cached} (set ${CACHE_ENV} to move it): {err}")
     if download:
-        for label, fetch in (("GroupLens download " + GROUPLENS_URL, _from_grouplens),
-                             (f"PyPI wheel {RECBOLE_REQUIREMENT} (pip download --no-deps)",
-                              _from_recbole_wheel)):
+        for label, fetch in (
+            ("GroupLens download " + GROUPLENS_URL, _from_grouplens),
+            (f"PyPI wheel {RECBOLE_REQUIREMENT} (pip download --no-deps)", _from_recbole_wheel),
+        ):
             try:
                 if verbose:
                     print(f"MovieLens 100K: trying {label} ...", flush=True)
@@ -274,7 +330,8 @@ def load_100k(data_dir=None, download: bool = True, verbose: bool = False) -> Mo
     else:
         failures.append("downloads disabled (download=False)")
     raise FileNotFoundError(
-        "Could not load MovieLens 100K. Tried, in order:\n  - " + "\n  - ".join(failures)
+        "Could not load MovieLens 100K. Tried, in order:\n  - "
+        + "\n  - ".join(failures)
         + "\nPut u.data and u.item (GroupLens) or ml-100k.inter and ml-100k.item (RecBole) in "
         "a folder and pass it as data_dir."
     )
@@ -312,10 +369,15 @@ def split_pairs(data: MovieLens100K, seed: int = 0, fractions=(0.8, 0.1, 0.1)) -
         values = np.asarray(fractions, np.float64)
     except (TypeError, ValueError):
         values = np.full(1, np.nan)
-    if (values.shape != (3,) or not np.all(np.isfinite(values)) or values.min() < 0
-            or not np.isclose(values.sum(), 1.0)):
-        raise ValueError(f"`fractions` must be three non-negative numbers summing to 1, got "
-                         f"{fractions}.")
+    if (
+        values.shape != (3,)
+        or not np.all(np.isfinite(values))
+        or values.min() < 0
+        or not np.isclose(values.sum(), 1.0)
+    ):
+        raise ValueError(
+            f"`fractions` must be three non-negative numbers summing to 1, got {fractions}."
+        )
     u, i, nu, ni = data.indexed()
     pairs = np.unique(np.stack([u, i], 1), axis=0)
     order = np.random.default_rng(seed).permutation(len(pairs))
@@ -332,15 +394,20 @@ def pairs_to_mask(pairs: np.ndarray, num_users: int, num_items: int) -> np.ndarr
     pairs = np.asarray(pairs)
     if pairs.ndim != 2 or pairs.shape[1] != 2 or not np.issubdtype(pairs.dtype, np.integer):
         if not (pairs.size == 0 and pairs.ndim == 2 and pairs.shape[1] == 2):
-            raise ValueError(f"`pairs` must be integer (user, item) indices of shape [P, 2], got "
-                             f"shape {pairs.shape} and dtype {pairs.dtype}.")
+            raise ValueError(
+                f"`pairs` must be integer (user, item) indices of shape [P, 2], got "
+                f"shape {pairs.shape} and dtype {pairs.dtype}."
+            )
         pairs = pairs.astype(np.int64)
-    if pairs.size and (pairs.min() < 0 or pairs[:, 0].max() >= num_users
-                       or pairs[:, 1].max() >= num_items):
-        raise ValueError(f"`pairs` must hold 0-based indices below (num_users, num_items) = "
-                         f"({num_users}, {num_items}); got users in [{pairs[:, 0].min()}, "
-                         f"{pairs[:, 0].max()}], items in [{pairs[:, 1].min()}, "
-                         f"{pairs[:, 1].max()}].")
+    if pairs.size and (
+        pairs.min() < 0 or pairs[:, 0].max() >= num_users or pairs[:, 1].max() >= num_items
+    ):
+        raise ValueError(
+            f"`pairs` must hold 0-based indices below (num_users, num_items) = "
+            f"({num_users}, {num_items}); got users in [{pairs[:, 0].min()}, "
+            f"{pairs[:, 0].max()}], items in [{pairs[:, 1].min()}, "
+            f"{pairs[:, 1].max()}]."
+        )
     mask = np.zeros((num_users, num_items), bool)
     mask[pairs[:, 0], pairs[:, 1]] = True
     return mask
@@ -352,8 +419,10 @@ def _mask_argument(value, name, shape):
         raise ValueError(f"`{name}` must have the shape of `scores` {shape}, got {mask.shape}.")
     if mask.dtype != bool:
         if not (np.issubdtype(mask.dtype, np.number) and np.all((mask == 0) | (mask == 1))):
-            raise ValueError(f"`{name}` must be a bool mask (or 0/1 values); got dtype "
-                             f"{mask.dtype} with other values.")
+            raise ValueError(
+                f"`{name}` must be a bool mask (or 0/1 values); got dtype "
+                f"{mask.dtype} with other values."
+            )
         mask = mask.astype(bool)
     return mask
 
@@ -389,8 +458,10 @@ def ranking_metrics(scores, heldout, exclude=None, ks=(1, 5, 10, 50, 100), ap_k=
     """
     scores = np.asarray(scores)
     if scores.ndim != 2 or scores.size == 0 or not np.issubdtype(scores.dtype, np.number):
-        raise ValueError(f"`scores` must be a non-empty numeric [users, items] array, got shape "
-                         f"{scores.shape} and dtype {scores.dtype}.")
+        raise ValueError(
+            f"`scores` must be a non-empty numeric [users, items] array, got shape "
+            f"{scores.shape} and dtype {scores.dtype}."
+        )
     scores = scores.astype(np.float64)
     if np.isnan(scores).any() or np.isposinf(scores).any():
         raise ValueError("`scores` must not hold NaN or +inf (-inf is allowed: ranked last).")
@@ -398,8 +469,10 @@ def ranking_metrics(scores, heldout, exclude=None, ks=(1, 5, 10, 50, 100), ap_k=
     if exclude is not None:
         exclude = _mask_argument(exclude, "exclude", scores.shape)
         if (exclude & heldout).any():
-            raise ValueError("`heldout` and `exclude` overlap: an item cannot be both found and "
-                             "removed from the ranking.")
+            raise ValueError(
+                "`heldout` and `exclude` overlap: an item cannot be both found and "
+                "removed from the ranking."
+            )
         scores = np.where(exclude, -np.inf, scores)
     ks = tuple(_cutoff(k, "ks") for k in np.atleast_1d(np.asarray(ks, dtype=object)))
     if not ks:
@@ -412,8 +485,9 @@ def ranking_metrics(scores, heldout, exclude=None, ks=(1, 5, 10, 50, 100), ap_k=
     n_items = scores.shape[1]
     kmax = min(max(max(ks), ap_k), n_items)
     top = np.argpartition(-scores, kmax - 1, axis=1)[:, :kmax]
-    top = np.take_along_axis(top, np.argsort(-np.take_along_axis(scores, top, 1), 1,
-                                             kind="stable"), 1)
+    top = np.take_along_axis(
+        top, np.argsort(-np.take_along_axis(scores, top, 1), 1, kind="stable"), 1
+    )
     rel = np.take_along_axis(heldout, top, 1).astype(np.float64)
     count = heldout.sum(1).astype(np.float64)
     out = {}

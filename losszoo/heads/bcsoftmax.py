@@ -54,15 +54,26 @@ class BCSoftmax(keras.layers.Layer):
       array([[0.1076, 0.6   , 0.2924]], dtype=float32)
     """
 
-    def __init__(self, lower=None, upper=None, temperature: float = 1.0,
-                 learn_bounds: bool = False, learn_temperature: bool = False, axis: int = -1,
-                 method: str = "newton", **kwargs):
+    def __init__(
+        self,
+        lower=None,
+        upper=None,
+        temperature: float = 1.0,
+        learn_bounds: bool = False,
+        learn_temperature: bool = False,
+        axis: int = -1,
+        method: str = "newton",
+        **kwargs,
+    ):
         kwargs.setdefault("dtype", "float32")
         super().__init__(**kwargs)
         self.lower = _to_config(lower, "lower")
         self.upper = _to_config(upper, "upper")
         self.temperature = check_number(temperature, "temperature", low=0.0, low_open=True)
-        for flag, value in (("learn_bounds", learn_bounds), ("learn_temperature", learn_temperature)):
+        for flag, value in (
+            ("learn_bounds", learn_bounds),
+            ("learn_temperature", learn_temperature),
+        ):
             if not isinstance(value, bool):
                 raise TypeError(f"`{flag}` must be a bool, got {value!r}.")
         self.learn_bounds = learn_bounds
@@ -75,8 +86,11 @@ class BCSoftmax(keras.layers.Layer):
         for name, v in (("lower", self.lower), ("upper", self.upper)):
             if v is not None and not np.all((np.asarray(v) >= 0) & (np.asarray(v) <= 1)):
                 raise ValueError(f"`{name}` must lie in [0, 1] (rule 0 <= lower <= upper <= 1).")
-        if (self.lower is not None and self.upper is not None
-                and np.any(np.asarray(self.lower) > np.asarray(self.upper))):
+        if (
+            self.lower is not None
+            and self.upper is not None
+            and np.any(np.asarray(self.lower) > np.asarray(self.upper))
+        ):
             raise ValueError("`lower` must be <= `upper` (rule lower <= upper).")
 
     def build(self, input_shape):
@@ -94,16 +108,26 @@ class BCSoftmax(keras.layers.Layer):
             if np.any(lo * k >= 1) or np.any(hi * k <= 1) or k == 1:
                 raise ValueError("Learned bounds need initial values lower < 1/K < upper.")
             self.lower_logit = self.add_weight(
-                name="lower_logit", shape=(k,),
-                initializer=keras.initializers.Constant(_inverse_sigmoid(lo * k)), dtype="float32")
+                name="lower_logit",
+                shape=(k,),
+                initializer=keras.initializers.Constant(_inverse_sigmoid(lo * k)),
+                dtype="float32",
+            )
             self.upper_logit = self.add_weight(
-                name="upper_logit", shape=(k,),
-                initializer=keras.initializers.Constant(_inverse_sigmoid((hi - 1 / k) / (1 - 1 / k))),
-                dtype="float32")
+                name="upper_logit",
+                shape=(k,),
+                initializer=keras.initializers.Constant(
+                    _inverse_sigmoid((hi - 1 / k) / (1 - 1 / k))
+                ),
+                dtype="float32",
+            )
         if self.learn_temperature:
             self.log_temperature = self.add_weight(
-                name="log_temperature", shape=(),
-                initializer=keras.initializers.Constant(np.log(self.temperature)), dtype="float32")
+                name="log_temperature",
+                shape=(),
+                initializer=keras.initializers.Constant(np.log(self.temperature)),
+                dtype="float32",
+            )
 
     def bounds(self):
         """The current ``(lower, upper)`` tensors or None (configured or learned)."""
@@ -128,10 +152,16 @@ class BCSoftmax(keras.layers.Layer):
         return input_shape
 
     def get_config(self):
-        return {**super().get_config(), "lower": self.lower, "upper": self.upper,
-                "temperature": self.temperature, "learn_bounds": self.learn_bounds,
-                "learn_temperature": self.learn_temperature, "axis": self.axis,
-                "method": self.method}
+        return {
+            **super().get_config(),
+            "lower": self.lower,
+            "upper": self.upper,
+            "temperature": self.temperature,
+            "learn_bounds": self.learn_bounds,
+            "learn_temperature": self.learn_temperature,
+            "axis": self.axis,
+            "method": self.method,
+        }
 
 
 def _to_config(v, name):
@@ -140,7 +170,9 @@ def _to_config(v, name):
     try:
         arr = np.asarray(v, np.float64)
     except (TypeError, ValueError) as err:
-        raise TypeError(f"`{name}` must be None, a number or a list of numbers, got {v!r}.") from err
+        raise TypeError(
+            f"`{name}` must be None, a number or a list of numbers, got {v!r}."
+        ) from err
     if arr.ndim > 1:
         raise ValueError(f"`{name}` must be a scalar or a per-class list, got shape {arr.shape}.")
     if not np.all(np.isfinite(arr)):

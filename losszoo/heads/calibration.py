@@ -54,12 +54,18 @@ def check_logits(logits, name="logits"):
             raise ValueError(f"`{name}`: every class of a row is -inf (all classes masked).")
         return logits
     checks = [
-        tf.debugging.Assert(tf.logical_not(tf.reduce_any(tf.math.is_nan(logits))),
-                            [f"`{name}` must not contain NaN."]),
-        tf.debugging.Assert(tf.logical_not(tf.reduce_any(tf.equal(logits, np.inf))),
-                            [f"`{name}` must not contain +inf (-inf masks a class)."]),
-        tf.debugging.Assert(tf.reduce_all(tf.reduce_any(logits > -np.inf, -1)),
-                            [f"`{name}`: every class of a row is -inf (all classes masked)."]),
+        tf.debugging.Assert(
+            tf.logical_not(tf.reduce_any(tf.math.is_nan(logits))),
+            [f"`{name}` must not contain NaN."],
+        ),
+        tf.debugging.Assert(
+            tf.logical_not(tf.reduce_any(tf.equal(logits, np.inf))),
+            [f"`{name}` must not contain +inf (-inf masks a class)."],
+        ),
+        tf.debugging.Assert(
+            tf.reduce_all(tf.reduce_any(logits > -np.inf, -1)),
+            [f"`{name}`: every class of a row is -inf (all classes masked)."],
+        ),
     ]
     with tf.control_dependencies(checks):
         return tf.identity(logits)
@@ -68,8 +74,9 @@ def check_logits(logits, name="logits"):
 def bad_logit_rows(logits):
     """``[..., 1]`` mask of rows with NaN, +inf or only -inf logits (made NaN under XLA)."""
     top = tf.reduce_max(logits, -1, keepdims=True)
-    shifted_sum = tf.reduce_sum(logits - tf.where(tf.math.is_finite(top), top, 0.0), -1,
-                                keepdims=True)
+    shifted_sum = tf.reduce_sum(
+        logits - tf.where(tf.math.is_finite(top), top, 0.0), -1, keepdims=True
+    )
     return tf.logical_or(tf.logical_not(tf.math.is_finite(top)), tf.math.is_nan(shifted_sum))
 
 
@@ -86,8 +93,11 @@ def _split(inputs):
 
 
 def _shapes(input_shape):
-    if isinstance(input_shape, (list, tuple)) and input_shape and isinstance(
-            input_shape[0], (list, tuple)):
+    if (
+        isinstance(input_shape, (list, tuple))
+        and input_shape
+        and isinstance(input_shape[0], (list, tuple))
+    ):
         return tuple(input_shape[0]), tuple(input_shape[1])
     return tuple(input_shape), None
 
@@ -103,20 +113,28 @@ class _Calibrator(keras.layers.Layer):
 
     def _build_temperature(self):
         self.log_temperature = self.add_weight(
-            name="log_temperature", shape=(),
+            name="log_temperature",
+            shape=(),
             initializer=keras.initializers.Constant(np.log(self.temperature)),
-            trainable=self.fit_temperature, dtype="float32")
+            trainable=self.fit_temperature,
+            dtype="float32",
+        )
 
     def tau(self):
         return tf.exp(tf.convert_to_tensor(self.log_temperature))
 
     def _linear_or_constant(self, name, bound_fn, d, init):
         if bound_fn == "constant":
-            return self.add_weight(name=name, shape=(),
-                                   initializer=keras.initializers.Constant(init), dtype="float32"), None
+            return self.add_weight(
+                name=name, shape=(), initializer=keras.initializers.Constant(init), dtype="float32"
+            ), None
         w = self.add_weight(name=name + "_kernel", shape=(d,), initializer="zeros", dtype="float32")
-        bias = self.add_weight(name=name + "_bias", shape=(),
-                               initializer=keras.initializers.Constant(init), dtype="float32")
+        bias = self.add_weight(
+            name=name + "_bias",
+            shape=(),
+            initializer=keras.initializers.Constant(init),
+            dtype="float32",
+        )
         return bias, w
 
     @staticmethod
@@ -125,19 +143,28 @@ class _Calibrator(keras.layers.Layer):
         if w is None:
             return tf.convert_to_tensor(bias)
         if feats is None:
-            raise ValueError("The linear variant needs the features: call it on [logits, features].")
+            raise ValueError(
+                "The linear variant needs the features: call it on [logits, features]."
+            )
         return tf.linalg.matvec(feats, tf.convert_to_tensor(w))[:, None] + bias
 
     def compute_output_shape(self, input_shape):
         return _shapes(input_shape)[0]
 
     def get_config(self):
-        return {**super().get_config(), "temperature": self.temperature,
-                "fit_temperature": self.fit_temperature}
+        return {
+            **super().get_config(),
+            "temperature": self.temperature,
+            "fit_temperature": self.fit_temperature,
+        }
 
 
-@register("temperature_scaling", kind="head", aliases=("ts",),
-          description="Temperature scaling calibrator: softmax(logits / tau), tau learned")
+@register(
+    "temperature_scaling",
+    kind="head",
+    aliases=("ts",),
+    description="Temperature scaling calibrator: softmax(logits / tau), tau learned",
+)
 class TemperatureScaling(_Calibrator):
     """Temperature scaling (Guo et al., 2017): ``p = softmax(logits / tau)``, ``tau = exp(t')``.
 
@@ -161,8 +188,12 @@ class TemperatureScaling(_Calibrator):
         return tf.nn.softmax(logits / self.tau(), axis=-1)
 
 
-@register("probability_bounding", kind="head", aliases=("pb",),
-          description="Probability bounding calibrator: BCSoftmax with learned uniform bounds")
+@register(
+    "probability_bounding",
+    kind="head",
+    aliases=("pb",),
+    description="Probability bounding calibrator: BCSoftmax with learned uniform bounds",
+)
 class ProbabilityBounding(_Calibrator):
     """Probability bounding (PB; paper eqs. 30-32).
 
@@ -192,8 +223,17 @@ class ProbabilityBounding(_Calibrator):
       array([[0.167, 0.167, 0.667]], dtype=float32)
     """
 
-    def __init__(self, bound_fn="constant", bounds="both", temperature=1.5,
-                 fit_temperature=True, init_lower=-4.0, init_upper=4.0, method="newton", **kwargs):
+    def __init__(
+        self,
+        bound_fn="constant",
+        bounds="both",
+        temperature=1.5,
+        fit_temperature=True,
+        init_lower=-4.0,
+        init_upper=4.0,
+        method="newton",
+        **kwargs,
+    ):
         super().__init__(temperature, fit_temperature, **kwargs)
         self.bound_fn = check_choice(bound_fn, "bound_fn", _BOUND_FNS)
         self.bounds = check_choice(bounds, "bounds", ("both", "lower", "upper"))
@@ -210,10 +250,16 @@ class ProbabilityBounding(_Calibrator):
                 raise ValueError("PB-L needs [logits, features] with a static feature size.")
             d = int(feat_shape[-1])
         self._build_temperature()
-        self._a = (self._linear_or_constant("lower", self.bound_fn, d, self.init_lower)
-                   if self.bounds in ("both", "lower") else None)
-        self._b = (self._linear_or_constant("upper", self.bound_fn, d, self.init_upper)
-                   if self.bounds in ("both", "upper") else None)
+        self._a = (
+            self._linear_or_constant("lower", self.bound_fn, d, self.init_lower)
+            if self.bounds in ("both", "lower")
+            else None
+        )
+        self._b = (
+            self._linear_or_constant("upper", self.bound_fn, d, self.init_upper)
+            if self.bounds in ("both", "upper")
+            else None
+        )
 
     def bound_values(self, inputs):
         """``(a, b)``: the lower/upper probability bounds (None where absent).
@@ -230,8 +276,7 @@ class ProbabilityBounding(_Calibrator):
         if self._a is not None:
             a = tf.where(live, tf.sigmoid(self._eval(self._a, feats)) * inv_k, zero)
         if self._b is not None:
-            b = tf.where(live, inv_k + (1.0 - inv_k) * tf.sigmoid(self._eval(self._b, feats)),
-                         zero)
+            b = tf.where(live, inv_k + (1.0 - inv_k) * tf.sigmoid(self._eval(self._b, feats)), zero)
         return a, b
 
     def call(self, inputs):
@@ -245,13 +290,22 @@ class ProbabilityBounding(_Calibrator):
         return ops.bcsoftmax(logits, a, b, self.tau(), method=self.method, validate=False)
 
     def get_config(self):
-        return {**super().get_config(), "bound_fn": self.bound_fn, "bounds": self.bounds,
-                "init_lower": self.init_lower, "init_upper": self.init_upper,
-                "method": self.method}
+        return {
+            **super().get_config(),
+            "bound_fn": self.bound_fn,
+            "bounds": self.bounds,
+            "init_lower": self.init_lower,
+            "init_upper": self.init_upper,
+            "method": self.method,
+        }
 
 
-@register("logit_bounding", kind="head", aliases=("lb",),
-          description="Logit bounding calibrator: softmax(clip(logits, c, C) / tau)")
+@register(
+    "logit_bounding",
+    kind="head",
+    aliases=("lb",),
+    description="Logit bounding calibrator: softmax(clip(logits, c, C) / tau)",
+)
 class LogitBounding(_Calibrator):
     """Logit bounding (LB; paper eqs. 35-38): ``p = softmax(clip(logits, c(x), C(x)) / tau)``.
 
@@ -275,8 +329,15 @@ class LogitBounding(_Calibrator):
       TensorShape([1, 3])
     """
 
-    def __init__(self, bound_fn="constant", temperature=1.5, fit_temperature=True,
-                 init_lower=0.0, init_upper=0.0, **kwargs):
+    def __init__(
+        self,
+        bound_fn="constant",
+        temperature=1.5,
+        fit_temperature=True,
+        init_lower=0.0,
+        init_upper=0.0,
+        **kwargs,
+    ):
         super().__init__(temperature, fit_temperature, **kwargs)
         self.bound_fn = check_choice(bound_fn, "bound_fn", _BOUND_FNS)
         self.init_lower = check_number(init_lower, "init_lower")
@@ -317,5 +378,9 @@ class LogitBounding(_Calibrator):
         return nan_where(bad_logit_rows(logits), p)
 
     def get_config(self):
-        return {**super().get_config(), "bound_fn": self.bound_fn,
-                "init_lower": self.init_lower, "init_upper": self.init_upper}
+        return {
+            **super().get_config(),
+            "bound_fn": self.bound_fn,
+            "init_lower": self.init_lower,
+            "init_upper": self.init_upper,
+        }

@@ -38,9 +38,7 @@ def is_sparse(y_true: tf.Tensor, y_pred: tf.Tensor) -> bool:
     if y_true.shape.rank == y_pred.shape.rank - 1:
         return True
     return (
-        y_true.shape.rank == y_pred.shape.rank
-        and y_true.shape[-1] == 1
-        and y_pred.shape[-1] != 1
+        y_true.shape.rank == y_pred.shape.rank and y_true.shape[-1] == 1 and y_pred.shape[-1] != 1
     )
 
 
@@ -132,8 +130,9 @@ def class_ids_and_invalid(y_true, y_pred, name: str = "y_true"):
                         f"values in [{value.min()}, {value.max()}]."
                     )
             elif value is None:
-                message = (f"`{name}` holds class ids that must lie in [0, K) "
-                           "(K = y_pred's last axis).")
+                message = (
+                    f"`{name}` holds class ids that must lie in [0, K) (K = y_pred's last axis)."
+                )
                 with tf.control_dependencies(
                     [tf.debugging.Assert(tf.logical_not(tf.reduce_any(bad)), [message])]
                 ):

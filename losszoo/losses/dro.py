@@ -159,6 +159,7 @@ def _install_trainer_hook():
     """
     try:
         from keras.src.trainers import trainer as trainer_module
+
         cls = trainer_module.Trainer
     except (ImportError, AttributeError):  # pragma: no cover - Keras layout changed
         cls = None
@@ -170,7 +171,9 @@ def _install_trainer_hook():
                 "losszoo.SafeKLDRORisk could not find Keras' Trainer._compute_loss in this "
                 f"Keras ({keras.__version__}); it tells training from evaluation by the "
                 "GradientTape rule instead and cannot add its diagnostics to the logs.",
-                RuntimeWarning, stacklevel=3)
+                RuntimeWarning,
+                stacklevel=3,
+            )
         return False
     if getattr(original, "_losszoo_dro_hook", False):
         return True
@@ -223,13 +226,15 @@ def _resolve_base_loss(base_loss):
 
             def obj(y_true, y_pred):
                 return inner.call(y_true, y_pred)
+
         return obj, (base_loss if isinstance(base_loss, str) else config)
     if callable(obj):
         if isinstance(base_loss, str):
             return obj, base_loss
         return obj, keras.losses.serialize(obj)
     raise TypeError(
-        f"`base_loss` must be a Keras loss name, instance or callable, got {base_loss!r}.")
+        f"`base_loss` must be a Keras loss name, instance or callable, got {base_loss!r}."
+    )
 
 
 def _per_example(fn, y_true, y_pred):
@@ -307,8 +312,13 @@ class _BatchRiskLoss(keras.losses.Loss):
     Under XLA: invalid sample weights make the risk and its gradients NaN.
     """
 
-    def __init__(self, base_loss="sparse_categorical_crossentropy", name=None,
-                 reduction="sum_over_batch_size", dtype=None):
+    def __init__(
+        self,
+        base_loss="sparse_categorical_crossentropy",
+        name=None,
+        reduction="sum_over_batch_size",
+        dtype=None,
+    ):
         super().__init__(name=name, reduction=reduction, dtype=dtype)
         self._base_fn, self._base_config = _resolve_base_loss(base_loss)
 
@@ -353,8 +363,11 @@ class _BatchRiskLoss(keras.losses.Loss):
                 return self.losszoo_loss(y_true, y_pred, sample_weight=sample_weight)
 
             def get_config(self):
-                inner = {k: v for k, v in self.losszoo_loss.get_config().items()
-                         if k not in ("name", "reduction", "dtype")}
+                inner = {
+                    k: v
+                    for k, v in self.losszoo_loss.get_config().items()
+                    if k not in ("name", "reduction", "dtype")
+                }
                 return {**super().get_config(), **inner}
 
         return BatchRiskAdapter
@@ -419,8 +432,7 @@ def _global_batch_lse(l, s, lam):
         ex, m_safe, m_inf = dro_ops._batch_lse_exp(a, s, _replica_max(m))
         tot, s_sum = _replica_sum([tf.reduce_sum(ex), tf.reduce_sum(s)])
         val = dro_ops._batch_lse_value(lam, m_safe, m_inf, tot, s_sum)
-        return (dro_ops._poison(bad, val),
-                dro_ops._poison(bad, tf.math.divide_no_nan(ex, tot)))
+        return (dro_ops._poison(bad, val), dro_ops._poison(bad, tf.math.divide_no_nan(ex, tot)))
 
     return _global_share(fn, l)
 
@@ -436,8 +448,10 @@ def _global_sumexp(l, s, lam):
         pi = tf.where(live, tf.math.divide_no_nan(s, s_sum), tf.zeros_like(s))
         ex = tf.where(live, tf.exp(l * tf.constant(1.0 / lam, l.dtype)), tf.zeros_like(l))
         (val,) = _replica_sum([tf.reduce_sum(pi * ex)])
-        return (dro_ops._poison(bad, val),
-                dro_ops._poison(bad, pi * ex * tf.constant(1.0 / lam, l.dtype)))
+        return (
+            dro_ops._poison(bad, val),
+            dro_ops._poison(bad, pi * ex * tf.constant(1.0 / lam, l.dtype)),
+        )
 
     return _global_share(fn, l)
 
@@ -450,7 +464,7 @@ def _global_cvar(l, s, rho):
     ctx = tf.distribute.get_replica_context()
     n_local = tf.shape(l)[:1]
     sizes = ctx.all_gather(n_local, axis=0)
-    offset = tf.reduce_sum(sizes[:ctx.replica_id_in_sync_group])
+    offset = tf.reduce_sum(sizes[: ctx.replica_id_in_sync_group])
     l_all = ctx.all_gather(tf.stop_gradient(l), axis=0)
     s_all = ctx.all_gather(s, axis=0)
     q = tf.slice(dro_ops._cvar_tail_mass(l_all, s_all, rho), offset[None], n_local)
@@ -476,19 +490,29 @@ class _DRODiagnostics(keras.metrics.Metric):
     def __init__(self, prefix, name=None, dtype=None):
         super().__init__(name=name or f"{prefix}_diagnostics", dtype=dtype)
         self.prefix = prefix
-        self.totals = self.add_variable(shape=(4,), initializer="zeros", dtype="float32",
-                                        aggregation="sum", name="totals")
+        self.totals = self.add_variable(
+            shape=(4,), initializer="zeros", dtype="float32", aggregation="sum", name="totals"
+        )
 
     def update_state(self, alpha, mean_w, saturation):
-        row = tf.stack([tf.cast(alpha, tf.float32), tf.cast(mean_w, tf.float32),
-                        tf.cast(saturation, tf.float32), tf.ones([], tf.float32)])
+        row = tf.stack(
+            [
+                tf.cast(alpha, tf.float32),
+                tf.cast(mean_w, tf.float32),
+                tf.cast(saturation, tf.float32),
+                tf.ones([], tf.float32),
+            ]
+        )
         return self.totals.assign_add(row)
 
     def result(self):
         t = tf.convert_to_tensor(self.totals)
         mean = tf.math.divide_no_nan(t[:3], t[3])
-        return {f"{self.prefix}_alpha": mean[0], f"{self.prefix}_mean_w": mean[1],
-                f"{self.prefix}_saturation": mean[2]}
+        return {
+            f"{self.prefix}_alpha": mean[0],
+            f"{self.prefix}_mean_w": mean[1],
+            f"{self.prefix}_saturation": mean[2],
+        }
 
     def get_config(self):
         return {"prefix": self.prefix, "name": self.name, "dtype": self.dtype}
@@ -499,8 +523,9 @@ class _DRODiagnostics(keras.metrics.Metric):
     "safe_kl_dro",
     kind="loss",
     aliases=("safe_kl_dro_risk",),
-    description=("Safe-KL DRO risk (Gladin et al.): unbiased stochastic KL-DRO, trains its "
-                 "dual alpha"),
+    description=(
+        "Safe-KL DRO risk (Gladin et al.): unbiased stochastic KL-DRO, trains its dual alpha"
+    ),
 )
 class SafeKLDRORisk(_BatchRiskLoss):
     """Safe-KL distributionally robust risk of any per-example Keras loss.
@@ -569,17 +594,22 @@ class SafeKLDRORisk(_BatchRiskLoss):
         self.lam = check_lam(lam)
         self.rho = check_rho(rho)
         self.alpha_init = _python_number(alpha_init, "alpha_init")
-        self.init_alpha_from_batch = dro_ops._check_bool(init_alpha_from_batch,
-                                                         "init_alpha_from_batch")
-        self.alpha_learning_rate = _python_number(alpha_learning_rate, "alpha_learning_rate",
-                                                  low=0.0, allow_none=True)
-        self.alpha_lr_multiplier = _python_number(alpha_lr_multiplier, "alpha_lr_multiplier",
-                                                  low=0.0)
-        ops_common.check_choice(alpha_optimizer, "alpha_optimizer",
-                                ("newton", "auto", "sgd", "adam"))
+        self.init_alpha_from_batch = dro_ops._check_bool(
+            init_alpha_from_batch, "init_alpha_from_batch"
+        )
+        self.alpha_learning_rate = _python_number(
+            alpha_learning_rate, "alpha_learning_rate", low=0.0, allow_none=True
+        )
+        self.alpha_lr_multiplier = _python_number(
+            alpha_lr_multiplier, "alpha_lr_multiplier", low=0.0
+        )
+        ops_common.check_choice(
+            alpha_optimizer, "alpha_optimizer", ("newton", "auto", "sgd", "adam")
+        )
         self.alpha_optimizer = alpha_optimizer
-        self.alpha_damping = _python_number(alpha_damping, "alpha_damping", low=0.0,
-                                            low_open=True, high=1.0)
+        self.alpha_damping = _python_number(
+            alpha_damping, "alpha_damping", low=0.0, low_open=True, high=1.0
+        )
         if not any(update_alpha is v for v in ("auto", True, False)) and update_alpha != "auto":
             raise ValueError(f"`update_alpha` must be 'auto', True or False, got {update_alpha!r}.")
         self.update_alpha = update_alpha
@@ -587,9 +617,12 @@ class SafeKLDRORisk(_BatchRiskLoss):
         _install_trainer_hook()  # first SafeKLDRORisk only: Keras is untouched until then
         self._strategy = tf.distribute.get_strategy()
         with tf.init_scope():
-            kw = {"trainable": False, "dtype": tf.float32,
-                  "synchronization": tf.VariableSynchronization.ON_WRITE,
-                  "aggregation": tf.VariableAggregation.ONLY_FIRST_REPLICA}
+            kw = {
+                "trainable": False,
+                "dtype": tf.float32,
+                "synchronization": tf.VariableSynchronization.ON_WRITE,
+                "aggregation": tf.VariableAggregation.ONLY_FIRST_REPLICA,
+            }
             # [alpha, initialized, m, v, t]: alpha, the first-batch flag and alpha's optimiser
             # state in ONE variable: one read and one write per training step.
             self._state = tf.Variable(self._initial_state(None), name=f"{name}_alpha_state", **kw)
@@ -621,8 +654,9 @@ class SafeKLDRORisk(_BatchRiskLoss):
 
     def weights_of(self, y_true, y_pred):
         """Per-example weights ``w_i`` at the current alpha (no update)."""
-        return ops.safe_kl_dro_weights(self.per_example_losses(y_true, y_pred), self.alpha,
-                                       self.lam, self.rho)
+        return ops.safe_kl_dro_weights(
+            self.per_example_losses(y_true, y_pred), self.alpha, self.lam, self.rho
+        )
 
     # ---------------------------------------------------------------- training logic
     def _is_training(self):
@@ -677,8 +711,9 @@ class SafeKLDRORisk(_BatchRiskLoss):
         ``lam * 69`` down and ``lam log(1/rho) / rho`` up, before the damping.
         """
         tiny = tf.constant(1e-30, tf.float32)
-        ratio = tf.clip_by_value(tf.math.divide_no_nan(mean_w, tf.maximum(curvature, tiny)),
-                                 1.0, 1.0 / self.rho)
+        ratio = tf.clip_by_value(
+            tf.math.divide_no_nan(mean_w, tf.maximum(curvature, tiny)), 1.0, 1.0 / self.rho
+        )
         step = (self.alpha_damping * self.lam) * tf.math.log(tf.maximum(mean_w, tiny)) * ratio
         return tf.where(nonempty, step, tf.zeros_like(step))
 
@@ -686,8 +721,9 @@ class SafeKLDRORisk(_BatchRiskLoss):
         one = tf.ones([], tf.float32)
         if self.alpha_optimizer == "newton":
             step = self._newton_step(mean_w, curvature, nonempty)
-            return [self._state.assign(tf.stack([alpha_used + step, one, state[2], state[3],
-                                                 state[4]]))]
+            return [
+                self._state.assign(tf.stack([alpha_used + step, one, state[2], state[3], state[4]]))
+            ]
         grad = tf.where(nonempty, 1.0 - mean_w, tf.zeros_like(mean_w))
         lr = self._learning_rate(trainer)
         kind, momentum, nesterov = self._optimizer_kind(trainer)
@@ -742,27 +778,40 @@ class SafeKLDRORisk(_BatchRiskLoss):
                 s_all = None if s32 is None else _replica_gather(s32)
             with _tf_record.stop_recording():  # no gradient: keeps XLA free of cond grads
                 solved = tf.cond(
-                    init, lambda: tf.zeros([], tf.float32),
-                    lambda: tf.cast(ops.safe_kl_dro_solve_alpha(l_all, self.lam, self.rho, s_all),
-                                    tf.float32))
+                    init,
+                    lambda: tf.zeros([], tf.float32),
+                    lambda: tf.cast(
+                        ops.safe_kl_dro_solve_alpha(l_all, self.lam, self.rho, s_all), tf.float32
+                    ),
+                )
             alpha_used = tf.where(init, alpha_var, solved)
         else:
             alpha_used = alpha_var
         value, stats = ops.safe_kl_dro_risk_and_stats(
-            l32, tf.cast(alpha_used, l32.dtype), self.lam, self.rho, s32, calibrate=self.calibrate,
-            _validate_alpha=False, _prepared_bad=False if s32 is None else s_bad)
+            l32,
+            tf.cast(alpha_used, l32.dtype),
+            self.lam,
+            self.rho,
+            s32,
+            calibrate=self.calibrate,
+            _validate_alpha=False,
+            _prepared_bad=False if s32 is None else s_bad,
+        )
         mean_w, sat, curv = stats["mean_w"], stats["saturation"], stats["curvature"]
         if multi:
-            s_local = (tf.cast(tf.size(l32), l32.dtype) if s32 is None else tf.reduce_sum(s32))
+            s_local = tf.cast(tf.size(l32), l32.dtype) if s32 is None else tf.reduce_sum(s32)
             share = value * s_local  # this replica's part of sum_i s_i g_i
             sw_glob, s_glob, sc_glob, v_glob = _replica_sum(
-                [mean_w * s_local, s_local, curv * s_local, tf.where(s_local > 0, share, 0.0)])
+                [mean_w * s_local, s_local, curv * s_local, tf.where(s_local > 0, share, 0.0)]
+            )
             sat = _replica_max(sat)
             # Gradient: this replica's share of the global weighted mean (Keras sums the
             # replicas' gradients). Value: global risk / N, as the baselines (Keras' logged
             # loss is then exact however unevenly the batch is split).
-            value = _shown_as(value * tf.math.divide_no_nan(s_local, s_glob),
-                              tf.math.divide_no_nan(v_glob, s_glob) / _num_replicas())
+            value = _shown_as(
+                value * tf.math.divide_no_nan(s_local, s_glob),
+                tf.math.divide_no_nan(v_glob, s_glob) / _num_replicas(),
+            )
             mean_w = tf.math.divide_no_nan(sw_glob, s_glob)
             curv = tf.math.divide_no_nan(sc_glob, s_glob)
             nonempty = s_glob > 0
@@ -771,8 +820,9 @@ class SafeKLDRORisk(_BatchRiskLoss):
         mean_w, sat, curv = (tf.cast(x, tf.float32) for x in (mean_w, sat, curv))
         deps = [self._diagnostics.update_state(alpha_used, mean_w, sat)]
         if training:
-            deps += self._apply_update(tf.cast(alpha_used, tf.float32), state, mean_w, curv,
-                                       nonempty, trainer)
+            deps += self._apply_update(
+                tf.cast(alpha_used, tf.float32), state, mean_w, curv, nonempty, trainer
+            )
         deps = [d for d in deps if d is not None]
         with tf.control_dependencies(deps):
             return tf.identity(value)
@@ -831,8 +881,9 @@ class _TemperedBatchRiskLoss(_BatchRiskLoss):
 @register(
     "kl_dro_batch_lse",
     kind="loss",
-    description=("Naive mini-batch KL-DRO risk lam*log mean exp(l/lam) over the batch "
-                 "(biased baseline)"),
+    description=(
+        "Naive mini-batch KL-DRO risk lam*log mean exp(l/lam) over the batch (biased baseline)"
+    ),
 )
 class KLDROBatchLSE(_TemperedBatchRiskLoss):
     """Mini-batch LogSumExp KL-DRO risk ``lam log sum_i pi_i exp(l_i/lam)`` (biased baseline).
@@ -853,10 +904,15 @@ class KLDROBatchLSE(_TemperedBatchRiskLoss):
     _op = staticmethod(ops.kl_dro_batch_lse)
     _global_op = staticmethod(_global_batch_lse)
 
-    def __init__(self, base_loss="sparse_categorical_crossentropy", lam: float = 1.0,
-                 name: str = "kl_dro_batch_lse", reduction="sum_over_batch_size", dtype=None):
-        super().__init__(base_loss=base_loss, lam=lam, name=name, reduction=reduction,
-                         dtype=dtype)
+    def __init__(
+        self,
+        base_loss="sparse_categorical_crossentropy",
+        lam: float = 1.0,
+        name: str = "kl_dro_batch_lse",
+        reduction="sum_over_batch_size",
+        dtype=None,
+    ):
+        super().__init__(base_loss=base_loss, lam=lam, name=name, reduction=reduction, dtype=dtype)
 
 
 @register(
@@ -882,10 +938,15 @@ class KLDROSumExp(_TemperedBatchRiskLoss):
     _op = staticmethod(ops.kl_dro_sumexp)
     _global_op = staticmethod(_global_sumexp)
 
-    def __init__(self, base_loss="sparse_categorical_crossentropy", lam: float = 1.0,
-                 name: str = "kl_dro_sumexp", reduction="sum_over_batch_size", dtype=None):
-        super().__init__(base_loss=base_loss, lam=lam, name=name, reduction=reduction,
-                         dtype=dtype)
+    def __init__(
+        self,
+        base_loss="sparse_categorical_crossentropy",
+        lam: float = 1.0,
+        name: str = "kl_dro_sumexp",
+        reduction="sum_over_batch_size",
+        dtype=None,
+    ):
+        super().__init__(base_loss=base_loss, lam=lam, name=name, reduction=reduction, dtype=dtype)
 
 
 @register(
@@ -910,8 +971,14 @@ class CVaRLoss(_BatchRiskLoss):
       >>> model.compile("adam", loss=losszoo.losses.CVaRLoss(rho=0.2))
     """
 
-    def __init__(self, base_loss="sparse_categorical_crossentropy", rho: float = 0.1,
-                 name: str = "cvar", reduction="sum_over_batch_size", dtype=None):
+    def __init__(
+        self,
+        base_loss="sparse_categorical_crossentropy",
+        rho: float = 0.1,
+        name: str = "cvar",
+        reduction="sum_over_batch_size",
+        dtype=None,
+    ):
         super().__init__(base_loss=base_loss, name=name, reduction=reduction, dtype=dtype)
         self.rho = check_rho(rho)
 

@@ -95,11 +95,23 @@ class RankmaxLoss(keras.losses.Loss):
         label_format = self.label_format
         if label_format == "auto":
             m, n = y_true.shape[-1], y_pred.shape[-1]
-            padded = (y_true.shape.rank == y_pred.shape.rank and m is not None
-                      and n is not None and m != n)
+            padded = (
+                y_true.shape.rank == y_pred.shape.rank
+                and m is not None
+                and n is not None
+                and m != n
+            )
             label_format = "ids" if is_sparse(y_true, y_pred) or padded else "dense"
-        return rankmax_ops._loss(y_true, y_pred, self.k, self.margin, self.max_positives,
-                                 label_format, "y_true", "y_pred")
+        return rankmax_ops._loss(
+            y_true,
+            y_pred,
+            self.k,
+            self.margin,
+            self.max_positives,
+            label_format,
+            "y_true",
+            "y_pred",
+        )
 
     def get_config(self):
         return {

@@ -44,20 +44,32 @@ class ExactKLDRORisk(keras.metrics.Metric):
       ...               metrics=[losszoo.metrics.ExactKLDRORisk("sparse_categorical_crossentropy")])
     """
 
-    def __init__(self, base_loss="sparse_categorical_crossentropy", lam: float = 1.0,
-                 name: str = "exact_kl_dro_risk", dtype=None):
+    def __init__(
+        self,
+        base_loss="sparse_categorical_crossentropy",
+        lam: float = 1.0,
+        name: str = "exact_kl_dro_risk",
+        dtype=None,
+    ):
         super().__init__(name=name, dtype=dtype)
         self.lam = check_lam(lam)
         self._base_fn, self._base_config = _resolve_base_loss(base_loss)
         # Under a multi-replica strategy every replica uses the same shift m (the
         # all-gathered batch maximum), so m is identical across replicas
         # ("only_first_replica") and acc, n are plain sums ("sum").
-        self.m = self.add_variable(shape=(), initializer=keras.initializers.Constant(-float("inf")),
-                                   dtype="float64", name="max", aggregation="only_first_replica")
-        self.acc = self.add_variable(shape=(), initializer="zeros", dtype="float64",
-                                     name="acc", aggregation="sum")
-        self.n = self.add_variable(shape=(), initializer="zeros", dtype="float64", name="n",
-                                   aggregation="sum")
+        self.m = self.add_variable(
+            shape=(),
+            initializer=keras.initializers.Constant(-float("inf")),
+            dtype="float64",
+            name="max",
+            aggregation="only_first_replica",
+        )
+        self.acc = self.add_variable(
+            shape=(), initializer="zeros", dtype="float64", name="acc", aggregation="sum"
+        )
+        self.n = self.add_variable(
+            shape=(), initializer="zeros", dtype="float64", name="n", aggregation="sum"
+        )
 
     def update_state(self, y_true, y_pred, sample_weight=None):
         l = _per_example(self._base_fn, y_true, y_pred)
@@ -66,16 +78,25 @@ class ExactKLDRORisk(keras.metrics.Metric):
         if tf.distribute.get_strategy().num_replicas_in_sync > 1 and ctx is not None:
             batch_max = tf.reduce_max(ctx.all_gather(tf.reshape(batch_max, [1]), axis=0))
         m, acc, n = ops.kl_dro_exact_state_update(
-            tf.convert_to_tensor(self.m), tf.convert_to_tensor(self.acc),
-            tf.convert_to_tensor(self.n), l, self.lam, sample_weight, batch_max=batch_max)
+            tf.convert_to_tensor(self.m),
+            tf.convert_to_tensor(self.acc),
+            tf.convert_to_tensor(self.n),
+            l,
+            self.lam,
+            sample_weight,
+            batch_max=batch_max,
+        )
         self.m.assign(m)
         self.acc.assign(acc)
         self.n.assign(n)
 
     def result(self):
         val = ops.kl_dro_exact_state_result(
-            tf.convert_to_tensor(self.m), tf.convert_to_tensor(self.acc),
-            tf.convert_to_tensor(self.n), self.lam)
+            tf.convert_to_tensor(self.m),
+            tf.convert_to_tensor(self.acc),
+            tf.convert_to_tensor(self.n),
+            self.lam,
+        )
         return tf.cast(val, self.dtype)
 
     def get_config(self):

@@ -4,8 +4,26 @@ Every op has a hand-derived ``tf.custom_gradient``, compiles under XLA
 (``tf.function(jit_compile=True)``), and computes in float32 or wider.
 """
 
-from losszoo.ops._sparsemax import sparsemax, sparsemax_loss
-from losszoo.ops._dro import safe_kl_dro_risk, safe_kl_dro_risk_and_stats, safe_kl_dro_weights, safe_kl_dro_solve_alpha, kl_dro_batch_lse, kl_dro_sumexp, cvar_risk, kl_dro_exact_batch_max, kl_dro_exact_state_update, kl_dro_exact_state_result
-from losszoo.ops._rankmax import rankmax, rankmax_loss
 from losszoo.ops._bcsoftmax import bcsoftmax
-from losszoo.ops._possibilistic import possibility_constraints, antipignistic, possibilistic_projection, possibilistic_projection_loss, antipignistic_kl_loss, vote_kl_loss
+from losszoo.ops._dro import (
+    cvar_risk,
+    kl_dro_batch_lse,
+    kl_dro_exact_batch_max,
+    kl_dro_exact_state_result,
+    kl_dro_exact_state_update,
+    kl_dro_sumexp,
+    safe_kl_dro_risk,
+    safe_kl_dro_risk_and_stats,
+    safe_kl_dro_solve_alpha,
+    safe_kl_dro_weights,
+)
+from losszoo.ops._possibilistic import (
+    antipignistic,
+    antipignistic_kl_loss,
+    possibilistic_projection,
+    possibilistic_projection_loss,
+    possibility_constraints,
+    vote_kl_loss,
+)
+from losszoo.ops._rankmax import rankmax, rankmax_loss
+from losszoo.ops._sparsemax import sparsemax, sparsemax_loss

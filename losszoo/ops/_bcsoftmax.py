@@ -9,7 +9,8 @@ bounds ``a <= y <= b``::
     BCSoftmax_tau(x; a, b) = argmax_{y in simplex, a <= y <= b}  <x, y> - tau * sum_k y_k log y_k
                            = clip(exp(x / tau - nu), a, b)
 
-with the one scalar ``nu`` per row that solves ``phi(nu) = sum_k clip(exp(x_k/tau - nu), a_k, b_k) = 1``.
+with the one scalar ``nu`` per row that solves
+``phi(nu) = sum_k clip(exp(x_k/tau - nu), a_k, b_k) = 1``.
 ``phi`` is continuous and non-increasing. Each coordinate is in one of three *states*:
 ``L`` (``y_k = a_k``, when ``exp(x_k/tau - nu) <= a_k``), ``U`` (``y_k = b_k``, when
 ``exp(x_k/tau - nu) > b_k``) or ``F`` (free). For a fixed state pattern the root is in closed
@@ -47,7 +48,8 @@ Gradients (spec section 3; paper eqs. 23-25 with the erratum E5 fixed): with exc
 ``g = [L]``, ``h = [U]`` from the forward pass, ``q = y * [F]``, ``S = sum q``,
 ``vbar = <q, v> / S`` (0 if ``S = 0``), ``w = v - vbar``::
 
-    dL/dx = q * w / tau,   dL/da = g * w,   dL/db = h * w,   dL/dtau = -(1/tau) sum_k (x_k - max x) dL/dx_k
+    dL/dx = q * w / tau,   dL/da = g * w,   dL/db = h * w,
+    dL/dtau = -(1/tau) sum_k (x_k - max x) dL/dx_k
 
 Bounds given with broadcast shapes get the gradient summed over the broadcast axes. O(K) per row.
 
@@ -62,7 +64,8 @@ coordinate lies within ``4 * eps * K`` of one of its bounds.
 Numerics (spec section 4): logits are divided by ``tau`` and shifted by the row max; the
 patterns are read from ``exp(x - nu)`` compared with the bounds, which overflows to ``+inf``
 (state U) or underflows to 0 (state L) harmlessly. ``lower < 0`` / ``upper > 1`` are clamped
-(their gradient is then 0; when values are known, more than 1e-5 outside [0, 1] is an error); the output is clipped into ``[a, b]`` at the end, so
+(their gradient is then 0; when values are known, more than 1e-5 outside [0, 1] is an
+error); the output is clipped into ``[a, b]`` at the end, so
 the box holds exactly and the sum is 1 up to about ``K * eps``. A ``-inf`` logit forces
 ``y_k = a_k``; ``a_k = b_k = 0`` masks class ``k``. Half precision is computed in float32.
 
@@ -208,9 +211,11 @@ def _solve_newton_robust(x, a, b):
     done = tf.logical_or(
         tf.logical_and(no_free, tf.abs(s) <= tol),
         tf.logical_and(
-            tf.logical_not(tf.reduce_any(upper, -1, keepdims=True)) if upper is not None
+            tf.logical_not(tf.reduce_any(upper, -1, keepdims=True))
+            if upper is not None
             else tf.ones_like(s, tf.bool),
-            tf.logical_not(tf.reduce_any(lower, -1, keepdims=True)) if lower is not None
+            tf.logical_not(tf.reduce_any(lower, -1, keepdims=True))
+            if lower is not None
             else tf.ones_like(s, tf.bool),
         ),
     )
@@ -250,16 +255,26 @@ def _solve_newton_robust(x, a, b):
             same = tf.logical_and(same, _same(lo2, lower))
         conv = tf.logical_or(same, tf.logical_and(no_free2, tf.abs(s2) <= tol))
         conv = tf.logical_and(conv, tf.logical_not(done))
-        return (i + 1, new_nu, lo, hi, z2,
-                up2 if up2 is not None else m_up, lo2 if lo2 is not None else m_lo,
-                s2, r2, tf.logical_or(done, tf.logical_or(conv, stalled)),
-                tf.logical_or(converged, conv))
+        return (
+            i + 1,
+            new_nu,
+            lo,
+            hi,
+            z2,
+            up2 if up2 is not None else m_up,
+            lo2 if lo2 is not None else m_lo,
+            s2,
+            r2,
+            tf.logical_or(done, tf.logical_or(conv, stalled)),
+            tf.logical_or(converged, conv),
+        )
 
     loop_vars = (tf.constant(0), nu0, lo, hi, z, masks[0], masks[1], s, r, done, done)
     out = tf.while_loop(cond, body, loop_vars, maximum_iterations=max_iter)
     _, _, lo, hi, z, m_up, m_lo, s, r, _, converged = out
-    y, state = _assemble(z, a, b, m_up if b is not None else None,
-                         m_lo if a is not None else None, s, r)
+    y, state = _assemble(
+        z, a, b, m_up if b is not None else None, m_lo if a is not None else None, s, r
+    )
 
     def fallback():
         # Rows that stalled (bracket of adjacent floats, e.g. logit gaps near the float range)
@@ -269,8 +284,11 @@ def _solve_newton_robust(x, a, b):
         _, up_hi, _ = _pattern(x, a, b, hi)
         _, _, lo_lo = _pattern(x, a, None, lo)
         upper = up_hi
-        lower = lo_lo if (lo_lo is None or up_hi is None) else tf.logical_and(
-            lo_lo, tf.logical_not(up_hi))
+        lower = (
+            lo_lo
+            if (lo_lo is None or up_hi is None)
+            else tf.logical_and(lo_lo, tf.logical_not(up_hi))
+        )
         free = _free_mask(x, upper, lower)
         xf = tf.where(free, x, tf.constant(-np.inf, x.dtype))
         lse = tf.reduce_logsumexp(xf, -1, keepdims=True)
@@ -289,7 +307,7 @@ def _fast_masses(e, a, b, u, lk, nu):
     E = sum_F exp(x) (all [N, 1])."""
     k = e.shape[-1]
     zero = tf.zeros_like(e)
-    itype = tf.int32 if (k + 1) * (k + 1) < 2 ** 31 else tf.int64
+    itype = tf.int32 if (k + 1) * (k + 1) < 2**31 else tf.int64
     bound = zero
     free = None
     code = tf.zeros_like(e, itype)
@@ -365,8 +383,9 @@ def _solve_newton(x, a, b):
         pos_e = big_e > 0
         ok = tf.logical_and(pos_e, s > 0)
         ok_newton = tf.logical_and(ok, big_e >= e_min)
-        cand = (tf.math.log(tf.where(ok, big_e, tf.ones_like(big_e)))
-                - tf.math.log(tf.where(ok, s, tf.ones_like(s))))
+        cand = tf.math.log(tf.where(ok, big_e, tf.ones_like(big_e))) - tf.math.log(
+            tf.where(ok, s, tf.ones_like(s))
+        )
         # phi(nu) = 1 - s + E exp(-nu) >= 1  <=>  s <= 0, or E > 0 and cand >= nu
         phi_ge = tf.logical_or(s <= 0, tf.logical_and(ok, cand >= nu))
         active = tf.logical_not(done)
@@ -386,8 +405,17 @@ def _solve_newton(x, a, b):
         # A row whose free mass stays below e_min (its Newton step would be inexact) bisects
         # for a few steps, then hands the batch to the robust solver.
         stop = tf.logical_or(tf.logical_or(c, stalled), tf.logical_and(hard2, i >= 6))
-        return (i + 1, new_nu, lo, hi, code2, s2, e2,
-                tf.logical_or(done, stop), tf.logical_or(conv, c))
+        return (
+            i + 1,
+            new_nu,
+            lo,
+            hi,
+            code2,
+            s2,
+            e2,
+            tf.logical_or(done, stop),
+            tf.logical_or(conv, c),
+        )
 
     loop_vars = (tf.constant(0), nu0, lo, hi, code, s, big_e, done, conv)
     out = tf.while_loop(cond, body, loop_vars, maximum_iterations=max_iter)
@@ -440,7 +468,9 @@ def _phi(x, a, b, nu):
 def _solve_sort(x, a, b):
     u, lk = _log_keys(x, a, b)
     if u is None and lk is None:
-        return _finalize_at(x, a, b, u, lk, tf.fill(tf.shape(x[:, :1]), tf.constant(-np.inf, x.dtype)))
+        return _finalize_at(
+            x, a, b, u, lk, tf.fill(tf.shape(x[:, :1]), tf.constant(-np.inf, x.dtype))
+        )
     keys = [t for t in (u, lk) if t is not None]
     e = tf.sort(tf.concat(keys, -1), axis=-1)
     n = e.shape[-1]
@@ -455,8 +485,9 @@ def _solve_sort(x, a, b):
         active = lo < hi
         lo = tf.where(tf.logical_and(active, p), mid, lo)
         hi = tf.where(tf.logical_and(active, tf.logical_not(p)), mid - 1, hi)
-    e_lo = tf.where(lo > 0, tf.gather(e, tf.maximum(lo - 1, 0), batch_dims=1),
-                    tf.constant(-np.inf, x.dtype))
+    e_lo = tf.where(
+        lo > 0, tf.gather(e, tf.maximum(lo - 1, 0), batch_dims=1), tf.constant(-np.inf, x.dtype)
+    )
     return _finalize_at(x, a, b, u, lk, e_lo)
 
 
@@ -468,8 +499,10 @@ def _solve_bisect(x, a, b):
     lo = _finite_min(u) if u is not None else _finite_min(x)
     cands = [tf.fill(tf.shape(lo), tf.constant(np.log(k), dtype))]
     if lk is not None:
-        cands += [_finite_max(lk),
-                  np.log(k) - tf.math.log(tf.maximum(1.0 - tf.reduce_sum(a, -1, keepdims=True), tiny))]
+        cands += [
+            _finite_max(lk),
+            np.log(k) - tf.math.log(tf.maximum(1.0 - tf.reduce_sum(a, -1, keepdims=True), tiny)),
+        ]
     if u is not None:
         cands.append(_finite_max(u))
     hi = cands[0]
@@ -510,7 +543,8 @@ def _validate_static(x, lower, upper, temperature, axis, k):
             raise ValueError("`logits` must not contain +inf (-inf masks a class).")
         if xv.size and np.isneginf(xv).all(axis=axis).any():
             raise ValueError(
-                "`logits`: every class of a row is -inf (no class left to put probability on).")
+                "`logits`: every class of a row is -inf (no class left to put probability on)."
+            )
     tv = static_value(temperature)
     if tv is not None:
         tv = np.asarray(tv, np.float64)
@@ -536,19 +570,31 @@ def _validate_static(x, lower, upper, temperature, axis, k):
     if "lower" in vals:
         lo = vals["lower"]
         if (lo < -_RANGE_TOL).any():
-            raise ValueError("Infeasible bounds: every `lower` must be >= 0 (rule 0 <= lower <= upper <= 1).")
+            raise ValueError(
+                "Infeasible bounds: every `lower` must be >= 0 (rule 0 <= lower <= upper <= 1)."
+            )
         if (lo.sum(axis % rank) > 1 + tol).any():
-            raise ValueError("Infeasible bounds: `lower` must sum to <= 1 along the class axis (rule sum(lower) <= 1).")
+            raise ValueError(
+                "Infeasible bounds: `lower` must sum to <= 1 along the class axis "
+                "(rule sum(lower) <= 1)."
+            )
     if "upper" in vals:
         up = vals["upper"]
         if (up > 1 + _RANGE_TOL).any():
-            raise ValueError("Infeasible bounds: every `upper` must be <= 1 (rule 0 <= lower <= upper <= 1).")
+            raise ValueError(
+                "Infeasible bounds: every `upper` must be <= 1 (rule 0 <= lower <= upper <= 1)."
+            )
         if (up.sum(axis % rank) < 1 - tol).any():
-            raise ValueError("Infeasible bounds: `upper` must sum to >= 1 along the class axis (rule sum(upper) >= 1).")
+            raise ValueError(
+                "Infeasible bounds: `upper` must sum to >= 1 along the class axis "
+                "(rule sum(upper) >= 1)."
+            )
     if "lower" in vals and "upper" in vals:
         lo, up = np.broadcast_arrays(vals["lower"], vals["upper"])
         if (lo > up).any():
-            raise ValueError("Infeasible bounds: `lower` must be <= `upper` element-wise (rule lower <= upper).")
+            raise ValueError(
+                "Infeasible bounds: `lower` must be <= `upper` element-wise (rule lower <= upper)."
+            )
 
 
 def _symbolic(t):
@@ -568,13 +614,19 @@ def _graph_checks(x, a, b, tau, axis, k):
 
     if _symbolic(x):
         check(tf.logical_not(tf.reduce_any(tf.math.is_nan(x))), "`logits` must not contain NaN.")
-        check(tf.logical_not(tf.reduce_any(tf.equal(x, np.inf))),
-              "`logits` must not contain +inf (-inf masks a class).")
-        check(tf.reduce_all(tf.reduce_any(x > -np.inf, axis)),
-              "`logits`: every class of a row is -inf (no class left to put probability on).")
+        check(
+            tf.logical_not(tf.reduce_any(tf.equal(x, np.inf))),
+            "`logits` must not contain +inf (-inf masks a class).",
+        )
+        check(
+            tf.reduce_all(tf.reduce_any(x > -np.inf, axis)),
+            "`logits`: every class of a row is -inf (no class left to put probability on).",
+        )
     if _symbolic(tau):
-        check(tf.reduce_all(tf.logical_and(tau > 0, tf.math.is_finite(tau))),
-              "`temperature` must be finite and > 0.")
+        check(
+            tf.reduce_all(tf.logical_and(tau > 0, tf.math.is_finite(tau))),
+            "`temperature` must be finite and > 0.",
+        )
     tol = 10.0 * np.finfo(x.dtype.as_numpy_dtype).eps * k
     shape = tf.shape(x)
     ac = bc = None
@@ -582,23 +634,33 @@ def _graph_checks(x, a, b, tau, axis, k):
         ac = tf.maximum(tf.broadcast_to(a, shape), 0.0)
         if _symbolic(a):
             check(tf.logical_not(tf.reduce_any(tf.math.is_nan(a))), "`lower` must not contain NaN.")
-            check(tf.reduce_all(a >= -_RANGE_TOL),
-                  "Infeasible bounds: every `lower` must be >= 0 (rule 0 <= lower <= upper <= 1).")
-            check(tf.reduce_all(tf.reduce_sum(ac, axis) <= 1.0 + tol),
-                  "Infeasible bounds: `lower` must sum to <= 1 along the class axis "
-                  "(rule sum(lower) <= 1).")
+            check(
+                tf.reduce_all(a >= -_RANGE_TOL),
+                "Infeasible bounds: every `lower` must be >= 0 (rule 0 <= lower <= upper <= 1).",
+            )
+            check(
+                tf.reduce_all(tf.reduce_sum(ac, axis) <= 1.0 + tol),
+                "Infeasible bounds: `lower` must sum to <= 1 along the class axis "
+                "(rule sum(lower) <= 1).",
+            )
     if b is not None:
         bc = tf.minimum(tf.broadcast_to(b, shape), 1.0)
         if _symbolic(b):
             check(tf.logical_not(tf.reduce_any(tf.math.is_nan(b))), "`upper` must not contain NaN.")
-            check(tf.reduce_all(b <= 1.0 + _RANGE_TOL),
-                  "Infeasible bounds: every `upper` must be <= 1 (rule 0 <= lower <= upper <= 1).")
-            check(tf.reduce_all(tf.reduce_sum(bc, axis) >= 1.0 - tol),
-                  "Infeasible bounds: `upper` must sum to >= 1 along the class axis "
-                  "(rule sum(upper) >= 1).")
+            check(
+                tf.reduce_all(b <= 1.0 + _RANGE_TOL),
+                "Infeasible bounds: every `upper` must be <= 1 (rule 0 <= lower <= upper <= 1).",
+            )
+            check(
+                tf.reduce_all(tf.reduce_sum(bc, axis) >= 1.0 - tol),
+                "Infeasible bounds: `upper` must sum to >= 1 along the class axis "
+                "(rule sum(upper) >= 1).",
+            )
     if ac is not None and bc is not None and (_symbolic(a) or _symbolic(b)):
-        check(tf.reduce_all(ac <= bc),
-              "Infeasible bounds: `lower` must be <= `upper` element-wise (rule lower <= upper).")
+        check(
+            tf.reduce_all(ac <= bc),
+            "Infeasible bounds: `lower` must be <= `upper` element-wise (rule lower <= upper).",
+        )
     if not checks:
         return x
     with tf.control_dependencies(checks):
@@ -751,8 +813,13 @@ def _bcsoftmax_impl(x, a, b, tau, axis, method, clip):
             dist_a = None if a2 is None else y - tf.maximum(a2, 0.0)
             dist_b = None if b2 is None else tf.minimum(b2, 1.0) - y
             if dist_a is not None or dist_b is not None:
-                dist = (dist_b if dist_a is None else dist_a if dist_b is None
-                        else tf.minimum(dist_a, dist_b))
+                dist = (
+                    dist_b
+                    if dist_a is None
+                    else dist_a
+                    if dist_b is None
+                    else tf.minimum(dist_a, dist_b)
+                )
                 slack = tf.reduce_max(tf.where(free, dist, zero), -1, keepdims=True)
                 pinned = tf.logical_and(slack <= pin_tol, tf.logical_not(tf.math.is_nan(ssum)))
                 pf = tf.logical_and(pinned, free)
@@ -763,7 +830,8 @@ def _bcsoftmax_impl(x, a, b, tau, axis, method, clip):
                     at_upper = tf.logical_or(at_upper, to_upper)
                     if dist_a is not None:
                         at_lower = tf.logical_or(
-                            at_lower, tf.logical_and(pf, tf.logical_not(to_upper)))
+                            at_lower, tf.logical_and(pf, tf.logical_not(to_upper))
+                        )
                 q = tf.where(pf, zero, q)
                 vbar = tf.where(pinned, tf.zeros_like(vbar), vbar)
             # rows the forward pass made NaN (invalid input) get NaN gradients
@@ -786,34 +854,50 @@ def _bcsoftmax_impl(x, a, b, tau, axis, method, clip):
         return grad
 
     if has_a and has_b:
+
         @tf.custom_gradient
         def f(x, a, b, tau):
             out, saved = forward(x, a, b, tau)
             return out, make_grad(saved, (x, a, b, tau))
+
         return f(x, a, b, tau)
     if has_a:
+
         @tf.custom_gradient
         def f(x, a, tau):
             out, saved = forward(x, a, None, tau)
             return out, make_grad(saved, (x, a, None, tau))
+
         return f(x, a, tau)
     if has_b:
+
         @tf.custom_gradient
         def f(x, b, tau):
             out, saved = forward(x, None, b, tau)
             return out, make_grad(saved, (x, None, b, tau))
+
         return f(x, b, tau)
 
     @tf.custom_gradient
     def f(x, tau):
         out, saved = forward(x, None, None, tau)
         return out, make_grad(saved, (x, None, None, tau))
+
     return f(x, tau)
 
 
-def bcsoftmax(logits, lower=None, upper=None, temperature=1.0, axis: int = -1, *,
-              method: str = "newton", clip: bool = True, validate: bool = True,
-              name: str | None = None) -> tf.Tensor:
+def bcsoftmax(
+    logits,
+    lower=None,
+    upper=None,
+    temperature=1.0,
+    axis: int = -1,
+    *,
+    method: str = "newton",
+    clip: bool = True,
+    validate: bool = True,
+    name: str | None = None,
+) -> tf.Tensor:
     """Box-constrained softmax: the exact maximiser of ``<x,y> - tau sum y log y`` on the simplex
     within ``lower <= y <= upper``.
 
@@ -884,12 +968,16 @@ def bcsoftmax(logits, lower=None, upper=None, temperature=1.0, axis: int = -1, *
                 raise TypeError(f"`{name}` must be a real tensor, got {t.dtype.name}.")
             t = tf.cast(t, x.dtype)
             if t.shape.rank is not None and t.shape.rank > rank:
-                raise ValueError(f"`{name}` (rank {t.shape.rank}) must not have a higher rank than `logits` ({rank}).")
+                raise ValueError(
+                    f"`{name}` (rank {t.shape.rank}) must not have a higher rank than "
+                    f"`logits` ({rank})."
+                )
             try:
                 tf.broadcast_static_shape(t.shape, x.shape)
             except ValueError as err:
                 raise ValueError(
-                    f"`{name}` with shape {t.shape} does not broadcast to `logits` {x.shape}.") from err
+                    f"`{name}` with shape {t.shape} does not broadcast to `logits` {x.shape}."
+                ) from err
             return t
 
         a = conv(lower, "lower")
@@ -922,6 +1010,7 @@ def bcsoftmax_with_state(logits, lower=None, upper=None, temperature=1.0, *, met
         return tf.reshape(tf.broadcast_to(tf.cast(t, x.dtype), tf.shape(x)), [-1, x.shape[-1]])
 
     a, b = flat(lower), flat(upper)
-    y, state = _SOLVERS[method](xs, None if a is None else tf.maximum(a, 0.0),
-                                None if b is None else tf.minimum(b, 1.0))
+    y, state = _SOLVERS[method](
+        xs, None if a is None else tf.maximum(a, 0.0), None if b is None else tf.minimum(b, 1.0)
+    )
     return tf.reshape(y, tf.shape(x)), tf.reshape(state, tf.shape(x))

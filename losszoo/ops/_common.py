@@ -86,8 +86,17 @@ def row_has_nan(x, axis: int = -1, keepdims: bool = False):
     return tf.reduce_any(tf.math.is_nan(x), axis=axis, keepdims=keepdims)
 
 
-def check_number(value, name: str, *, low=None, high=None, low_open: bool = False,
-                 high_open: bool = False, integer: bool = False, allow_none: bool = False):
+def check_number(
+    value,
+    name: str,
+    *,
+    low=None,
+    high=None,
+    low_open: bool = False,
+    high_open: bool = False,
+    integer: bool = False,
+    allow_none: bool = False,
+):
     """Validate a hyper-parameter given as a Python/numpy number; return it as int or float.
 
     Tensors and variables (e.g. a learned temperature) are returned unchanged: they are
@@ -198,8 +207,11 @@ def check_not_nan(x, name: str):
             raise ValueError(f"`{name}` contains NaN values.")
         return x
     with tf.control_dependencies(
-        [tf.debugging.Assert(tf.logical_not(tf.reduce_any(tf.math.is_nan(x))),
-                             [f"`{name}` contains NaN values."])]
+        [
+            tf.debugging.Assert(
+                tf.logical_not(tf.reduce_any(tf.math.is_nan(x))), [f"`{name}` contains NaN values."]
+            )
+        ]
     ):
         return tf.identity(x)
 

@@ -138,18 +138,27 @@ def _check_sample_weight(sw):
     if value is not None:
         value = np.asarray(value, np.float64)
         if np.any(np.isnan(value)):
-            raise ValueError("`sample_weight` contains NaN values; weights must be finite "
-                             "and >= 0.")
+            raise ValueError(
+                "`sample_weight` contains NaN values; weights must be finite and >= 0."
+            )
         if np.any(np.isinf(value)):
-            raise ValueError("`sample_weight` contains Inf values; weights must be finite "
-                             "and >= 0.")
+            raise ValueError(
+                "`sample_weight` contains Inf values; weights must be finite and >= 0."
+            )
         if np.any(value < 0):
-            raise ValueError("`sample_weight` must be >= 0 (it defines reference "
-                             "probabilities); got a negative weight.")
+            raise ValueError(
+                "`sample_weight` must be >= 0 (it defines reference "
+                "probabilities); got a negative weight."
+            )
     ok = tf.reduce_all((sw >= 0) & tf.math.is_finite(sw))
     if value is None and validation_enabled():
-        with tf.control_dependencies([tf.debugging.Assert(ok, [
-                "`sample_weight` must be finite and >= 0 (NaN, Inf or negative found)."])]):
+        with tf.control_dependencies(
+            [
+                tf.debugging.Assert(
+                    ok, ["`sample_weight` must be finite and >= 0 (NaN, Inf or negative found)."]
+                )
+            ]
+        ):
             sw = tf.identity(sw)
     return sw, tf.logical_not(ok)
 
@@ -174,11 +183,13 @@ def _prepare(losses, sample_weight):
         while s.shape.rank > l.shape.rank and s.shape[-1] == 1:
             s = tf.squeeze(s, -1)
         fits = s.shape.rank <= l.shape.rank and all(
-            a is None or b is None or a in (1, b) for a, b in zip(s.shape, l.shape))
+            a is None or b is None or a in (1, b) for a, b in zip(s.shape, l.shape)
+        )
         if not fits:
             raise ValueError(
                 f"`sample_weight` of shape {s.shape} does not fit the losses' shape "
-                f"{l.shape}: it must be a scalar or broadcast over a prefix of it.")
+                f"{l.shape}: it must be a scalar or broadcast over a prefix of it."
+            )
         for _ in range(l.shape.rank - s.shape.rank if s.shape.rank > 0 else 0):
             s = s[..., None]
     s = tf.broadcast_to(s, tf.shape(l))
@@ -291,8 +302,16 @@ def _check_alpha(alpha, dtype):
     return a
 
 
-def safe_kl_dro_risk_and_stats(losses, alpha, lam, rho, sample_weight=None, calibrate=True,
-                               _validate_alpha=True, _prepared_bad=False):
+def safe_kl_dro_risk_and_stats(
+    losses,
+    alpha,
+    lam,
+    rho,
+    sample_weight=None,
+    calibrate=True,
+    _validate_alpha=True,
+    _prepared_bad=False,
+):
     """Safe-KL risk with its diagnostics in one pass.
 
     Arguments and the fail-loud behaviour are those of :func:`safe_kl_dro_risk`.
@@ -413,7 +432,8 @@ def safe_kl_dro_solve_alpha(losses, lam, rho, sample_weight=None, iterations=80)
     live = s > 0
     big = _const(np.finfo(dt.as_numpy_dtype).max, dt)
     lo = tf.reduce_min(tf.where(live, l, tf.fill(tf.shape(l), big))) + _const(
-        lam * math.log1p(-rho), dt)
+        lam * math.log1p(-rho), dt
+    )
     hi = tf.reduce_max(tf.where(live, l, tf.fill(tf.shape(l), -big)))
     c = tf.constant([1.0 / lam, math.log(rho), 1.0 / rho], dt)
     out = _bisect(l, s, lo, hi, c, tf.constant(int(iterations)))
@@ -438,8 +458,7 @@ def _bisect(l, s, lo, hi, c, iterations):
         pos = h(mid) > 0
         return i + 1, tf.where(pos, mid, lo), tf.where(pos, hi, mid)
 
-    _, lo, hi = tf.while_loop(lambda i, lo, hi: i < iterations, body,
-                              (tf.constant(0), lo, hi))
+    _, lo, hi = tf.while_loop(lambda i, lo, hi: i < iterations, body, (tf.constant(0), lo, hi))
     return tf.where(s_sum > 0, 0.5 * (lo + hi), tf.zeros_like(lo))
 
 
@@ -454,8 +473,9 @@ def _batch_lse_parts(l, s, lam):
     dt = l.dtype
     live = s > 0
     ninf = tf.fill(tf.shape(l), _const(-np.inf, dt))
-    a = tf.where(live, l * _const(1.0 / lam, dt) + tf.math.log(tf.where(live, s, tf.ones_like(s))),
-                 ninf)
+    a = tf.where(
+        live, l * _const(1.0 / lam, dt) + tf.math.log(tf.where(live, s, tf.ones_like(s))), ninf
+    )
     m = tf.reduce_max(tf.concat([a, _const([-np.inf], dt)], 0))
     return a, m
 
@@ -465,8 +485,9 @@ def _batch_lse_exp(a, s, m):
     ``+inf`` entries, 0 elsewhere (the softmax of an infinite logit)."""
     m_inf = tf.math.is_inf(m) & (m > 0)
     m_safe = tf.where(tf.math.is_finite(m), m, tf.zeros_like(m))
-    ex = tf.where(m_inf, tf.where(tf.math.is_inf(a) & (a > 0), s, tf.zeros_like(a)),
-                  tf.exp(a - m_safe))
+    ex = tf.where(
+        m_inf, tf.where(tf.math.is_inf(a) & (a > 0), s, tf.zeros_like(a)), tf.exp(a - m_safe)
+    )
     return tf.where(s > 0, ex, tf.zeros_like(ex)), m_safe, m_inf
 
 

@@ -121,8 +121,11 @@ def _check_k_against(z, k, n):
     if _static(n) is not None or not validation_enabled():
         return z
     with tf.control_dependencies(
-        [tf.debugging.Assert(k < n, ["`k` must be smaller than the number of candidates n;",
-                                     "k =", k, "n =", n])]
+        [
+            tf.debugging.Assert(
+                k < n, ["`k` must be smaller than the number of candidates n;", "k =", k, "n =", n]
+            )
+        ]
     ):
         return tf.identity(z)
 
@@ -167,17 +170,24 @@ def _ids_to_positives(labels, z, n, name="labels"):
     bad = ~whole | (flat < -1) | (flat >= tf.cast(n, flat.dtype))
     invalid = tf.reduce_any(bad, axis=-1)
     bound = _static(n) if _static(n) is not None else "n"
-    message = (f"`{name}` must hold whole-number ids in [0, {bound}) (n = the scores' last "
-               "axis) or -1 for padding.")
+    message = (
+        f"`{name}` must hold whole-number ids in [0, {bound}) (n = the scores' last "
+        "axis) or -1 for padding."
+    )
     if validation_enabled():
         value = static_value(labels)
         if value is not None and _static(n) is not None:
             value = np.asarray(value, np.float64)
-            if value.size and (not np.all(np.isfinite(value)) or np.any(value != np.round(value))
-                               or value.min() < -1 or value.max() >= n):
-                raise ValueError(f"{message} Got values in [{np.nanmin(value)}, "
-                                 f"{np.nanmax(value)}]" + (" and NaN." if np.isnan(value).any()
-                                                          else "."))
+            if value.size and (
+                not np.all(np.isfinite(value))
+                or np.any(value != np.round(value))
+                or value.min() < -1
+                or value.max() >= n
+            ):
+                raise ValueError(
+                    f"{message} Got values in [{np.nanmin(value)}, "
+                    f"{np.nanmax(value)}]" + (" and NaN." if np.isnan(value).any() else ".")
+                )
         else:
             with tf.control_dependencies([_assert(~tf.reduce_any(invalid), message)]):
                 invalid = tf.identity(invalid)
@@ -302,9 +312,7 @@ def _grad_coefficients(v, gap, s, k, ts, Rs, case_b):
         return a, None, -a * s, None
     c = s - tf.cast(ts, v.dtype)  # |U|
     t = tf.range(k)
-    cap = tf.reduce_sum(
-        a[:, :, None] * tf.cast(t[None, None, :] < ts[:, :, None], v.dtype), axis=1
-    )
+    cap = tf.reduce_sum(a[:, :, None] * tf.cast(t[None, None, :] < ts[:, :, None], v.dtype), axis=1)
     b = v / tf.where(v != 0, gap, tf.ones_like(gap))
     zero = tf.zeros_like(a)
     gy = tf.where(case_b, -b, -a * c)
@@ -347,8 +355,17 @@ def _positives_forward(z, w, zy, k, eta):
     terms = tf.where(masked, tf.fill(tf.shape(terms), tf.constant(np.inf, z.dtype)), terms)
     # w != 0 (not w > 0): a NaN weight (invalid dense labels, see below) must reach the loss.
     loss = tf.reduce_sum(tf.where(tf.not_equal(w, 0.0), w * terms, tf.zeros_like(terms)), axis=1)
-    saved = {"masked": masked, "m": m, "s": s, "gap": gap, "Rs": Rs, "terms": terms, "ts": ts,
-             "case_b": case_b, "top_i": top_i}
+    saved = {
+        "masked": masked,
+        "m": m,
+        "s": s,
+        "gap": gap,
+        "Rs": Rs,
+        "terms": terms,
+        "ts": ts,
+        "case_b": case_b,
+        "top_i": top_i,
+    }
     return loss, saved
 
 
@@ -359,8 +376,9 @@ def _positives_backward(z, w, k, eta, saved, upstream, add_at_positives):
     # rewrites ~(t <= 0) into t > 0, which drops them).
     live = (saved["terms"] > 0) | tf.math.is_nan(saved["terms"])
     v = tf.where(has & live, w * upstream[:, None], tf.zeros_like(w))
-    a, cap, gy, gk = _grad_coefficients(v, saved["gap"], saved["s"], k, saved["ts"],
-                                        saved["Rs"], saved["case_b"])
+    a, cap, gy, gk = _grad_coefficients(
+        v, saved["gap"], saved["s"], k, saved["ts"], saved["Rs"], saved["case_b"]
+    )
     inside = (z[:, None, :] - saved["m"][:, :, None]) + eta > 0
     g = tf.reduce_sum(tf.where(inside, a[:, :, None], tf.zeros_like(inside, z.dtype)), axis=1)
     g = add_at_positives(g, gy)
@@ -375,8 +393,9 @@ def _rankmax_loss_ids(z, ids, w, k, eta):
         loss, saved = _positives_forward(z, w, tf.gather(z, ids, batch_dims=1), k, eta)
 
         def grad(upstream):
-            return _positives_backward(z, w, k, eta, saved, upstream,
-                                       lambda g, gy: _scatter_add(g, ids, gy))
+            return _positives_backward(
+                z, w, k, eta, saved, upstream, lambda g, gy: _scatter_add(g, ids, gy)
+            )
 
         return loss, grad
 
@@ -402,13 +421,15 @@ def _rankmax_loss_one_hot_or_dense(z, w, k, eta):
     nan = tf.constant(np.nan, w.dtype)
     weight = tf.reduce_sum(
         tf.where((w > 0) & (w < np.inf), w, tf.where(tf.equal(w, 0.0), tf.zeros_like(w), nan)),
-        axis=-1, keepdims=True,
+        axis=-1,
+        keepdims=True,
     )
 
     @tf.custom_gradient
     def f(z):
         zy = tf.reduce_sum(tf.where(w > 0, z, tf.zeros_like(z)), axis=-1, keepdims=True)
         fast, saved = _positives_forward(z, weight, zy, k, eta)
+
         def slow():
             bad = tf.math.is_nan(w) | (w < 0) | tf.math.is_inf(w)
             return nan_where(tf.reduce_any(bad, axis=-1), _rankmax_loss_dense(z, w, k, eta))
@@ -418,7 +439,12 @@ def _rankmax_loss_one_hot_or_dense(z, w, k, eta):
         def grad(upstream):
             def fast_grad():
                 return _positives_backward(
-                    z, weight, k, eta, saved, upstream,
+                    z,
+                    weight,
+                    k,
+                    eta,
+                    saved,
+                    upstream,
                     lambda g, gy: g + tf.where(w > 0, gy, tf.zeros_like(gy)),
                 )
 
@@ -531,8 +557,7 @@ def _dense_to_ids(w, m):
     return ids, wv
 
 
-def _loss(labels, scores, k, margin, max_positives, label_format, name,
-          score_name="scores"):
+def _loss(labels, scores, k, margin, max_positives, label_format, name, score_name="scores"):
     z, dtype, n = _prepare_scores(scores, score_name)
     k, eta = _check_k_margin(k, margin, _static(n))
     if max_positives is not None:
@@ -571,8 +596,9 @@ def _loss(labels, scores, k, margin, max_positives, label_format, name,
     return tf.cast(tf.reshape(loss, lead), dtype)
 
 
-def rankmax_loss(labels, scores, k: int = 1, margin: float = 1.0, max_positives=1,
-                 label_format: str = "auto"):
+def rankmax_loss(
+    labels, scores, k: int = 1, margin: float = 1.0, max_positives=1, label_format: str = "auto"
+):
     """Rankmax loss, ``-sum_{y in positives} w_y log min(1, alpha_y (z_y - mu_y))`` per row.
 
     For k = 1: ``w_y (log sum_i (z_i - z_y + margin)_+ - log margin)``.
@@ -700,8 +726,12 @@ def rankmax(scores, labels, k: int = 1, margin: float = 1.0):
     labels = tf.convert_to_tensor(labels)
     if not (labels.dtype.is_integer or labels.dtype.is_floating):
         raise TypeError(f"`labels` of `rankmax` must be ids, got dtype {labels.dtype.name}.")
-    if labels.shape.rank == z.shape.rank and labels.shape[-1] is not None \
-            and labels.shape[-1] == z.shape[-1] and labels.dtype.is_floating:
+    if (
+        labels.shape.rank == z.shape.rank
+        and labels.shape[-1] is not None
+        and labels.shape[-1] == z.shape[-1]
+        and labels.dtype.is_floating
+    ):
         raise TypeError(
             "`labels` of `rankmax` must be integer ids (one projection per positive); got "
             "floating labels of the scores' shape. Use rankmax_loss for dense multi-hot labels."

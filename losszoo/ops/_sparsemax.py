@@ -31,7 +31,8 @@ as softmax does. Half-precision inputs are computed in float32 and cast back.
 
 Fail-loud contract (README, "Bad input"): a row holding a NaN or ``+inf`` score, or only
 ``-inf``, comes back entirely NaN (output, loss and gradient) in every mode, eager, graph and
-XLA alike, and the other rows are unaffected (folded into the threshold's Newton passes). Sparsemax is
+XLA alike, and the other rows are unaffected (folded into the threshold's Newton passes).
+Sparsemax is
 shift-invariant: offsets of 1e8 give the same output up to float32 rounding of the inputs.
 ``sparsemax_loss`` also rejects NaN/inf or negative ``labels`` eagerly and in graphs
 (skipped with ``losszoo.set_validation(False)``); under XLA such a row's loss is NaN.

@@ -26,7 +26,8 @@ import difflib
 import importlib.metadata
 import threading
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import keras
 

@@ -22,18 +22,32 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
 RUNNER = BENCH / "run_xla.py"
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("jax") is None,
-                                reason="needs jax (pip install losszoo[xla-export])")
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("jax") is None, reason="needs jax (pip install losszoo[xla-export])"
+)
 
 # Every op of losszoo.ops that issue 13 names, as case ops or anchors of the small preset.
 REQUIRED_CASES = [
-    "sparsemax_loss", "sparsemax", "rankmax_loss k=1", "rankmax_loss k=10",
-    "rankmax_loss k=1 dense labels", "rankmax_loss k=10 dense labels", "rankmax k=1",
-    "rankmax k=10", "bcsoftmax (bounds + temperature)", "safe_kl_dro_risk",
+    "sparsemax_loss",
+    "sparsemax",
+    "rankmax_loss k=1",
+    "rankmax_loss k=10",
+    "rankmax_loss k=1 dense labels",
+    "rankmax_loss k=10 dense labels",
+    "rankmax k=1",
+    "rankmax k=10",
+    "bcsoftmax (bounds + temperature)",
+    "safe_kl_dro_risk",
 ]
 REQUIRED_PREFIXES = ["possibilistic_projection_loss", "possibilistic_projection fwd"]
-REQUIRED_ANCHORS = ["softmax_ce", "softmax", "alg_A_sort", "kl_dro_batch_lse", "kl_dro_sumexp",
-                    "cvar_risk"]
+REQUIRED_ANCHORS = [
+    "softmax_ce",
+    "softmax",
+    "alg_A_sort",
+    "kl_dro_batch_lse",
+    "kl_dro_sumexp",
+    "cvar_risk",
+]
 CAP = 4096  # bytes: bigger outputs are referenced by their first rows (the --cap path)
 
 
@@ -46,17 +60,26 @@ def _import(name):
 def _run(folder, *args, timeout=300):
     proc = subprocess.run(
         [sys.executable, str(RUNNER), str(folder), "--json", str(folder / "result.json"), *args],
-        check=False, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-    rows = json.loads((folder / "result.json").read_text())["rows"] if (
-        folder / "result.json").exists() else None
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+    rows = (
+        json.loads((folder / "result.json").read_text())["rows"]
+        if (folder / "result.json").exists()
+        else None
+    )
     return proc, rows
 
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     folder = tmp_path_factory.mktemp("xla") / "small"
-    manifest = _import("xla_export").export("small", folder, cap=CAP, log=lambda *_: None,
-                                            reference="graph")
+    manifest = _import("xla_export").export(
+        "small", folder, cap=CAP, log=lambda *_: None, reference="graph"
+    )
     return folder, manifest
 
 
@@ -82,8 +105,9 @@ def test_every_op_is_exported(exported):
     # the small shapes still take the code paths of the big ones
     by_op = {c["op"]: c for c in manifest["cases"]}
     assert by_op["sparsemax_loss"]["modules"]["sparsemax_loss"]["hlo_ops"].get("sort")  # top_k
-    assert by_op["rankmax_loss k=1 dense labels"]["modules"][
-        "rankmax_loss k=1 dense labels"]["hlo_ops"].get("conditional")
+    assert by_op["rankmax_loss k=1 dense labels"]["modules"]["rankmax_loss k=1 dense labels"][
+        "hlo_ops"
+    ].get("conditional")
 
 
 def test_no_tensorflow_only_custom_calls(exported, ran):
@@ -142,9 +166,14 @@ def test_large_mode_references_the_first_rows(tmp_path):
     """--large traces from shapes and checks rows computed by TF on a smaller batch."""
     xe, bs = _import("xla_export"), _import("bench_sparsemax")
     batch = 40  # > BLOCK rows: the TF run sees only the first block
-    spec = xe.Spec("sparsemax_loss", f"{batch}x64", bs.sparsemax_loss,
-                   {"generator": "logits_onehot", "batch": batch, "k": 64},
-                   {"softmax_ce": bs.softmax_ce}, repeats=2)
+    spec = xe.Spec(
+        "sparsemax_loss",
+        f"{batch}x64",
+        bs.sparsemax_loss,
+        {"generator": "logits_onehot", "batch": batch, "k": 64},
+        {"softmax_ce": bs.softmax_ce},
+        repeats=2,
+    )
     manifest = xe.export("large", tmp_path / "large", cases=[spec], log=lambda *_: None)
     outputs = manifest["cases"][0]["modules"]["sparsemax_loss"]["outputs"]
     assert [o["reference"] for o in outputs] == ["none", "rows"]  # summed value, gradient
@@ -159,12 +188,15 @@ def test_large_mode_references_the_first_rows(tmp_path):
 
 # ---- numpy-only helpers of run_xla ---------------------------------------------------
 
+
 def test_inputs_first_rows_do_not_depend_on_the_batch():
     make_inputs, block = _import("run_xla").make_inputs, _import("run_xla").BLOCK
-    for recipe in ({"generator": "logits_onehot", "batch": 50, "k": 7},
-                   {"generator": "scores_ids", "batch": 50, "n": 9, "dense": True},
-                   {"generator": "bcsoftmax", "batch": 50, "k": 6},
-                   {"generator": "possibility", "batch": 50, "k": 5}):
+    for recipe in (
+        {"generator": "logits_onehot", "batch": 50, "k": 7},
+        {"generator": "scores_ids", "batch": 50, "n": 9, "dense": True},
+        {"generator": "bcsoftmax", "batch": 50, "k": 6},
+        {"generator": "possibility", "batch": 50, "k": 5},
+    ):
         full, head = make_inputs(recipe), make_inputs(recipe, rows=block)
         for f, h in zip(full, head):
             np.testing.assert_array_equal(f[:block] if f.ndim else f, h)

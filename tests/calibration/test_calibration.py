@@ -15,14 +15,17 @@ REF = load_reference("bcsoftmax")
 def test_ece_hand_computed_six_samples():
     # conf 0.95, 0.9 -> bin 15 ((14/15, 1]) and bin 14 ((13/15, 14/15]); 0.6, 0.55 -> bin 9
     # ((8/15, 9/15]); 0.4, 0.4 -> bin 6 ((5/15, 6/15]).
-    probs = np.array([[0.95, 0.05], [0.1, 0.9], [0.6, 0.4], [0.45, 0.55], [0.4, 0.3],
-                      [0.4, 0.35]])
+    probs = np.array([[0.95, 0.05], [0.1, 0.9], [0.6, 0.4], [0.45, 0.55], [0.4, 0.3], [0.4, 0.35]])
     probs[4:, :] = [[0.4, 0.3], [0.4, 0.35]]
     probs = np.c_[probs, 1 - probs.sum(1)]
     labels = np.array([0, 0, 0, 1, 2, 0])
     # bins: {0.95: correct}, {0.9: wrong}, {0.6 ok, 0.55 ok}, {0.4 wrong, 0.4 ok}
-    want = (1 / 6) * abs(1 - 0.95) + (1 / 6) * abs(0 - 0.9) + (2 / 6) * abs(1 - 0.575) \
+    want = (
+        (1 / 6) * abs(1 - 0.95)
+        + (1 / 6) * abs(0 - 0.9)
+        + (2 / 6) * abs(1 - 0.575)
         + (2 / 6) * abs(0.5 - 0.4)
+    )
     assert C.ece(probs, labels) == pytest.approx(want, abs=1e-12)
     assert C.ece(probs, labels) == pytest.approx(REF.ece_top_label(probs, labels), abs=1e-12)
     # a confidence exactly on an edge goes to the lower bin (right-closed)
@@ -34,8 +37,12 @@ def _random_probs(rng, n=600, k=7):
     logits = rng.normal(0, 2, (n, k))
     p = np.exp(logits)
     p /= p.sum(1, keepdims=True)
-    y = np.array([rng.choice(k, p=pi) for pi in np.exp(logits / 2) /
-                  np.exp(logits / 2).sum(1, keepdims=True)])
+    y = np.array(
+        [
+            rng.choice(k, p=pi)
+            for pi in np.exp(logits / 2) / np.exp(logits / 2).sum(1, keepdims=True)
+        ]
+    )
     return p.astype(np.float32), y
 
 
@@ -50,7 +57,8 @@ def test_metric_functions_against_oracle_and_definitions():
     assert C.accuracy(p, y) == pytest.approx((p.argmax(1) == y).mean())
     # classwise ECE of a 2-class problem with symmetric probs; adaptive ECE with one bin
     assert C.adaptive_ece(p, y, n_bins=1) == pytest.approx(
-        abs((p.argmax(1) == y).mean() - p.max(1).mean()), abs=1e-7)
+        abs((p.argmax(1) == y).mean() - p.max(1).mean()), abs=1e-7
+    )
     # perfectly calibrated-by-construction: labels drawn from p -> small ECE
     y_cal = np.array([rng.choice(7, p=pi / pi.sum()) for pi in p.astype(float)])
     assert C.ece(p, y_cal) < 0.5 * C.ece(p, y)
@@ -69,10 +77,10 @@ def test_streaming_metrics_match_functions_across_batches():
     }
     for metric, fn, tol in metrics.values():
         for start in range(0, 600, 128):
-            metric.update_state(y[start:start + 128], p[start:start + 128])
+            metric.update_state(y[start : start + 128], p[start : start + 128])
         assert float(metric.result()) == pytest.approx(fn(p, y), abs=tol), type(metric).__name__
         metric.reset_state()
-        metric.update_state(np.eye(7)[y[:50]], p[:50])        # one-hot labels
+        metric.update_state(np.eye(7)[y[:50]], p[:50])  # one-hot labels
         assert float(metric.result()) == pytest.approx(fn(p[:50], y[:50]), abs=tol)
     acc = keras.metrics.SparseCategoricalAccuracy()
     acc.update_state(y, p)
@@ -95,14 +103,15 @@ def test_fit_calibrator_on_synthetic_overconfident_logits():
     uncal = np.exp(xt) / np.exp(xt).sum(1, keepdims=True)
     ece_uncal = C.ece(uncal, yt)
     ts = C.fit_calibrator(xv, None, yv, "ts", epochs=40, learning_rate=1e-2, batch_size=256)
-    assert float(ts.layers[-1].tau()) == pytest.approx(2.0, rel=0.05)   # recovers tau_true
+    assert float(ts.layers[-1].tau()) == pytest.approx(2.0, rel=0.05)  # recovers tau_true
     for method in ("pb-c", "pb-c-l", "lb-c"):
-        model = C.fit_calibrator(xv, None, yv, method, epochs=25, learning_rate=1e-2,
-                                 batch_size=256)
+        model = C.fit_calibrator(
+            xv, None, yv, method, epochs=25, learning_rate=1e-2, batch_size=256
+        )
         p = model.predict(xt, verbose=0)
         assert C.ece(p, yt) < 0.5 * ece_uncal, method
         if method == "pb-c-l":
-            np.testing.assert_array_equal(p.argmax(1), xt.argmax(1))   # accuracy preserved
+            np.testing.assert_array_equal(p.argmax(1), xt.argmax(1))  # accuracy preserved
 
 
 def test_fit_calibrator_on_a_model_saves_and_loads(tmp_path):
@@ -112,13 +121,16 @@ def test_fit_calibrator_on_a_model_saves_and_loads(tmp_path):
     inp = keras.Input((8,))
     z = keras.layers.Dense(6, activation="tanh", name="embedding")(inp)
     base = keras.Model(inp, keras.layers.Dense(4)(z))
-    base.compile(optimizer=keras.optimizers.Adam(0.05), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    base.compile(
+        optimizer=keras.optimizers.Adam(0.05),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
     base.fit(x, y, epochs=2, verbose=0)
     before = [w.copy() for w in base.get_weights()]
     model, hist = C.fit_calibrator(base, x, y, "pb-l", epochs=3, return_history=True)
     assert len(hist) == 3 and np.isfinite(hist).all()
     for w0, w1 in zip(before, base.get_weights()):
-        np.testing.assert_array_equal(w0, w1)                    # base frozen
+        np.testing.assert_array_equal(w0, w1)  # base frozen
     p = model.predict(x, verbose=0)
     np.testing.assert_allclose(p.sum(1), 1, atol=1e-5)
     path = str(tmp_path / "calibrated.keras")
@@ -136,5 +148,5 @@ def test_reliability_diagram_writes_png(tmp_path):
     assert count.sum() == 200
     assert np.nansum(count * np.abs(acc - mean_conf)) / 200 == pytest.approx(C.ece(p, y), abs=1e-6)
     path = tmp_path / "rd.png"
-    C.reliability_diagram({"a": p, "b": p ** 2 / (p ** 2).sum(1, keepdims=True)}, y, path=path)
+    C.reliability_diagram({"a": p, "b": p**2 / (p**2).sum(1, keepdims=True)}, y, path=path)
     assert path.stat().st_size > 1000

@@ -18,24 +18,27 @@ def test_panels_wrap_into_rows_and_bars_match_the_curve():
     pytest.importorskip("matplotlib")
     rng = np.random.default_rng(0)
     p, y = _probs(rng, 400, 4, 3.0)
-    y = np.where(rng.random(400) < 0.8, p.argmax(1), y)    # 80%+ accurate at every confidence
+    y = np.where(rng.random(400) < 0.8, p.argmax(1), y)  # 80%+ accurate at every confidence
     fig = C.reliability_diagram({f"m{i}": p for i in range(5)}, y, n_bins=10)
     visible = [ax for ax in fig.axes if ax.get_visible()]
-    assert len(visible) == 5 and len(fig.axes) == 6          # 2 rows x 3, one hidden
+    assert len(visible) == 5 and len(fig.axes) == 6  # 2 rows x 3, one hidden
     width, height = fig.get_size_inches()
-    assert width / height < 2.0                              # not a thin strip
+    assert width / height < 2.0  # not a thin strip
     conf, acc, count = C.reliability_curve(p, y, 10)
     full = count > 0
     ax = visible[0]
     blue, red, green = (c for c in ax.containers)
-    np.testing.assert_allclose([b.get_height() for b in blue],
-                               np.minimum(acc, conf)[full], rtol=1e-12)
+    np.testing.assert_allclose(
+        [b.get_height() for b in blue], np.minimum(acc, conf)[full], rtol=1e-12
+    )
     over, under = (conf > acc)[full], (acc > conf)[full]
-    np.testing.assert_allclose(sorted(b.get_height() for b in red),
-                               sorted((conf - acc)[full][over]), rtol=1e-12)
-    np.testing.assert_allclose(sorted(b.get_height() for b in green),
-                               sorted((acc - conf)[full][under]), rtol=1e-12)
-    assert over.any() and under.any()                     # both colours drawn
+    np.testing.assert_allclose(
+        sorted(b.get_height() for b in red), sorted((conf - acc)[full][over]), rtol=1e-12
+    )
+    np.testing.assert_allclose(
+        sorted(b.get_height() for b in green), sorted((acc - conf)[full][under]), rtol=1e-12
+    )
+    assert over.any() and under.any()  # both colours drawn
     labels = fig.legends[0].get_texts()
     assert any("overconfident" in t.get_text() for t in labels)
     assert any("underconfident" in t.get_text() for t in labels)
@@ -45,6 +48,6 @@ def test_panels_wrap_into_rows_and_bars_match_the_curve():
 def test_missing_matplotlib_gives_install_hint(monkeypatch):
     rng = np.random.default_rng(1)
     p, y = _probs(rng, 20, 3, 1.0)
-    monkeypatch.setitem(sys.modules, "matplotlib", None)     # import matplotlib -> ImportError
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     with pytest.raises(ImportError, match=r"pip install 'losszoo\[examples\]'"):
         C.reliability_diagram({"a": p}, y)

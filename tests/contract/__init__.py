@@ -35,9 +35,11 @@ CONTRACT_SETTINGS = hypothesis.settings(
     deadline=None,
     max_examples=15,
     derandomize=True,
-    suppress_health_check=[hypothesis.HealthCheck.too_slow,
-                           hypothesis.HealthCheck.function_scoped_fixture,
-                           hypothesis.HealthCheck.data_too_large],
+    suppress_health_check=[
+        hypothesis.HealthCheck.too_slow,
+        hypothesis.HealthCheck.function_scoped_fixture,
+        hypothesis.HealthCheck.data_too_large,
+    ],
 )
 
 _ERRORS = (ValueError, TypeError, tf.errors.InvalidArgumentError, tf.errors.OutOfRangeError)
@@ -103,8 +105,16 @@ def _first_float(out):
     raise AssertionError(f"no floating output in {out!r}")
 
 
-def assert_rejects(runner: Modes, *args, name: str, rows=None, select=_first_float,
-                   modes=MODES, suite: str = "", match: str | None = None):
+def assert_rejects(
+    runner: Modes,
+    *args,
+    name: str,
+    rows=None,
+    select=_first_float,
+    modes=MODES,
+    suite: str = "",
+    match: str | None = None,
+):
     """Bad input: eager/graph raise naming ``name``; XLA raises or returns NaN rows.
 
     Args:
@@ -144,8 +154,16 @@ def assert_rejects(runner: Modes, *args, name: str, rows=None, select=_first_flo
         assert ok, f"[xla] bad `{name}` gave non-NaN rows {rows}: {value!r}"
 
 
-def assert_modes_agree(runner: Modes, *args, reference=None, atol=1e-5, rtol=1e-5,
-                       grad_wrt=None, modes=MODES, suite: str = ""):
+def assert_modes_agree(
+    runner: Modes,
+    *args,
+    reference=None,
+    atol=1e-5,
+    rtol=1e-5,
+    grad_wrt=None,
+    modes=MODES,
+    suite: str = "",
+):
     """Valid input: every mode gives the same outputs (and gradients), equal to ``reference``.
 
     Args:
@@ -172,8 +190,13 @@ def assert_modes_agree(runner: Modes, *args, reference=None, atol=1e-5, rtol=1e-
         got = _first_float(base_out)
         ok = np.allclose(got, reference, atol=atol, rtol=rtol, equal_nan=True)
         OUTCOMES[(suite, "valid", base_mode, "right" if ok else "wrong")] += 1
-        np.testing.assert_allclose(got, reference, atol=atol, rtol=rtol,
-                                   err_msg=f"[{base_mode}] differs from the reference")
+        np.testing.assert_allclose(
+            got,
+            reference,
+            atol=atol,
+            rtol=rtol,
+            err_msg=f"[{base_mode}] differs from the reference",
+        )
     for mode in modes[1:]:
         out, grads = results[mode]
         for a, b in zip(tf.nest.flatten(out), tf.nest.flatten(base_out)):
@@ -182,9 +205,13 @@ def assert_modes_agree(runner: Modes, *args, reference=None, atol=1e-5, rtol=1e-
                 continue
             a, b = np.asarray(a), np.asarray(b)
             if np.issubdtype(b.dtype, np.floating):
-                np.testing.assert_allclose(a.astype(np.float64), b.astype(np.float64),
-                                           atol=atol, rtol=rtol,
-                                           err_msg=f"[{mode}] differs from {base_mode}")
+                np.testing.assert_allclose(
+                    a.astype(np.float64),
+                    b.astype(np.float64),
+                    atol=atol,
+                    rtol=rtol,
+                    err_msg=f"[{mode}] differs from {base_mode}",
+                )
             else:
                 np.testing.assert_array_equal(a, b, err_msg=f"[{mode}] differs from {base_mode}")
         for a, b in zip(grads, base_grads):
@@ -193,8 +220,9 @@ def assert_modes_agree(runner: Modes, *args, reference=None, atol=1e-5, rtol=1e-
             if a is None or b is None:
                 assert a is None and b is None, f"[{mode}] gradient presence differs"
                 continue
-            np.testing.assert_allclose(a, b, atol=atol, rtol=rtol,
-                                       err_msg=f"[{mode}] gradient differs from {base_mode}")
+            np.testing.assert_allclose(
+                a, b, atol=atol, rtol=rtol, err_msg=f"[{mode}] gradient differs from {base_mode}"
+            )
         OUTCOMES[(suite, "valid", mode, "agree")] += 1
     return base_out
 
@@ -224,5 +252,7 @@ def outcome_table() -> dict:
             continue
         summary[kind][f"{mode}:{outcome}"] += n
         per_suite[suite][f"{kind}:{outcome}"] += n
-    return {"summary": {k: dict(v) for k, v in summary.items()},
-            "per_suite": {k: dict(v) for k, v in per_suite.items()}}
+    return {
+        "summary": {k: dict(v) for k, v in summary.items()},
+        "per_suite": {k: dict(v) for k, v in per_suite.items()},
+    }

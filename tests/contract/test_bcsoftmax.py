@@ -29,8 +29,9 @@ _RUNNERS = {m: Modes(lambda x, a, b, m=m: bcsoftmax(x, a, b, method=m)) for m in
 
 
 def _oracle(x, a, b):
-    return REF.bcsoftmax(np.asarray(x, np.float64), np.asarray(a, np.float64),
-                         np.asarray(b, np.float64))[0]
+    return REF.bcsoftmax(
+        np.asarray(x, np.float64), np.asarray(a, np.float64), np.asarray(b, np.float64)
+    )[0]
 
 
 def _problem(seed, k=K, n=N):
@@ -50,8 +51,9 @@ def test_logit_gaps_of_1e8_are_exact(method):
     x = np.array([[1e8, 0.0, -1e8, 2e8], [0.0, 1e8, 3e8, -1e8]], np.float32)
     a = np.array([[0.1] * 4, [0.0] * 4], np.float32)
     b = np.array([[0.5] * 4, [0.5, 0.4, 0.3, 0.5]], np.float32)
-    y = assert_modes_agree(_RUNNERS[method], x, a, b, reference=_oracle(x, a, b), atol=1e-6,
-                           suite=SUITE)
+    y = assert_modes_agree(
+        _RUNNERS[method], x, a, b, reference=_oracle(x, a, b), atol=1e-6, suite=SUITE
+    )
     np.testing.assert_allclose(np.asarray(y).sum(-1), 1.0, atol=1e-6)
     np.testing.assert_allclose(y[0], [0.3, 0.1, 0.1, 0.5], atol=1e-6)
 
@@ -62,8 +64,7 @@ def test_every_coordinate_at_a_bound_gradients_agree_across_modes(method):
     # free coordinate of mass ~1e-8 and used its one-sided derivative, XLA saw none. Rounding-
     # level free mass now counts as none in every mode: dL/da = v, dL/dx = 0 (spec section 3).
     x = np.array([[0.3, 1.0, -2.0, 0.5], [2.0, 0.0, -1.0, 1.0]], np.float32)
-    a = np.array([[0.1, 0.2, 0.3, 0.4], [0.3355677, 0.27543208, 0.04027072, 0.3487295]],
-                 np.float32)
+    a = np.array([[0.1, 0.2, 0.3, 0.4], [0.3355677, 0.27543208, 0.04027072, 0.3487295]], np.float32)
     b = np.ones_like(a)
     runner = _RUNNERS[method]
     out, (gx, ga, gb) = runner.with_gradient("eager", [x, a, b], wrt=(0, 1, 2))
@@ -161,10 +162,12 @@ def test_validate_flag_and_global_switch():
 
 def test_hyper_parameters_rejected():
     x, a, b = _problem(5)
-    assert_hparam_rejected(lambda m: bcsoftmax(x, a, b, method=m), "method",
-                           ["Newton", "", None, "exact"], suite=SUITE)
-    assert_hparam_rejected(lambda v: bcsoftmax(x, a, b, validate=v), "validate", [1, "yes"],
-                           suite=SUITE)
+    assert_hparam_rejected(
+        lambda m: bcsoftmax(x, a, b, method=m), "method", ["Newton", "", None, "exact"], suite=SUITE
+    )
+    assert_hparam_rejected(
+        lambda v: bcsoftmax(x, a, b, validate=v), "validate", [1, "yes"], suite=SUITE
+    )
     assert_hparam_rejected(lambda c: bcsoftmax(x, a, b, clip=c), "clip", [0, None], suite=SUITE)
 
 
@@ -177,13 +180,22 @@ def test_k1_ties_and_half_precision(method):
     ties = np.zeros((N, K), np.float32)
     a = np.full((N, K), 0.1, np.float32)
     b = np.array([[0.4, 0.4, 0.4, 0.1]] * N, np.float32)
-    assert_modes_agree(runner, ties, a, b, reference=_oracle(ties, a, b), atol=1e-6,
-                       grad_wrt=(0, 1, 2), suite=SUITE)
+    assert_modes_agree(
+        runner,
+        ties,
+        a,
+        b,
+        reference=_oracle(ties, a, b),
+        atol=1e-6,
+        grad_wrt=(0, 1, 2),
+        suite=SUITE,
+    )
     x, a, b = _problem(6)
     y16 = bcsoftmax(x.astype(np.float16), a, b, method=method)
     assert y16.dtype == tf.float16
-    np.testing.assert_allclose(np.asarray(y16, np.float64),
-                               _oracle(x.astype(np.float16), a, b), atol=2e-3)
+    np.testing.assert_allclose(
+        np.asarray(y16, np.float64), _oracle(x.astype(np.float16), a, b), atol=2e-3
+    )
 
 
 # ------------------------------------------------------------------------------------------
@@ -192,8 +204,11 @@ def test_k1_ties_and_half_precision(method):
 
 
 @CONTRACT_SETTINGS
-@hypothesis.given(seed=st.integers(0, 2**31 - 1), method=st.sampled_from(METHODS),
-                  transform=st.sampled_from(["none", "shift", "scale", "both"]))
+@hypothesis.given(
+    seed=st.integers(0, 2**31 - 1),
+    method=st.sampled_from(METHODS),
+    transform=st.sampled_from(["none", "shift", "scale", "both"]),
+)
 def test_valid_inputs_match_the_oracle_in_every_mode(seed, method, transform):
     x, a, b = _problem(seed)
     if transform in ("scale", "both"):
@@ -207,8 +222,11 @@ def test_valid_inputs_match_the_oracle_in_every_mode(seed, method, transform):
 
 
 @hypothesis.settings(CONTRACT_SETTINGS, max_examples=6)
-@hypothesis.given(seed=st.integers(0, 2**31 - 1), method=st.sampled_from(METHODS),
-                  pin=st.sampled_from(["none", "lower", "upper", "equal"]))
+@hypothesis.given(
+    seed=st.integers(0, 2**31 - 1),
+    method=st.sampled_from(METHODS),
+    pin=st.sampled_from(["none", "lower", "upper", "equal"]),
+)
 def test_gradients_agree_in_every_mode_also_when_pinned(seed, method, pin):
     x, a, b = _problem(seed)
     if pin == "lower":
@@ -223,17 +241,39 @@ def test_gradients_agree_in_every_mode_also_when_pinned(seed, method, pin):
 
 
 @CONTRACT_SETTINGS
-@hypothesis.given(seed=st.integers(0, 2**31 - 1), method=st.sampled_from(METHODS),
-                  row=st.integers(0, N - 1), col=st.integers(0, K - 1),
-                  kind=st.sampled_from(["nan_logit", "inf_logit", "masked_row", "nan_lower",
-                                        "neg_lower", "lower_sum", "upper_sum", "crossed",
-                                        "upper_gt_1"]))
+@hypothesis.given(
+    seed=st.integers(0, 2**31 - 1),
+    method=st.sampled_from(METHODS),
+    row=st.integers(0, N - 1),
+    col=st.integers(0, K - 1),
+    kind=st.sampled_from(
+        [
+            "nan_logit",
+            "inf_logit",
+            "masked_row",
+            "nan_lower",
+            "neg_lower",
+            "lower_sum",
+            "upper_sum",
+            "crossed",
+            "upper_gt_1",
+        ]
+    ),
+)
 def test_invalid_inputs_raise_or_give_nan_rows(seed, method, row, col, kind):
     x, a, b = _problem(seed)
     a, b = a.copy(), b.copy()
-    name = {"nan_logit": "logits", "inf_logit": "logits", "masked_row": "logits",
-            "nan_lower": "lower", "neg_lower": "lower", "lower_sum": "lower",
-            "upper_sum": "upper", "crossed": "lower", "upper_gt_1": "upper"}[kind]
+    name = {
+        "nan_logit": "logits",
+        "inf_logit": "logits",
+        "masked_row": "logits",
+        "nan_lower": "lower",
+        "neg_lower": "lower",
+        "lower_sum": "lower",
+        "upper_sum": "upper",
+        "crossed": "lower",
+        "upper_gt_1": "upper",
+    }[kind]
     if kind == "nan_logit":
         x[row, col] = np.nan
     elif kind == "inf_logit":

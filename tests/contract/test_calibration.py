@@ -40,8 +40,7 @@ def _built(layer):
 _HEADS = {
     "ts": _built(heads.TemperatureScaling(temperature=1.5)),
     "pb": _built(heads.ProbabilityBounding(init_lower=-1.0, init_upper=1.0)),
-    "pb_lower": _built(heads.ProbabilityBounding(bounds="lower", init_lower=-1.0,
-                                                 method="sort")),
+    "pb_lower": _built(heads.ProbabilityBounding(bounds="lower", init_lower=-1.0, method="sort")),
     "lb": _built(heads.LogitBounding(init_lower=-0.5, init_upper=0.0)),
     "bcs": _built(heads.BCSoftmax(lower=0.02, upper=0.6, method="bisect")),
 }
@@ -92,33 +91,49 @@ def test_heads_reject_bad_logits(name):
 
 def test_head_hyper_parameters_rejected():
     bad = [*BAD_NUMBERS, 0.0, -1.0, "2"]
-    for cls in (heads.TemperatureScaling, heads.ProbabilityBounding, heads.LogitBounding,
-                heads.BCSoftmax):
-        assert_hparam_rejected(lambda v, cls=cls: cls(temperature=v), "temperature", bad,
-                               suite=SUITE)
+    for cls in (
+        heads.TemperatureScaling,
+        heads.ProbabilityBounding,
+        heads.LogitBounding,
+        heads.BCSoftmax,
+    ):
+        assert_hparam_rejected(
+            lambda v, cls=cls: cls(temperature=v), "temperature", bad, suite=SUITE
+        )
     for cls in (heads.ProbabilityBounding, heads.LogitBounding):
         for arg in ("init_lower", "init_upper"):
-            assert_hparam_rejected(lambda v, cls=cls, arg=arg: cls(**{arg: v}), arg,
-                                   [*BAD_NUMBERS, None], suite=SUITE)
-        assert_hparam_rejected(lambda v, cls=cls: cls(bound_fn=v), "bound_fn",
-                               ["Linear", "", None], suite=SUITE)
-    assert_hparam_rejected(lambda v: heads.ProbabilityBounding(bounds=v), "bounds",
-                           ["all", None], suite=SUITE)
+            assert_hparam_rejected(
+                lambda v, cls=cls, arg=arg: cls(**{arg: v}), arg, [*BAD_NUMBERS, None], suite=SUITE
+            )
+        assert_hparam_rejected(
+            lambda v, cls=cls: cls(bound_fn=v), "bound_fn", ["Linear", "", None], suite=SUITE
+        )
+    assert_hparam_rejected(
+        lambda v: heads.ProbabilityBounding(bounds=v), "bounds", ["all", None], suite=SUITE
+    )
     for cls in (heads.ProbabilityBounding, heads.BCSoftmax):
-        assert_hparam_rejected(lambda v, cls=cls: cls(method=v), "method", ["Newton", None],
-                               suite=SUITE)
-    assert_hparam_rejected(lambda v: heads.BCSoftmax(lower=v), "lower",
-                           [np.nan, -0.1, 1.5, [[0.1]]], suite=SUITE)
-    assert_hparam_rejected(lambda v: heads.BCSoftmax(upper=v), "upper", [np.inf, "x"],
-                           suite=SUITE)
-    assert_hparam_rejected(lambda v: heads.TemperatureScaling(fit_temperature=v),
-                           "fit_temperature", [1, "yes"], suite=SUITE)
+        assert_hparam_rejected(
+            lambda v, cls=cls: cls(method=v), "method", ["Newton", None], suite=SUITE
+        )
+    assert_hparam_rejected(
+        lambda v: heads.BCSoftmax(lower=v), "lower", [np.nan, -0.1, 1.5, [[0.1]]], suite=SUITE
+    )
+    assert_hparam_rejected(lambda v: heads.BCSoftmax(upper=v), "upper", [np.inf, "x"], suite=SUITE)
+    assert_hparam_rejected(
+        lambda v: heads.TemperatureScaling(fit_temperature=v),
+        "fit_temperature",
+        [1, "yes"],
+        suite=SUITE,
+    )
 
 
 @CONTRACT_SETTINGS
-@hypothesis.given(seed=st.integers(0, 2**31 - 1),
-                  name=st.sampled_from(["ts", "pb", "pb_lower", "lb", "bcs"]),
-                  scale=st.sampled_from([1.0, 1e4]), n_masked=st.integers(0, K - 1))
+@hypothesis.given(
+    seed=st.integers(0, 2**31 - 1),
+    name=st.sampled_from(["ts", "pb", "pb_lower", "lb", "bcs"]),
+    scale=st.sampled_from([1.0, 1e4]),
+    n_masked=st.integers(0, K - 1),
+)
 def test_heads_valid_random_inputs(seed, name, scale, n_masked):
     rng = np.random.default_rng(seed)
     x = (rng.normal(0, 3, (N, K)) * scale).astype(np.float32)
@@ -127,17 +142,22 @@ def test_heads_valid_random_inputs(seed, name, scale, n_masked):
     for r in range(N):
         x[r, rng.choice(K, n_masked, replace=False)] = -np.inf
     ref = np_softmax(x.astype(np.float64) / 1.5, -1) if name == "ts" else None
-    p = np.asarray(assert_modes_agree(_HEAD_RUNNERS[name], x, reference=ref, atol=1e-5,
-                                      suite=SUITE))
+    p = np.asarray(
+        assert_modes_agree(_HEAD_RUNNERS[name], x, reference=ref, atol=1e-5, suite=SUITE)
+    )
     np.testing.assert_allclose(p.sum(-1), 1.0, atol=1e-5)
     if name != "bcs":
         assert np.all(p[np.isneginf(x)] == 0.0)
 
 
 @CONTRACT_SETTINGS
-@hypothesis.given(seed=st.integers(0, 2**31 - 1), name=st.sampled_from(["ts", "pb", "lb"]),
-                  row=st.integers(0, N - 1), col=st.integers(0, K - 1),
-                  kind=st.sampled_from(["nan", "inf", "masked_row"]))
+@hypothesis.given(
+    seed=st.integers(0, 2**31 - 1),
+    name=st.sampled_from(["ts", "pb", "lb"]),
+    row=st.integers(0, N - 1),
+    col=st.integers(0, K - 1),
+    kind=st.sampled_from(["nan", "inf", "masked_row"]),
+)
 def test_heads_invalid_random_inputs(seed, name, row, col, kind):
     x = np.random.default_rng(seed).normal(0, 3, (N, K)).astype(np.float32)
     if kind == "masked_row":
@@ -151,8 +171,14 @@ def test_heads_invalid_random_inputs(seed, name, row, col, kind):
 # Metric functions (numpy, eager only)
 # ------------------------------------------------------------------------------------------
 
-_FUNCTIONS = {"ece": C.ece, "classwise_ece": C.classwise_ece, "adaptive_ece": C.adaptive_ece,
-              "nll": C.nll, "brier_score": C.brier_score, "accuracy": C.accuracy}
+_FUNCTIONS = {
+    "ece": C.ece,
+    "classwise_ece": C.classwise_ece,
+    "adaptive_ece": C.adaptive_ece,
+    "nll": C.nll,
+    "brier_score": C.brier_score,
+    "accuracy": C.accuracy,
+}
 
 
 def _raises_naming(fn, name, *args, **kwargs):
@@ -182,8 +208,9 @@ def test_metric_functions_regressions():
 
 
 @hypothesis.settings(CONTRACT_SETTINGS, max_examples=40)
-@hypothesis.given(seed=st.integers(0, 2**31 - 1), n=st.integers(1, 30), k=st.integers(1, 6),
-                  onehot=st.booleans())
+@hypothesis.given(
+    seed=st.integers(0, 2**31 - 1), n=st.integers(1, 30), k=st.integers(1, 6), onehot=st.booleans()
+)
 def test_metric_functions_valid_random_inputs(seed, n, k, onehot):
     rng = np.random.default_rng(seed)
     p = rng.dirichlet(np.ones(k) * 0.5, n)
@@ -198,9 +225,13 @@ def test_metric_functions_valid_random_inputs(seed, n, k, onehot):
 
 
 @hypothesis.settings(CONTRACT_SETTINGS, max_examples=40)
-@hypothesis.given(seed=st.integers(0, 2**31 - 1), fn=st.sampled_from(sorted(_FUNCTIONS)),
-                  kind=st.sampled_from(["label_high", "label_neg", "label_frac", "prob_nan",
-                                        "prob_neg", "prob_sum"]))
+@hypothesis.given(
+    seed=st.integers(0, 2**31 - 1),
+    fn=st.sampled_from(sorted(_FUNCTIONS)),
+    kind=st.sampled_from(
+        ["label_high", "label_neg", "label_frac", "prob_nan", "prob_neg", "prob_sum"]
+    ),
+)
 def test_metric_functions_invalid_random_inputs(seed, fn, kind):
     rng = np.random.default_rng(seed)
     p = rng.dirichlet(np.ones(K), N)
@@ -256,41 +287,68 @@ def test_streaming_metric_regressions_out_of_range_labels():
     for runner in _METRIC_RUNNERS.values():
         for labels in ([0, 5], [0, -1], [0.0, 1.5], [0.0, np.nan]):
             assert_rejects(runner, np.array(labels), p, name="y_true", rows=(), suite=SUITE)
-        assert_rejects(runner, np.array([[1, 1, 0, 0, 0], [0, 1, 0, 0, 0]], np.float32), p,
-                       name="y_true", rows=(), suite=SUITE)
+        assert_rejects(
+            runner,
+            np.array([[1, 1, 0, 0, 0], [0, 1, 0, 0, 0]], np.float32),
+            p,
+            name="y_true",
+            rows=(),
+            suite=SUITE,
+        )
         for bad in ([[0.9, 0.3, 0, 0, 0]], [[1.1, -0.1, 0, 0, 0]], [[np.nan, 1, 0, 0, 0]]):
-            assert_rejects(runner, np.array([0]), np.array(bad, np.float32), name="y_pred",
-                           rows=(), suite=SUITE)
+            assert_rejects(
+                runner,
+                np.array([0]),
+                np.array(bad, np.float32),
+                name="y_pred",
+                rows=(),
+                suite=SUITE,
+            )
 
 
 def test_streaming_metric_hyper_parameters_rejected():
-    for cls, kwargs in ((C.ExpectedCalibrationError, {}), (C.AdaptiveECE, {}),
-                        (C.ClasswiseECE, {"num_classes": 3})):
-        assert_hparam_rejected(lambda v, cls=cls, kw=kwargs: cls(n_bins=v, **kw), "n_bins",
-                               [0, -1, 2.5, np.nan, "15", None], suite=SUITE)
-    assert_hparam_rejected(lambda v: C.ClasswiseECE(num_classes=v), "num_classes",
-                           [0, 2.5, None], suite=SUITE)
-    assert_hparam_rejected(lambda v: C.AdaptiveECE(n_bins=15, resolution=v), "resolution",
-                           [0, 10, 1.5], suite=SUITE)
+    for cls, kwargs in (
+        (C.ExpectedCalibrationError, {}),
+        (C.AdaptiveECE, {}),
+        (C.ClasswiseECE, {"num_classes": 3}),
+    ):
+        assert_hparam_rejected(
+            lambda v, cls=cls, kw=kwargs: cls(n_bins=v, **kw),
+            "n_bins",
+            [0, -1, 2.5, np.nan, "15", None],
+            suite=SUITE,
+        )
+    assert_hparam_rejected(
+        lambda v: C.ClasswiseECE(num_classes=v), "num_classes", [0, 2.5, None], suite=SUITE
+    )
+    assert_hparam_rejected(
+        lambda v: C.AdaptiveECE(n_bins=15, resolution=v), "resolution", [0, 10, 1.5], suite=SUITE
+    )
 
 
 @CONTRACT_SETTINGS
-@hypothesis.given(seed=st.integers(0, 2**31 - 1), name=st.sampled_from(sorted(_METRICS)),
-                  onehot=st.booleans())
+@hypothesis.given(
+    seed=st.integers(0, 2**31 - 1), name=st.sampled_from(sorted(_METRICS)), onehot=st.booleans()
+)
 def test_streaming_metrics_valid_random_inputs(seed, name, onehot):
     rng = np.random.default_rng(seed)
     p = rng.dirichlet(np.ones(K) * 0.7, N).astype(np.float32)
     y = rng.integers(0, K, N)
     labels = np.eye(K, dtype=np.float32)[y] if onehot else y.astype(np.int32)
     reference = _METRICS[name][2](p.astype(np.float64), y)
-    assert_modes_agree(_METRIC_RUNNERS[name], labels, p, reference=reference, atol=2e-5,
-                       suite=SUITE)
+    assert_modes_agree(
+        _METRIC_RUNNERS[name], labels, p, reference=reference, atol=2e-5, suite=SUITE
+    )
 
 
 @CONTRACT_SETTINGS
-@hypothesis.given(seed=st.integers(0, 2**31 - 1), name=st.sampled_from(sorted(_METRICS)),
-                  kind=st.sampled_from(["label_high", "label_neg", "label_frac", "prob_nan",
-                                        "prob_neg", "prob_sum"]))
+@hypothesis.given(
+    seed=st.integers(0, 2**31 - 1),
+    name=st.sampled_from(sorted(_METRICS)),
+    kind=st.sampled_from(
+        ["label_high", "label_neg", "label_frac", "prob_nan", "prob_neg", "prob_sum"]
+    ),
+)
 def test_streaming_metrics_invalid_random_inputs(seed, name, kind):
     rng = np.random.default_rng(seed)
     p = rng.dirichlet(np.ones(K), N).astype(np.float32)
@@ -308,8 +366,14 @@ def test_streaming_metrics_invalid_random_inputs(seed, name, kind):
         p[r, :2] = [-0.1, p[r, 1] + p[r, 0] + 0.1]
     else:
         p[r] *= 1.5
-    assert_rejects(_METRIC_RUNNERS[name], y, p,
-                   name="y_true" if kind.startswith("label") else "y_pred", rows=(), suite=SUITE)
+    assert_rejects(
+        _METRIC_RUNNERS[name],
+        y,
+        p,
+        name="y_true" if kind.startswith("label") else "y_pred",
+        rows=(),
+        suite=SUITE,
+    )
 
 
 # ------------------------------------------------------------------------------------------
@@ -324,27 +388,34 @@ def test_fit_calibrator_regressions():
     nan_logits = logits.copy()
     nan_logits[3, 1] = np.nan
     _raises_naming(C.fit_calibrator, "model_or_logits", nan_logits, None, y, epochs=1)
-    _raises_naming(C.fit_calibrator, "model_or_logits", np.full_like(logits, np.nan), None, y,
-                   epochs=1)
+    _raises_naming(
+        C.fit_calibrator, "model_or_logits", np.full_like(logits, np.nan), None, y, epochs=1
+    )
     for bad_y in (y + 3, np.where(y == 0, -1, y), y + 0.5, y[:-1], np.eye(3)[y]):
         _raises_naming(C.fit_calibrator, "y_val", logits, None, bad_y, epochs=1)
     feats = rng.normal(size=(16, 4)).astype(np.float32)
     feats[2, 2] = np.inf
     _raises_naming(C.fit_calibrator, "x_val", logits, feats, y, method="pb-l", epochs=1)
-    for arg, values in (("epochs", [0, 1.5, None]), ("batch_size", [0, -2, 2.5]),
-                        ("learning_rate", [0.0, np.nan, -1e-3]), ("epsilon", [0.0, np.inf]),
-                        ("method", ["dirichlet", None, "pb-x-y-z"])):
+    for arg, values in (
+        ("epochs", [0, 1.5, None]),
+        ("batch_size", [0, -2, 2.5]),
+        ("learning_rate", [0.0, np.nan, -1e-3]),
+        ("epsilon", [0.0, np.inf]),
+        ("method", ["dirichlet", None, "pb-x-y-z"]),
+    ):
         for v in values:
             _raises_naming(C.fit_calibrator, arg, logits, None, y, **{arg: v})
-    _raises_naming(C.fit_calibrator, "init_lower", logits, None, y, method="pb-c",
-                   init_lower=np.nan)
+    _raises_naming(
+        C.fit_calibrator, "init_lower", logits, None, y, method="pb-c", init_lower=np.nan
+    )
 
 
 @hypothesis.settings(CONTRACT_SETTINGS, max_examples=10)
-@hypothesis.given(seed=st.integers(0, 2**31 - 1),
-                  kind=st.sampled_from(["nan_logit", "inf_logit", "label_high", "label_neg",
-                                        "label_frac"]),
-                  method=st.sampled_from(["ts", "pb-c", "lb-c"]))
+@hypothesis.given(
+    seed=st.integers(0, 2**31 - 1),
+    kind=st.sampled_from(["nan_logit", "inf_logit", "label_high", "label_neg", "label_frac"]),
+    method=st.sampled_from(["ts", "pb-c", "lb-c"]),
+)
 def test_fit_calibrator_invalid_random_inputs(seed, kind, method):
     rng = np.random.default_rng(seed)
     logits = rng.normal(0, 2, (12, 4)).astype(np.float32)
@@ -360,5 +431,12 @@ def test_fit_calibrator_invalid_random_inputs(seed, kind, method):
         y[r] = -1
     else:
         y[r] = 1.5
-    _raises_naming(C.fit_calibrator, "model_or_logits" if "logit" in kind else "y_val",
-                   logits, None, y, method=method, epochs=1)
+    _raises_naming(
+        C.fit_calibrator,
+        "model_or_logits" if "logit" in kind else "y_val",
+        logits,
+        None,
+        y,
+        method=method,
+        epochs=1,
+    )

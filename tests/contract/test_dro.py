@@ -39,10 +39,12 @@ LAM, RHO = 0.7, 0.2
 
 losses_st = hnp.arrays(np.float64, N, elements=st.floats(-30, 30, allow_nan=False))
 weights_st = hnp.arrays(np.float64, N, elements=st.floats(0.0, 3.0)).filter(
-    lambda s: s.sum() > 1e-3)
+    lambda s: s.sum() > 1e-3
+)
 # one invalid weight somewhere: NaN, +-Inf or negative
-bad_weight_st = st.tuples(st.integers(0, N - 1),
-                          st.sampled_from([np.nan, np.inf, -np.inf, -1.0, -1e-3]))
+bad_weight_st = st.tuples(
+    st.integers(0, N - 1), st.sampled_from([np.nan, np.inf, -np.inf, -1.0, -1e-3])
+)
 
 
 def _pi(s):
@@ -68,27 +70,50 @@ def _ref_sumexp(l, s, lam):
 
 # ----------------------------------------------------------------------------- ops
 OPS = {
-    "safe_kl_dro_risk": (Modes(lambda l, a, s: ops.safe_kl_dro_risk(l, a, LAM, RHO, s)),
-                         lambda l, a, s: R.safe_risk(l, a, LAM, RHO, _pi(s))[0]),
-    "kl_dro_batch_lse": (Modes(lambda l, a, s: ops.kl_dro_batch_lse(l, LAM, s)),
-                         lambda l, a, s: _ref_lse(l, s, LAM)),
-    "kl_dro_sumexp": (Modes(lambda l, a, s: ops.kl_dro_sumexp(l / 10.0, LAM, s)),
-                      lambda l, a, s: _ref_sumexp(l / 10.0, s, LAM)),
-    "cvar_risk": (Modes(lambda l, a, s: ops.cvar_risk(l, RHO, s)),
-                  lambda l, a, s: _ref_cvar(l, s, RHO)),
+    "safe_kl_dro_risk": (
+        Modes(lambda l, a, s: ops.safe_kl_dro_risk(l, a, LAM, RHO, s)),
+        lambda l, a, s: R.safe_risk(l, a, LAM, RHO, _pi(s))[0],
+    ),
+    "kl_dro_batch_lse": (
+        Modes(lambda l, a, s: ops.kl_dro_batch_lse(l, LAM, s)),
+        lambda l, a, s: _ref_lse(l, s, LAM),
+    ),
+    "kl_dro_sumexp": (
+        Modes(lambda l, a, s: ops.kl_dro_sumexp(l / 10.0, LAM, s)),
+        lambda l, a, s: _ref_sumexp(l / 10.0, s, LAM),
+    ),
+    "cvar_risk": (
+        Modes(lambda l, a, s: ops.cvar_risk(l, RHO, s)),
+        lambda l, a, s: _ref_cvar(l, s, RHO),
+    ),
     "safe_kl_dro_solve_alpha": (
         Modes(lambda l, a, s: ops.safe_kl_dro_solve_alpha(l, LAM, RHO, s, iterations=100)),
-        lambda l, a, s: R.solve_alpha(l, LAM, RHO, _pi(s))),
+        lambda l, a, s: R.solve_alpha(l, LAM, RHO, _pi(s)),
+    ),
     "kl_dro_exact": (
-        Modes(lambda l, a, s: ops.kl_dro_exact_state_result(
-            *ops.kl_dro_exact_state_update(tf.constant(-np.inf, tf.float64),
-                                           tf.constant(0.0, tf.float64),
-                                           tf.constant(0.0, tf.float64), l, LAM, s), LAM)),
-        lambda l, a, s: R.exact_risk(l, LAM, _pi(s))),
+        Modes(
+            lambda l, a, s: ops.kl_dro_exact_state_result(
+                *ops.kl_dro_exact_state_update(
+                    tf.constant(-np.inf, tf.float64),
+                    tf.constant(0.0, tf.float64),
+                    tf.constant(0.0, tf.float64),
+                    l,
+                    LAM,
+                    s,
+                ),
+                LAM,
+            )
+        ),
+        lambda l, a, s: R.exact_risk(l, LAM, _pi(s)),
+    ),
 }
 # which ops are differentiable in the losses (solve_alpha and the streaming state are not)
-GRAD = {"safe_kl_dro_risk": (0, 1), "kl_dro_batch_lse": (0,), "kl_dro_sumexp": (0,),
-        "cvar_risk": (0,)}
+GRAD = {
+    "safe_kl_dro_risk": (0, 1),
+    "kl_dro_batch_lse": (0,),
+    "kl_dro_sumexp": (0,),
+    "cvar_risk": (0,),
+}
 
 
 @pytest.mark.parametrize("name", sorted(OPS))
@@ -98,8 +123,17 @@ def test_ops_valid_inputs_agree_with_oracle_in_all_modes(name, l, s, alpha):
     runner, ref = OPS[name]
     # cvar: ties at the quantile make the (sub)gradient depend on the sort; values only
     grad = GRAD.get(name) if name != "cvar_risk" or len(set(l.tolist())) == N else None
-    assert_modes_agree(runner, l, np.float64(alpha), s, reference=ref(l, alpha, s),
-                       atol=1e-7, rtol=1e-7, grad_wrt=grad, suite=f"dro.{name}")
+    assert_modes_agree(
+        runner,
+        l,
+        np.float64(alpha),
+        s,
+        reference=ref(l, alpha, s),
+        atol=1e-7,
+        rtol=1e-7,
+        grad_wrt=grad,
+        suite=f"dro.{name}",
+    )
 
 
 @pytest.mark.parametrize("name", sorted(OPS))
@@ -111,12 +145,22 @@ def test_ops_reject_invalid_sample_weights(name, l, s, bad):
     s = s.copy()
     s[bad[0]] = bad[1]
     runner, _ = OPS[name]
-    assert_rejects(runner, l, np.float64(0.5), s, name="sample_weight", rows=(),
-                   suite=f"dro.{name}")
+    assert_rejects(
+        runner, l, np.float64(0.5), s, name="sample_weight", rows=(), suite=f"dro.{name}"
+    )
 
 
-@pytest.mark.parametrize("name", ["safe_kl_dro_risk", "kl_dro_batch_lse", "kl_dro_sumexp",
-                                  "cvar_risk", "safe_kl_dro_solve_alpha", "kl_dro_exact"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "safe_kl_dro_risk",
+        "kl_dro_batch_lse",
+        "kl_dro_sumexp",
+        "cvar_risk",
+        "safe_kl_dro_solve_alpha",
+        "kl_dro_exact",
+    ],
+)
 @SETTINGS
 @hypothesis.given(l=losses_st, s=weights_st, i=st.integers(0, N - 1))
 def test_ops_nan_loss_with_positive_weight_gives_nan(name, l, s, i):
@@ -129,34 +173,39 @@ def test_ops_nan_loss_with_positive_weight_gives_nan(name, l, s, i):
         assert np.isnan(out), (mode, out)
 
 
-ALPHA_RUNNERS = [Modes(lambda l, a, s: ops.safe_kl_dro_risk(l, a, LAM, RHO, s)),
-                 Modes(lambda l, a, s: ops.safe_kl_dro_risk(l, a, LAM, RHO)),
-                 Modes(lambda l, a, s: ops.safe_kl_dro_weights(l, a, LAM, RHO))]
+ALPHA_RUNNERS = [
+    Modes(lambda l, a, s: ops.safe_kl_dro_risk(l, a, LAM, RHO, s)),
+    Modes(lambda l, a, s: ops.safe_kl_dro_risk(l, a, LAM, RHO)),
+    Modes(lambda l, a, s: ops.safe_kl_dro_weights(l, a, LAM, RHO)),
+]
 
 
 @SETTINGS
-@hypothesis.given(l=losses_st, s=weights_st,
-                  alpha=st.sampled_from([np.nan, np.inf, -np.inf]))
+@hypothesis.given(l=losses_st, s=weights_st, alpha=st.sampled_from([np.nan, np.inf, -np.inf]))
 def test_safe_kl_rejects_non_finite_alpha(l, s, alpha):
     for runner in ALPHA_RUNNERS:
-        assert_rejects(runner, l, np.float64(alpha), s, name="alpha", rows=(),
-                       suite="dro.alpha")
+        assert_rejects(runner, l, np.float64(alpha), s, name="alpha", rows=(), suite="dro.alpha")
 
 
 @SETTINGS
-@hypothesis.given(l=losses_st, s=weights_st, c=st.sampled_from([1e8, -1e8, 1e4]),
-                  alpha=st.floats(-30, 30))
+@hypothesis.given(
+    l=losses_st, s=weights_st, c=st.sampled_from([1e8, -1e8, 1e4]), alpha=st.floats(-30, 30)
+)
 def test_ops_are_shift_equivariant_at_float_extremes(l, s, c, alpha):
     """Offsets of 1e8 (float64) shift every risk and alpha* by exactly c, up to rounding."""
     tol = 4 * abs(c) * np.finfo(np.float64).eps + 1e-8
     shifted = l + c
     pairs = [
-        (ops.safe_kl_dro_risk(shifted, alpha + c, LAM, RHO, s),
-         ops.safe_kl_dro_risk(l, alpha, LAM, RHO, s)),
+        (
+            ops.safe_kl_dro_risk(shifted, alpha + c, LAM, RHO, s),
+            ops.safe_kl_dro_risk(l, alpha, LAM, RHO, s),
+        ),
         (ops.kl_dro_batch_lse(shifted, LAM, s), ops.kl_dro_batch_lse(l, LAM, s)),
         (ops.cvar_risk(shifted, RHO, s), ops.cvar_risk(l, RHO, s)),
-        (ops.safe_kl_dro_solve_alpha(shifted, LAM, RHO, s, iterations=200),
-         ops.safe_kl_dro_solve_alpha(l, LAM, RHO, s, iterations=200)),
+        (
+            ops.safe_kl_dro_solve_alpha(shifted, LAM, RHO, s, iterations=200),
+            ops.safe_kl_dro_solve_alpha(l, LAM, RHO, s, iterations=200),
+        ),
     ]
     for a, b in pairs:
         np.testing.assert_allclose(float(a) - c, float(b), atol=tol + 1e-9 * abs(float(b)))
@@ -167,8 +216,10 @@ def test_ops_are_shift_equivariant_at_float_extremes(l, s, c, alpha):
 def test_ops_are_scale_equivariant(l, s, k):
     """(losses, lam, alpha) * k -> risk * k (float64)."""
     for a, b in (
-        (ops.safe_kl_dro_risk(l * k, 1.5 * k, LAM * k, RHO, s),
-         ops.safe_kl_dro_risk(l, 1.5, LAM, RHO, s)),
+        (
+            ops.safe_kl_dro_risk(l * k, 1.5 * k, LAM * k, RHO, s),
+            ops.safe_kl_dro_risk(l, 1.5, LAM, RHO, s),
+        ),
         (ops.kl_dro_batch_lse(l * k, LAM * k, s), ops.kl_dro_batch_lse(l, LAM, s)),
         (ops.cvar_risk(l * k, RHO, s), ops.cvar_risk(l, RHO, s)),
     ):
@@ -178,13 +229,18 @@ def test_ops_are_scale_equivariant(l, s, k):
 def test_ops_bad_hyperparameters_are_rejected_naming_them():
     l = np.arange(4.0)
     for value_set, name, build in (
-        ((0.0, -1.0, *BAD_NUMBERS, "1", None, True), "lam",
-         lambda v: ops.kl_dro_batch_lse(l, v)),
+        ((0.0, -1.0, *BAD_NUMBERS, "1", None, True), "lam", lambda v: ops.kl_dro_batch_lse(l, v)),
         ((0.0, 1.0, 1.5, -0.1, *BAD_NUMBERS, "0.1"), "rho", lambda v: ops.cvar_risk(l, v)),
-        ((0, -3, 2.5, float("nan"), "80", None), "iterations",
-         lambda v: ops.safe_kl_dro_solve_alpha(l, 1.0, 0.1, iterations=v)),
-        (("yes", 1, None), "calibrate",
-         lambda v: ops.safe_kl_dro_risk(l, 0.0, 1.0, 0.1, calibrate=v)),
+        (
+            (0, -3, 2.5, float("nan"), "80", None),
+            "iterations",
+            lambda v: ops.safe_kl_dro_solve_alpha(l, 1.0, 0.1, iterations=v),
+        ),
+        (
+            ("yes", 1, None),
+            "calibrate",
+            lambda v: ops.safe_kl_dro_risk(l, 0.0, 1.0, 0.1, calibrate=v),
+        ),
     ):
         assert_hparam_rejected(build, name, value_set, suite="dro.hparams")
     with pytest.raises(TypeError, match="`lam`"):
@@ -204,13 +260,14 @@ def _mse(y, p):
 
 
 LOSSES = {
-    "safe_kl_dro": (lambda: SafeKLDRORisk("mse", lam=LAM, rho=RHO, alpha_init=1.0,
-                                          init_alpha_from_batch=False, update_alpha=False),
-                    lambda l, s: R.safe_risk(l, 1.0, LAM, RHO, _pi(s))[0]),
-    "kl_dro_batch_lse": (lambda: KLDROBatchLSE("mse", lam=LAM),
-                         lambda l, s: _ref_lse(l, s, LAM)),
-    "kl_dro_sumexp": (lambda: KLDROSumExp("mse", lam=50.0),
-                      lambda l, s: _ref_sumexp(l, s, 50.0)),
+    "safe_kl_dro": (
+        lambda: SafeKLDRORisk(
+            "mse", lam=LAM, rho=RHO, alpha_init=1.0, init_alpha_from_batch=False, update_alpha=False
+        ),
+        lambda l, s: R.safe_risk(l, 1.0, LAM, RHO, _pi(s))[0],
+    ),
+    "kl_dro_batch_lse": (lambda: KLDROBatchLSE("mse", lam=LAM), lambda l, s: _ref_lse(l, s, LAM)),
+    "kl_dro_sumexp": (lambda: KLDROSumExp("mse", lam=50.0), lambda l, s: _ref_sumexp(l, s, 50.0)),
     "cvar": (lambda: CVaRLoss("mse", rho=RHO), lambda l, s: _ref_cvar(l, s, RHO)),
 }
 _RUNNERS = {}
@@ -233,8 +290,17 @@ def test_losses_valid_inputs_agree_with_oracle(name, p, s):
     s = s.astype(np.float32)
     l = _mse(y[:, 0].astype(np.float64), p[:, 0].astype(np.float64))
     grad = (1,) if name != "cvar" or len(set(l.tolist())) == N else None
-    assert_modes_agree(_runner(name), y, p, s, reference=LOSSES[name][1](l, s.astype(float)),
-                       atol=2e-4, rtol=2e-5, grad_wrt=grad, suite=f"dro.loss.{name}")
+    assert_modes_agree(
+        _runner(name),
+        y,
+        p,
+        s,
+        reference=LOSSES[name][1](l, s.astype(float)),
+        atol=2e-4,
+        rtol=2e-5,
+        grad_wrt=grad,
+        suite=f"dro.loss.{name}",
+    )
 
 
 @pytest.mark.parametrize("name", sorted(LOSSES))
@@ -244,8 +310,7 @@ def test_losses_reject_invalid_sample_weights(name, p, s, bad):
     y = np.zeros((N, 1), np.float32)
     s = s.astype(np.float32)
     s[bad[0]] = bad[1]
-    assert_rejects(_runner(name), y, p, s, name="sample_weight", rows=(),
-                   suite=f"dro.loss.{name}")
+    assert_rejects(_runner(name), y, p, s, name="sample_weight", rows=(), suite=f"dro.loss.{name}")
 
 
 @pytest.mark.parametrize("name", sorted(LOSSES))
@@ -265,15 +330,27 @@ def test_losses_bad_hyperparameters_are_rejected_naming_them():
         ("rho", (0.0, 1.0, *BAD_NUMBERS), lambda v: CVaRLoss("mse", rho=v)),
         ("rho", (1.2, *BAD_NUMBERS), lambda v: SafeKLDRORisk("mse", rho=v)),
         ("alpha_init", (*BAD_NUMBERS, "0", None), lambda v: SafeKLDRORisk("mse", alpha_init=v)),
-        ("alpha_damping", (0.0, 1.5, *BAD_NUMBERS), lambda v: SafeKLDRORisk("mse",
-                                                                             alpha_damping=v)),
-        ("alpha_learning_rate", (-1.0, *BAD_NUMBERS),
-         lambda v: SafeKLDRORisk("mse", alpha_learning_rate=v)),
-        ("alpha_lr_multiplier", (-1.0, *BAD_NUMBERS),
-         lambda v: SafeKLDRORisk("mse", alpha_lr_multiplier=v)),
+        (
+            "alpha_damping",
+            (0.0, 1.5, *BAD_NUMBERS),
+            lambda v: SafeKLDRORisk("mse", alpha_damping=v),
+        ),
+        (
+            "alpha_learning_rate",
+            (-1.0, *BAD_NUMBERS),
+            lambda v: SafeKLDRORisk("mse", alpha_learning_rate=v),
+        ),
+        (
+            "alpha_lr_multiplier",
+            (-1.0, *BAD_NUMBERS),
+            lambda v: SafeKLDRORisk("mse", alpha_lr_multiplier=v),
+        ),
         ("update_alpha", (1, 0, "yes"), lambda v: SafeKLDRORisk("mse", update_alpha=v)),
-        ("init_alpha_from_batch", ("no", 1), lambda v: SafeKLDRORisk(
-            "mse", init_alpha_from_batch=v)),
+        (
+            "init_alpha_from_batch",
+            ("no", 1),
+            lambda v: SafeKLDRORisk("mse", init_alpha_from_batch=v),
+        ),
         ("calibrate", ("no",), lambda v: SafeKLDRORisk("mse", calibrate=v)),
         ("alpha_optimizer", ("rmsprop",), lambda v: SafeKLDRORisk("mse", alpha_optimizer=v)),
         ("lam", (0.0, *BAD_NUMBERS), lambda v: ExactKLDRORisk("mse", lam=v)),
@@ -303,8 +380,16 @@ def test_exact_metric_valid_inputs_agree_with_oracle(p, s):
     y = np.linspace(-2, 2, N, dtype=np.float32)[:, None]
     s = s.astype(np.float32)
     l = _mse(y[:, 0].astype(np.float64), p[:, 0].astype(np.float64))
-    assert_modes_agree(_metric_runner(), y, p, s, reference=R.exact_risk(l, LAM, _pi(s)),
-                       atol=1e-4, rtol=1e-5, suite="dro.metric")
+    assert_modes_agree(
+        _metric_runner(),
+        y,
+        p,
+        s,
+        reference=R.exact_risk(l, LAM, _pi(s)),
+        atol=1e-4,
+        rtol=1e-5,
+        suite="dro.metric",
+    )
 
 
 @SETTINGS
@@ -313,8 +398,7 @@ def test_exact_metric_rejects_invalid_sample_weights(p, s, bad):
     y = np.zeros((N, 1), np.float32)
     s = s.astype(np.float32)
     s[bad[0]] = bad[1]
-    assert_rejects(_metric_runner(), y, p, s, name="sample_weight", rows=(),
-                   suite="dro.metric")
+    assert_rejects(_metric_runner(), y, p, s, name="sample_weight", rows=(), suite="dro.metric")
 
 
 def test_exact_metric_nan_prediction_gives_nan():

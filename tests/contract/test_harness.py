@@ -33,8 +33,9 @@ def test_error_must_name_the_argument():
         return tf.debugging.assert_all_finite(x, "bad values")
 
     with pytest.raises(AssertionError, match="does not name"):
-        assert_rejects(Modes(unnamed), np.array([np.nan], np.float32), name="x", rows=(),
-                       modes=("eager",))
+        assert_rejects(
+            Modes(unnamed), np.array([np.nan], np.float32), name="x", rows=(), modes=("eager",)
+        )
 
 
 def test_modes_agree_with_reference_and_gradients():

@@ -52,11 +52,11 @@ def test_valid_projection_and_loss(k, z, y):
     want_p = np.stack([ref.rankmax(row, t, k)[0] for row, t in zip(z, y)])
     assert_modes_agree(proj, z, y, reference=want_p, grad_wrt=(0,), atol=1e-6, suite="rankmax")
     want = _ref_loss(z, y, k)
-    assert_modes_agree(loss, y, z, reference=want, grad_wrt=(1,), atol=1e-6,
-                       suite="rankmax_loss")
+    assert_modes_agree(loss, y, z, reference=want, grad_wrt=(1,), atol=1e-6, suite="rankmax_loss")
     # dense one-hot labels (the TFRS form) take the masked-sum path: same numbers
-    assert_modes_agree(loss, np.eye(N)[y], z, reference=want, grad_wrt=(1,), atol=1e-6,
-                       suite="rankmax_loss")
+    assert_modes_agree(
+        loss, np.eye(N)[y], z, reference=want, grad_wrt=(1,), atol=1e-6, suite="rankmax_loss"
+    )
 
 
 @GRAD_SETTINGS
@@ -64,15 +64,27 @@ def test_valid_projection_and_loss(k, z, y):
 def test_valid_multi_hot_and_keras_loss(z, multi):
     _, loss = RUNNERS[1]
     w = multi.astype(np.float64)
-    want = np.array([sum(ref.rankmax(row, i, 1)[4] for i in np.nonzero(m)[0])
-                     for row, m in zip(z, multi)])
-    assert_modes_agree(loss, w, z, reference=want, grad_wrt=(1,), atol=1e-6,
-                       suite="rankmax_loss")
+    want = np.array(
+        [sum(ref.rankmax(row, i, 1)[4] for i in np.nonzero(m)[0]) for row, m in zip(z, multi)]
+    )
+    assert_modes_agree(loss, w, z, reference=want, grad_wrt=(1,), atol=1e-6, suite="rankmax_loss")
     z32 = (z - z.max(1, keepdims=True)).astype(np.float32)
-    want32 = np.array([sum(ref.rankmax(row.astype(np.float64), i, 1)[4]
-                           for i in np.nonzero(m)[0]) for row, m in zip(z32, multi)])
-    assert_modes_agree(LOSS, w.astype(np.float32), z32, reference=want32, grad_wrt=(1,),
-                       atol=1e-4, rtol=1e-4, suite="RankmaxLoss")
+    want32 = np.array(
+        [
+            sum(ref.rankmax(row.astype(np.float64), i, 1)[4] for i in np.nonzero(m)[0])
+            for row, m in zip(z32, multi)
+        ]
+    )
+    assert_modes_agree(
+        LOSS,
+        w.astype(np.float32),
+        z32,
+        reference=want32,
+        grad_wrt=(1,),
+        atol=1e-4,
+        rtol=1e-4,
+        suite="RankmaxLoss",
+    )
 
 
 @pytest.mark.parametrize("k", [1, 3])
@@ -91,20 +103,32 @@ def test_out_of_range_ids(k, z, y, row, bad):
 def test_keras_loss_bad_ids(z, y, row, bad):
     labels = y.astype(np.float32)
     labels[row] = bad
-    assert_rejects(LOSS, labels, z.astype(np.float32), name="y_true", rows=[row],
-                   suite="RankmaxLoss")
+    assert_rejects(
+        LOSS, labels, z.astype(np.float32), name="y_true", rows=[row], suite="RankmaxLoss"
+    )
 
 
 @BAD_SETTINGS
-@hypothesis.given(z=scores, y=ids, row=bad_row, col=st.integers(0, N - 1),
-                  bad=st.sampled_from([np.nan, -1.0, np.inf]))
+@hypothesis.given(
+    z=scores,
+    y=ids,
+    row=bad_row,
+    col=st.integers(0, N - 1),
+    bad=st.sampled_from([np.nan, -1.0, np.inf]),
+)
 def test_bad_dense_labels(z, y, row, col, bad):
     _, loss = RUNNERS[1]
     w = np.eye(N)[y]
     w[row, col] = bad
     assert_rejects(loss, w, z, name="labels", rows=[row], suite="rankmax_loss")
-    assert_rejects(LOSS, w.astype(np.float32), z.astype(np.float32), name="y_true", rows=[row],
-                   suite="RankmaxLoss")
+    assert_rejects(
+        LOSS,
+        w.astype(np.float32),
+        z.astype(np.float32),
+        name="y_true",
+        rows=[row],
+        suite="RankmaxLoss",
+    )
 
 
 @pytest.mark.parametrize("k", [1, 3])
@@ -125,17 +149,32 @@ def test_hyper_parameters_rejected():
     assert_hparam_rejected(lambda k: ops.rankmax(z, y, k=k), "k", bad_k, suite="rankmax")
     assert_hparam_rejected(lambda k: RankmaxLoss(k=k), "k", bad_k[:-2], suite="RankmaxLoss")
     bad_margin = [0.0, -1.0, np.nan, np.inf, "1", None]
-    assert_hparam_rejected(lambda m: ops.rankmax_loss(y, z, margin=m), "margin", bad_margin,
-                           suite="rankmax_loss")
-    assert_hparam_rejected(lambda m: RankmaxLoss(margin=m), "margin", bad_margin,
-                           suite="RankmaxLoss")
+    assert_hparam_rejected(
+        lambda m: ops.rankmax_loss(y, z, margin=m), "margin", bad_margin, suite="rankmax_loss"
+    )
+    assert_hparam_rejected(
+        lambda m: RankmaxLoss(margin=m), "margin", bad_margin, suite="RankmaxLoss"
+    )
     bad_mp = [0, 1.5, "1", 5]
-    assert_hparam_rejected(lambda m: ops.rankmax_loss(np.eye(4)[y], z, max_positives=m),
-                           "max_positives", bad_mp, suite="rankmax_loss")
-    assert_hparam_rejected(lambda f: ops.rankmax_loss(y, z, label_format=f), "label_format",
-                           ["onehot", None, 1], suite="rankmax_loss")
-    assert_hparam_rejected(lambda f: RankmaxLoss(label_format=f), "label_format",
-                           ["onehot", None], suite="RankmaxLoss")
+    assert_hparam_rejected(
+        lambda m: ops.rankmax_loss(np.eye(4)[y], z, max_positives=m),
+        "max_positives",
+        bad_mp,
+        suite="rankmax_loss",
+    )
+    assert_hparam_rejected(
+        lambda f: ops.rankmax_loss(y, z, label_format=f),
+        "label_format",
+        ["onehot", None, 1],
+        suite="rankmax_loss",
+    )
+    assert_hparam_rejected(
+        lambda f: RankmaxLoss(label_format=f), "label_format", ["onehot", None], suite="RankmaxLoss"
+    )
     # ambiguous integer [B, n] labels
-    assert_hparam_rejected(lambda v: ops.rankmax_loss(v, z), "label_format",
-                           [np.eye(4, dtype=np.int32)[y]], suite="rankmax_loss")
+    assert_hparam_rejected(
+        lambda v: ops.rankmax_loss(v, z),
+        "label_format",
+        [np.eye(4, dtype=np.int32)[y]],
+        suite="rankmax_loss",
+    )

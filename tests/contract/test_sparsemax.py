@@ -59,10 +59,16 @@ def _ref_loss(z, q):
 @GRAD_SETTINGS
 @hypothesis.given(z=scores)
 def test_sparsemax_and_head_valid(z):
-    assert_modes_agree(SPARSEMAX, z, reference=_ref_p(z), grad_wrt=(0,), atol=1e-6,
-                       suite="sparsemax")
-    assert_modes_agree(HEAD, z.astype(np.float32), reference=_ref_p(z.astype(np.float32)),
-                       atol=1e-5, suite="Sparsemax head")
+    assert_modes_agree(
+        SPARSEMAX, z, reference=_ref_p(z), grad_wrt=(0,), atol=1e-6, suite="sparsemax"
+    )
+    assert_modes_agree(
+        HEAD,
+        z.astype(np.float32),
+        reference=_ref_p(z.astype(np.float32)),
+        atol=1e-5,
+        suite="Sparsemax head",
+    )
 
 
 @GRAD_SETTINGS
@@ -70,10 +76,17 @@ def test_sparsemax_and_head_valid(z):
 def test_sparsemax_loss_valid(z, y):
     q = np.eye(K)[y]
     want = _ref_loss(z, q)
-    assert_modes_agree(SPARSEMAX_LOSS, q, z, reference=want, grad_wrt=(1,), atol=1e-6,
-                       suite="sparsemax_loss")
-    assert_modes_agree(LOSS, y.astype(np.float32), z.astype(np.float32), grad_wrt=(1,),
-                       atol=1e-5, suite="SparsemaxLoss")
+    assert_modes_agree(
+        SPARSEMAX_LOSS, q, z, reference=want, grad_wrt=(1,), atol=1e-6, suite="sparsemax_loss"
+    )
+    assert_modes_agree(
+        LOSS,
+        y.astype(np.float32),
+        z.astype(np.float32),
+        grad_wrt=(1,),
+        atol=1e-5,
+        suite="SparsemaxLoss",
+    )
 
 
 def _assert_nan_rows_everywhere(runner, *args, rows, suite):
@@ -88,8 +101,9 @@ def _assert_nan_rows_everywhere(runner, *args, rows, suite):
 
 
 @BAD_SETTINGS
-@hypothesis.given(z=scores, row=bad_row, col=st.integers(0, K - 1),
-                  bad=st.sampled_from(["nan", "inf", "all-inf"]))
+@hypothesis.given(
+    z=scores, row=bad_row, col=st.integers(0, K - 1), bad=st.sampled_from(["nan", "inf", "all-inf"])
+)
 def test_bad_scores_give_nan_rows(z, row, col, bad):
     z = z.copy()
     if bad == "all-inf":
@@ -102,8 +116,7 @@ def test_bad_scores_give_nan_rows(z, row, col, bad):
 
 
 @BAD_SETTINGS
-@hypothesis.given(z=scores, y=ids, row=bad_row,
-                  bad=st.sampled_from([np.nan, -1.0, np.inf]))
+@hypothesis.given(z=scores, y=ids, row=bad_row, bad=st.sampled_from([np.nan, -1.0, np.inf]))
 def test_bad_loss_labels_rejected(z, y, row, bad):
     q = np.eye(K)[y]
     q[row, (y[row] + 1) % K] = bad
@@ -111,13 +124,15 @@ def test_bad_loss_labels_rejected(z, y, row, bad):
 
 
 @BAD_SETTINGS
-@hypothesis.given(z=scores, y=ids, row=bad_row,
-                  bad=st.sampled_from([K, K + 3, -1, 1.5, np.nan, 1e10]))
+@hypothesis.given(
+    z=scores, y=ids, row=bad_row, bad=st.sampled_from([K, K + 3, -1, 1.5, np.nan, 1e10])
+)
 def test_sparsemax_loss_class_rejects_bad_ids(z, y, row, bad):
     labels = y.astype(np.float32)
     labels[row] = bad
-    assert_rejects(LOSS, labels, z.astype(np.float32), name="y_true", rows=[row],
-                   suite="SparsemaxLoss")
+    assert_rejects(
+        LOSS, labels, z.astype(np.float32), name="y_true", rows=[row], suite="SparsemaxLoss"
+    )
 
 
 @BAD_SETTINGS
@@ -125,18 +140,27 @@ def test_sparsemax_loss_class_rejects_bad_ids(z, y, row, bad):
 def test_sparsemax_loss_class_rejects_bad_dense_targets(z, y, row, bad):
     q = np.eye(K, dtype=np.float32)[y]
     q[row, 0] = bad
-    assert_rejects(LOSS, q, z.astype(np.float32), name="y_true", rows=[row],
-                   suite="SparsemaxLoss")
+    assert_rejects(LOSS, q, z.astype(np.float32), name="y_true", rows=[row], suite="SparsemaxLoss")
 
 
 def test_hyper_parameters_rejected():
     bad_axis = [1.5, "1", None, np.nan]
     assert_hparam_rejected(lambda a: Sparsemax(axis=a), "axis", bad_axis, suite="Sparsemax head")
-    assert_hparam_rejected(lambda a: ops.sparsemax(np.zeros((2, 3)), axis=a), "axis",
-                           bad_axis, suite="sparsemax")
-    assert_hparam_rejected(lambda a: ops.sparsemax(np.zeros((2, 3)), axis=a), "axis", [2, -3],
-                           suite="sparsemax")
-    assert_hparam_rejected(lambda v: SparsemaxLoss(from_logits=v), "from_logits",
-                           ["yes", 1.0, np.nan], suite="SparsemaxLoss")
-    assert_hparam_rejected(lambda v: SparsemaxLoss(normalize_labels=v), "normalize_labels",
-                           ["no", 0, None], suite="SparsemaxLoss")
+    assert_hparam_rejected(
+        lambda a: ops.sparsemax(np.zeros((2, 3)), axis=a), "axis", bad_axis, suite="sparsemax"
+    )
+    assert_hparam_rejected(
+        lambda a: ops.sparsemax(np.zeros((2, 3)), axis=a), "axis", [2, -3], suite="sparsemax"
+    )
+    assert_hparam_rejected(
+        lambda v: SparsemaxLoss(from_logits=v),
+        "from_logits",
+        ["yes", 1.0, np.nan],
+        suite="SparsemaxLoss",
+    )
+    assert_hparam_rejected(
+        lambda v: SparsemaxLoss(normalize_labels=v),
+        "normalize_labels",
+        ["no", 0, None],
+        suite="SparsemaxLoss",
+    )

@@ -10,11 +10,18 @@ import pytest
 
 from losszoo.datasets import load_100k, movielens
 
-RATINGS = [(1, 10, 4, 881250949), (1, 20, 3, 881250950), (2, 10, 5, 881250951),
-           (3, 30, 1, 881250952), (2, 30, 2, 881250953)]
-ITEMS = [(10, "Toy Story (1995)", ("Animation", "Children's", "Comedy")),
-         (20, "GoldenEye (1995)", ("Action", "Thriller")),
-         (30, "Café (1996)", ("Drama",))]
+RATINGS = [
+    (1, 10, 4, 881250949),
+    (1, 20, 3, 881250950),
+    (2, 10, 5, 881250951),
+    (3, 30, 1, 881250952),
+    (2, 30, 2, 881250953),
+]
+ITEMS = [
+    (10, "Toy Story (1995)", ("Animation", "Children's", "Comedy")),
+    (20, "GoldenEye (1995)", ("Action", "Thriller")),
+    (30, "Café (1996)", ("Drama",)),
+]
 
 
 def write_grouplens(folder):
@@ -127,8 +134,12 @@ def test_recbole_wheel_extraction_takes_only_the_data_files(tmp_path, monkeypatc
         archive.writestr("recbole/dataset_example/ml-1m/ml-1m.inter", "x")
     target = tmp_path / "out"
     with zipfile.ZipFile(wheel) as archive:
-        movielens._extract_members(archive, movielens.RECBOLE_PREFIX, target,
-                                   ("ml-100k.inter", "ml-100k.item", "ml-100k.user"))
+        movielens._extract_members(
+            archive,
+            movielens.RECBOLE_PREFIX,
+            target,
+            ("ml-100k.inter", "ml-100k.item", "ml-100k.user"),
+        )
     assert sorted(p.name for p in target.iterdir()) == ["ml-100k.inter", "ml-100k.item"]
     check(movielens.read_folder(target))
 
@@ -137,9 +148,14 @@ def test_split_is_a_seeded_partition_of_pairs():
     rng = np.random.default_rng(0)
     n = 2000
     data = movielens.MovieLens100K(
-        user=rng.integers(1, 60, n), item=rng.integers(1, 200, n),
-        rating=np.ones(n, np.float32), timestamp=np.zeros(n, np.int64),
-        item_ids=np.arange(1, 200), titles=[""] * 199, genres=[()] * 199)
+        user=rng.integers(1, 60, n),
+        item=rng.integers(1, 200, n),
+        rating=np.ones(n, np.float32),
+        timestamp=np.zeros(n, np.int64),
+        item_ids=np.arange(1, 200),
+        titles=[""] * 199,
+        genres=[()] * 199,
+    )
     s = movielens.split_pairs(data, seed=3)
     parts = [s.train, s.validation, s.test]
     total = sum(len(p) for p in parts)
@@ -181,8 +197,9 @@ def test_ranking_metrics_match_brute_force():
     assert got["users"] == int((heldout.sum(1) > 0).sum())
     # removing training items matters: a perfect scorer on the excluded items scores 0 without it
     top_train = np.where(exclude, 10.0, scores)
-    assert movielens.ranking_metrics(top_train, heldout, exclude, ks=(100,))["AP@10"] == \
-        pytest.approx(ap)
+    assert movielens.ranking_metrics(top_train, heldout, exclude, ks=(100,))[
+        "AP@10"
+    ] == pytest.approx(ap)
 
 
 # --------------------------------------------------------------------------- fail loud (issue 9)
@@ -209,11 +226,14 @@ def test_a_corrupt_zip_names_the_file_and_the_remedy(tmp_path):
     assert not isinstance(err.value, zipfile.BadZipFile)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"data_dir": 3}, "`data_dir` must be a path"),
-    ({"download": "yes"}, "`download` must be True or False"),
-    ({"verbose": 1}, "`verbose` must be True or False"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"data_dir": 3}, "`data_dir` must be a path"),
+        ({"download": "yes"}, "`download` must be True or False"),
+        ({"verbose": 1}, "`verbose` must be True or False"),
+    ],
+)
 def test_load_arguments_are_validated(kwargs, match):
     with pytest.raises(TypeError, match=match):
         load_100k(**kwargs)
@@ -221,9 +241,14 @@ def test_load_arguments_are_validated(kwargs, match):
 
 def test_split_and_mask_arguments_are_validated():
     data = movielens.MovieLens100K(
-        user=np.array([1, 2, 3]), item=np.array([1, 2, 3]), rating=np.ones(3, np.float32),
-        timestamp=np.zeros(3, np.int64), item_ids=np.array([1, 2, 3]), titles=[""] * 3,
-        genres=[()] * 3)
+        user=np.array([1, 2, 3]),
+        item=np.array([1, 2, 3]),
+        rating=np.ones(3, np.float32),
+        timestamp=np.zeros(3, np.int64),
+        item_ids=np.array([1, 2, 3]),
+        titles=[""] * 3,
+        genres=[()] * 3,
+    )
     for fractions in ((0.5, 0.5), (0.8, 0.1, float("nan")), (1.2, -0.1, -0.1), "abc"):
         with pytest.raises(ValueError, match="`fractions`"):
             movielens.split_pairs(data, fractions=fractions)
@@ -257,15 +282,18 @@ def test_ranking_metrics_with_fewer_items_than_the_cutoffs():
     assert movielens.ranking_metrics(perfect, heldout, ap_k=10)["AP@10"] == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize("change, match", [
-    (lambda s, h, e: (s[:, :-1], h, e), "`heldout` must have the shape"),
-    (lambda s, h, e: (np.where(h, np.nan, s), h, e), "`scores` must not hold NaN"),
-    (lambda s, h, e: (np.where(h, np.inf, s), h, e), r"\+inf"),
-    (lambda s, h, e: (s[0], h, e), "`scores` must be a non-empty numeric"),
-    (lambda s, h, e: (s, h * 0.5, e), "`heldout` must be a bool mask"),
-    (lambda s, h, e: (s, h, e | h), "overlap"),
-    (lambda s, h, e: (s, np.zeros_like(h), e), "no user with a held-out item"),
-])
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (lambda s, h, e: (s[:, :-1], h, e), "`heldout` must have the shape"),
+        (lambda s, h, e: (np.where(h, np.nan, s), h, e), "`scores` must not hold NaN"),
+        (lambda s, h, e: (np.where(h, np.inf, s), h, e), r"\+inf"),
+        (lambda s, h, e: (s[0], h, e), "`scores` must be a non-empty numeric"),
+        (lambda s, h, e: (s, h * 0.5, e), "`heldout` must be a bool mask"),
+        (lambda s, h, e: (s, h, e | h), "overlap"),
+        (lambda s, h, e: (s, np.zeros_like(h), e), "no user with a held-out item"),
+    ],
+)
 def test_ranking_metrics_rejects_bad_inputs(change, match):
     rng = np.random.default_rng(3)
     scores = rng.normal(size=(6, 20))

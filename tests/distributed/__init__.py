@@ -39,11 +39,13 @@ def build_model():
     import keras
 
     init = keras.initializers.GlorotUniform
-    return keras.Sequential([
-        keras.Input((D,)),
-        keras.layers.Dense(8, activation="tanh", kernel_initializer=init(seed=1)),
-        keras.layers.Dense(K, kernel_initializer=init(seed=2)),
-    ])
+    return keras.Sequential(
+        [
+            keras.Input((D,)),
+            keras.layers.Dense(8, activation="tanh", kernel_initializer=init(seed=1)),
+            keras.layers.Dense(K, kernel_initializer=init(seed=2)),
+        ]
+    )
 
 
 def make_loss(name: str):

@@ -33,8 +33,10 @@ def train_all(strategy, index: int, workers: int, names) -> dict:
     for name in names or losszoo.names("loss"):
         x, y = dist.data(name)
         per_worker = len(x) // workers
-        xs, ys = x[index * per_worker:(index + 1) * per_worker], y[index * per_worker:
-                                                                   (index + 1) * per_worker]
+        xs, ys = (
+            x[index * per_worker : (index + 1) * per_worker],
+            y[index * per_worker : (index + 1) * per_worker],
+        )
         with strategy.scope():
             model = dist.build_model()
             loss = dist.make_loss(name)
@@ -76,10 +78,12 @@ def main():
     args = p.parse_args()
     if args.ports:
         ports = args.ports.split(",")
-        os.environ["TF_CONFIG"] = json.dumps({
-            "cluster": {"worker": [f"127.0.0.1:{port}" for port in ports]},
-            "task": {"type": "worker", "index": args.index},
-        })
+        os.environ["TF_CONFIG"] = json.dumps(
+            {
+                "cluster": {"worker": [f"127.0.0.1:{port}" for port in ports]},
+                "task": {"type": "worker", "index": args.index},
+            }
+        )
     import tensorflow as tf
 
     if args.ports:

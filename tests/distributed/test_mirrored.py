@@ -16,10 +16,12 @@ from tests.helpers import assert_mirrored_matches_single
 def test_mirrored_matches_single_device(name):
     x, y = dist.data(name)
     single, mirrored = assert_mirrored_matches_single(
-        dist.build_model, x, y, dist.make_loss(name), steps=3, atol=1e-6, rtol=1e-5)
+        dist.build_model, x, y, dist.make_loss(name), steps=3, atol=1e-6, rtol=1e-5
+    )
     # the loss fit reported at every step (one full batch per epoch)
-    np.testing.assert_allclose(mirrored.history.history["loss"], single.history.history["loss"],
-                               rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(
+        mirrored.history.history["loss"], single.history.history["loss"], rtol=1e-5, atol=1e-7
+    )
     state_single, state_mirrored = dist.dro_state(single.loss), dist.dro_state(mirrored.loss)
     assert state_mirrored == pytest.approx(state_single, rel=1e-5, abs=1e-7)
     assert ("alpha" in state_single) == (name == "safe_kl_dro")

@@ -40,12 +40,21 @@ def _free_ports(n):
 
 def _launch(args, out):
     args = [*args, "--losses", ",".join(LOSSES)]
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": "",
-           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {
+        **os.environ,
+        "TF_CPP_MIN_LOG_LEVEL": "3",
+        "CUDA_VISIBLE_DEVICES": "",
+        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
     env.pop("TF_CONFIG", None)
     return subprocess.Popen(
         [sys.executable, "-m", "tests.distributed._mwms_worker", *args, "--out", str(out)],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _wait(procs):
@@ -79,11 +88,17 @@ def test_two_workers_match_single_device(runs, name):
     assert name in losszoo.names("loss"), name
     worker0, worker1, single = (r[name] for r in runs)
     for worker in (worker0, worker1):
-        np.testing.assert_allclose(worker["losses"], single["losses"], rtol=1e-5, atol=1e-7,
-                                   err_msg=f"{name}: per-step loss differs from one device")
+        np.testing.assert_allclose(
+            worker["losses"],
+            single["losses"],
+            rtol=1e-5,
+            atol=1e-7,
+            err_msg=f"{name}: per-step loss differs from one device",
+        )
         for a, b in zip(worker["weights"], single["weights"]):
-            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6,
-                                       err_msg=f"{name}: weights differ from one device")
+            np.testing.assert_allclose(
+                a, b, rtol=1e-5, atol=1e-6, err_msg=f"{name}: weights differ from one device"
+            )
         assert worker["state"] == pytest.approx(single["state"], rel=1e-5, abs=1e-7)
     first = np.concatenate([np.ravel(w) for w in single["weights"]])
     assert np.all(np.isfinite(first)) and single["losses"][0] != single["losses"][-1]

@@ -26,18 +26,23 @@ def test_fixed_bounds_match_reference_and_call_time_override():
     np.testing.assert_allclose(head(x).numpy(), want, atol=1e-6)
     lo = rng.uniform(0, 0.1, (16, 6)).astype(np.float32)
     hi = np.full((16, 1), 0.4, np.float32)
-    np.testing.assert_allclose(head(x, lower=lo, upper=hi).numpy(),
-                               REF.bcsoftmax(x.astype(float), lo, hi, 0.8)[0], atol=1e-6)
+    np.testing.assert_allclose(
+        head(x, lower=lo, upper=hi).numpy(),
+        REF.bcsoftmax(x.astype(float), lo, hi, 0.8)[0],
+        atol=1e-6,
+    )
     # no bounds: softmax(x / tau)
-    np.testing.assert_allclose(BCSoftmax(temperature=2.0)(x).numpy(),
-                               tf.nn.softmax(x / 2.0).numpy(), atol=1e-6)
+    np.testing.assert_allclose(
+        BCSoftmax(temperature=2.0)(x).numpy(), tf.nn.softmax(x / 2.0).numpy(), atol=1e-6
+    )
 
 
 def test_learned_bounds_and_temperature_get_gradients_and_stay_feasible():
     rng = np.random.RandomState(1)
     x = tf.constant(rng.normal(0, 4, (32, 5)), tf.float32)
-    head = BCSoftmax(lower=0.05, upper=0.6, learn_bounds=True, learn_temperature=True,
-                     temperature=1.3)
+    head = BCSoftmax(
+        lower=0.05, upper=0.6, learn_bounds=True, learn_temperature=True, temperature=1.3
+    )
     y0 = head(x)
     lo, hi = head.bounds()
     np.testing.assert_allclose(lo.numpy(), 0.05, atol=1e-6)
@@ -67,8 +72,9 @@ def test_invalid_configs():
 
 
 def test_config_roundtrip():
-    restored = assert_config_roundtrip(BCSoftmax(lower=0.01, upper=[0.6, 0.7, 0.8],
-                                                 temperature=0.5, learn_temperature=True))
+    restored = assert_config_roundtrip(
+        BCSoftmax(lower=0.01, upper=[0.6, 0.7, 0.8], temperature=0.5, learn_temperature=True)
+    )
     assert restored.upper == [0.6, 0.7, 0.8]
     assert losszoo.get_class("bcsoftmax", "head") is BCSoftmax
 
@@ -82,8 +88,10 @@ def _data(n=128, d=8, k=4, seed=0):
 
 def _build(**head_kwargs):
     def build():
-        return keras.Sequential([keras.Input((8,)), keras.layers.Dense(4),
-                                 BCSoftmax(**head_kwargs)])
+        return keras.Sequential(
+            [keras.Input((8,)), keras.layers.Dense(4), BCSoftmax(**head_kwargs)]
+        )
+
     return build
 
 
@@ -100,11 +108,13 @@ def test_fit_smoke_and_saving(tmp_path):
 
 def test_mixed_precision():
     x, y = _data()
-    assert_mixed_precision(_build(lower=0.01, upper=0.9, learn_bounds=True), x, y,
-                           "sparse_categorical_crossentropy")
+    assert_mixed_precision(
+        _build(lower=0.01, upper=0.9, learn_bounds=True), x, y, "sparse_categorical_crossentropy"
+    )
 
 
 def test_mirrored_matches_single():
     x, y = _data(64)
-    assert_mirrored_matches_single(_build(lower=0.02, upper=0.8, learn_bounds=True), x, y,
-                                   "sparse_categorical_crossentropy")
+    assert_mirrored_matches_single(
+        _build(lower=0.02, upper=0.8, learn_bounds=True), x, y, "sparse_categorical_crossentropy"
+    )

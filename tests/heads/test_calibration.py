@@ -34,8 +34,9 @@ def test_probability_bounding_constant_and_linear_match_formula():
     pb = ProbabilityBounding(init_lower=0.3, init_upper=-0.4, temperature=1.2)
     a = _sig(0.3) / k
     b = 1 / k + (1 - 1 / k) * _sig(-0.4)
-    np.testing.assert_allclose(pb(X).numpy(), REF.bcsoftmax(X.astype(float), a, b, 1.2)[0],
-                               atol=2e-6)
+    np.testing.assert_allclose(
+        pb(X).numpy(), REF.bcsoftmax(X.astype(float), a, b, 1.2)[0], atol=2e-6
+    )
     pbl = ProbabilityBounding(bound_fn="linear", temperature=0.9, init_lower=0.0, init_upper=0.0)
     pbl([X, Z])
     wa, wb = RNG.normal(size=5) * 0.5, RNG.normal(size=5) * 0.5
@@ -46,8 +47,9 @@ def test_probability_bounding_constant_and_linear_match_formula():
             v.assign(wb)
     a = _sig(Z @ wa)[:, None] / k
     b = 1 / k + (1 - 1 / k) * _sig(Z @ wb)[:, None]
-    np.testing.assert_allclose(pbl([X, Z]).numpy(), REF.bcsoftmax(X.astype(float), a, b, 0.9)[0],
-                               atol=2e-6)
+    np.testing.assert_allclose(
+        pbl([X, Z]).numpy(), REF.bcsoftmax(X.astype(float), a, b, 0.9)[0], atol=2e-6
+    )
     with pytest.raises(ValueError, match="features"):
         ProbabilityBounding(bound_fn="linear")(X)
 
@@ -73,27 +75,31 @@ def test_logit_bounding_matches_formula_and_gradients_reach_both_bounds():
     grads = tape.gradient(loss, lb.trainable_variables)
     assert all(abs(float(g)) > 0 for g in grads)
     lbl = LogitBounding(bound_fn="linear", init_lower=-1.0, init_upper=1.0, temperature=1.0)
-    np.testing.assert_allclose(lbl([X, Z]).numpy(),
-                               tf.nn.softmax(np.clip(X, -1.0, -1 + np.log1p(np.e))).numpy(),
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        lbl([X, Z]).numpy(), tf.nn.softmax(np.clip(X, -1.0, -1 + np.log1p(np.e))).numpy(), atol=1e-6
+    )
 
 
 def test_inactive_bounds_get_exactly_zero_gradient():
-    x = RNG.uniform(-1, 1, (64, 10)).astype(np.float32)   # softmax in (0.01, 0.3)
+    x = RNG.uniform(-1, 1, (64, 10)).astype(np.float32)  # softmax in (0.01, 0.3)
     pb = ProbabilityBounding(init_lower=-4.0, init_upper=3.0, temperature=1.0)
     with tf.GradientTape() as tape:
         loss = -tf.reduce_mean(tf.math.log(pb(x)[:, 0]))
-    grads = dict(zip([v.name for v in pb.trainable_variables],
-                     tape.gradient(loss, pb.trainable_variables)))
+    grads = dict(
+        zip([v.name for v in pb.trainable_variables], tape.gradient(loss, pb.trainable_variables))
+    )
     assert float(grads["lower"]) == 0.0 and float(grads["upper"]) == 0.0
     assert float(grads["log_temperature"]) != 0.0
 
 
-@pytest.mark.parametrize("layer", [
-    TemperatureScaling(temperature=1.7),
-    ProbabilityBounding(bound_fn="linear", bounds="upper", fit_temperature=False),
-    LogitBounding(bound_fn="constant", init_lower=-0.3),
-])
+@pytest.mark.parametrize(
+    "layer",
+    [
+        TemperatureScaling(temperature=1.7),
+        ProbabilityBounding(bound_fn="linear", bounds="upper", fit_temperature=False),
+        LogitBounding(bound_fn="constant", init_lower=-0.3),
+    ],
+)
 def test_config_roundtrip(layer):
     assert_config_roundtrip(layer)
 

@@ -38,12 +38,21 @@ def _sq_losses(model, X, y):
 
 
 def test_config_roundtrip_and_registry():
-    for loss in (SafeKLDRORisk("mse", lam=2.0, rho=0.05, alpha_init=1.5, alpha_lr_multiplier=3.0,
-                               alpha_optimizer="sgd"),
-                 KLDROBatchLSE("mae", lam=0.5), KLDROSumExp(lam=3.0), CVaRLoss("mse", rho=0.2)):
+    for loss in (
+        SafeKLDRORisk(
+            "mse", lam=2.0, rho=0.05, alpha_init=1.5, alpha_lr_multiplier=3.0, alpha_optimizer="sgd"
+        ),
+        KLDROBatchLSE("mae", lam=0.5),
+        KLDROSumExp(lam=3.0),
+        CVaRLoss("mse", rho=0.2),
+    ):
         assert_config_roundtrip(loss)
-    for name, cls in (("safe_kl_dro", SafeKLDRORisk), ("kl_dro_batch_lse", KLDROBatchLSE),
-                      ("kl_dro_sumexp", KLDROSumExp), ("cvar", CVaRLoss)):
+    for name, cls in (
+        ("safe_kl_dro", SafeKLDRORisk),
+        ("kl_dro_batch_lse", KLDROBatchLSE),
+        ("kl_dro_sumexp", KLDROSumExp),
+        ("cvar", CVaRLoss),
+    ):
         assert isinstance(keras.losses.get(name), cls)
     assert isinstance(keras.metrics.get("exact_kl_dro_risk"), losszoo.metrics.ExactKLDRORisk)
 
@@ -57,18 +66,24 @@ def test_value_matches_reference_with_sample_weights():
     got = loss(y.astype("float32"), p.astype("float32"), sample_weight=s).numpy()
     np.testing.assert_allclose(got, R.safe_risk(l, 0.4, 0.7, 0.1, p_hat=s)[0], rtol=1e-5)
     # per-example terms: their mean is the unweighted risk
-    np.testing.assert_allclose(np.mean(loss.call(y, p).numpy()), R.safe_risk(l, 0.4, 0.7, 0.1)[0],
-                               rtol=1e-5)
+    np.testing.assert_allclose(
+        np.mean(loss.call(y, p).numpy()), R.safe_risk(l, 0.4, 0.7, 0.1)[0], rtol=1e-5
+    )
     # an uninitialised loss (first-batch init) evaluates at the batch's optimal alpha
     fresh = SafeKLDRORisk("mse", lam=0.7, rho=0.1)
-    np.testing.assert_allclose(fresh(y, p, sample_weight=s).numpy(),
-                               R.safe_value(l, 0.7, 0.1, p_hat=s)[0], rtol=1e-5)
+    np.testing.assert_allclose(
+        fresh(y, p, sample_weight=s).numpy(), R.safe_value(l, 0.7, 0.1, p_hat=s)[0], rtol=1e-5
+    )
     assert float(fresh.alpha.numpy()) == 0.0  # not stored outside training
     # baselines = their ops on the per-example base losses
-    np.testing.assert_allclose(KLDROBatchLSE("mse", lam=0.7)(y, p, sample_weight=s).numpy(),
-                               R.exact_risk(l, 0.7, s), rtol=1e-5)
-    np.testing.assert_allclose(KLDROSumExp("mse", lam=2.0)(y, p).numpy(),
-                               np.mean(np.exp(l / 2.0)), rtol=1e-5)
+    np.testing.assert_allclose(
+        KLDROBatchLSE("mse", lam=0.7)(y, p, sample_weight=s).numpy(),
+        R.exact_risk(l, 0.7, s),
+        rtol=1e-5,
+    )
+    np.testing.assert_allclose(
+        KLDROSumExp("mse", lam=2.0)(y, p).numpy(), np.mean(np.exp(l / 2.0)), rtol=1e-5
+    )
     np.testing.assert_allclose(CVaRLoss("mse", rho=0.25)(y, p).numpy(), R.cvar(l, 0.25), rtol=1e-5)
 
 
@@ -77,8 +92,12 @@ def test_fit_trains_alpha_by_name_and_logs_diagnostics_eval_predict_frozen():
     model = _linear()
     model.compile(keras.optimizers.Adam(0.05), loss=SafeKLDRORisk("mse", lam=1.0, rho=0.1))
     hist = model.fit(X, y, batch_size=16, epochs=2, verbose=0, validation_data=(X, y))
-    for key in ("safe_kl_dro_alpha", "safe_kl_dro_mean_w", "safe_kl_dro_saturation",
-                "val_safe_kl_dro_alpha"):
+    for key in (
+        "safe_kl_dro_alpha",
+        "safe_kl_dro_mean_w",
+        "safe_kl_dro_saturation",
+        "val_safe_kl_dro_alpha",
+    ):
         assert key in hist.history, hist.history.keys()
     (loss,) = find_dro_losses(model)
     a = float(loss.alpha.numpy())
@@ -108,8 +127,15 @@ def test_sgd_alpha_step_is_exact_gradient_times_multiplier():
     X, y = _data(32)
     model = _linear()
     w0 = model.get_weights()
-    loss = SafeKLDRORisk("mse", lam=1.5, rho=0.2, alpha_init=0.3, init_alpha_from_batch=False,
-                         alpha_lr_multiplier=4.0, alpha_optimizer="auto")
+    loss = SafeKLDRORisk(
+        "mse",
+        lam=1.5,
+        rho=0.2,
+        alpha_init=0.3,
+        init_alpha_from_batch=False,
+        alpha_lr_multiplier=4.0,
+        alpha_optimizer="auto",
+    )
     model.compile(keras.optimizers.SGD(0.01), loss=loss)
     l0 = _sq_losses(model, X, y)
     model.fit(X, y, batch_size=32, epochs=1, verbose=0)
@@ -126,8 +152,15 @@ def test_newton_alpha_step_matches_formula_with_exact_curvature():
     X, y = _data(32)
     model = _linear()
     lam, rho, a0 = 1.5, 0.2, 0.3
-    loss = SafeKLDRORisk("mse", lam=lam, rho=rho, alpha_init=a0, init_alpha_from_batch=False,
-                         alpha_optimizer="newton", alpha_damping=0.5)
+    loss = SafeKLDRORisk(
+        "mse",
+        lam=lam,
+        rho=rho,
+        alpha_init=a0,
+        init_alpha_from_batch=False,
+        alpha_optimizer="newton",
+        alpha_damping=0.5,
+    )
     model.compile(keras.optimizers.SGD(0.01), loss=loss)
     l0 = _sq_losses(model, X, y)
     model.fit(X, y, batch_size=32, epochs=1, verbose=0)
@@ -138,8 +171,15 @@ def test_newton_alpha_step_matches_formula_with_exact_curvature():
     expected = a0 + 0.5 * lam * np.log(mean_w) * ratio
     np.testing.assert_allclose(float(loss.alpha.numpy()), expected, rtol=1e-4)
     # full Newton steps (damping 1) on a fixed batch converge to the batch stationarity point
-    full = SafeKLDRORisk("mse", lam=lam, rho=rho, alpha_init=10.0, init_alpha_from_batch=False,
-                         alpha_damping=1.0, update_alpha=True)
+    full = SafeKLDRORisk(
+        "mse",
+        lam=lam,
+        rho=rho,
+        alpha_init=10.0,
+        init_alpha_from_batch=False,
+        alpha_damping=1.0,
+        update_alpha=True,
+    )
     l_fixed = tf.constant(l0, tf.float32)
     for _ in range(8):
         full._risk(l_fixed, None)
@@ -181,8 +221,9 @@ def test_training_drives_mean_weight_to_one_and_alpha_to_stationarity():
     loss = SafeKLDRORisk("mse", lam=2.0, rho=0.1, alpha_lr_multiplier=10.0)
     model.compile(keras.optimizers.Adam(0.02), loss=loss, steps_per_execution=100)
     # 400 full-batch steps: every batch is the whole data set
-    hist = model.fit(np.tile(X, (100, 1)), np.tile(y, 100), batch_size=64, epochs=4,
-                     shuffle=False, verbose=0)
+    hist = model.fit(
+        np.tile(X, (100, 1)), np.tile(y, 100), batch_size=64, epochs=4, shuffle=False, verbose=0
+    )
     assert abs(hist.history["safe_kl_dro_mean_w"][-1] - 1.0) < 0.01, hist.history
     l = _sq_losses(model, X, y)
     a_star = R.solve_alpha(l, 2.0, 0.1)  # stationarity sum pi w = 1 at the final model
@@ -193,8 +234,9 @@ def test_custom_loop_tape_rule_and_overrides():
     X, y = _data(16)
     model = _linear()
     pred = model(X)
-    loss = SafeKLDRORisk("mse", alpha_init=0.0, init_alpha_from_batch=False,
-                         alpha_learning_rate=0.1)
+    loss = SafeKLDRORisk(
+        "mse", alpha_init=0.0, init_alpha_from_batch=False, alpha_learning_rate=0.1
+    )
     loss(y, pred)  # no tape, no trainer: evaluation
     assert float(loss.alpha.numpy()) == 0.0
     with tf.GradientTape():
@@ -229,8 +271,9 @@ def test_jit_compile_matches_graph():
 def test_mirrored_strategy_matches_single_device_with_one_alpha():
     X, y = _data(64)
     loss = SafeKLDRORisk("mse", lam=1.0, rho=0.1, alpha_lr_multiplier=10.0)
-    single, mirrored = assert_mirrored_matches_single(_linear, X, y, loss, steps=4,
-                                                      learning_rate=0.05)
+    single, mirrored = assert_mirrored_matches_single(
+        _linear, X, y, loss, steps=4, learning_rate=0.05
+    )
     (ls,), (lm,) = find_dro_losses(single), find_dro_losses(mirrored)
     assert isinstance(lm._state, tf.distribute.DistributedValues)
     replicas = [float(v.numpy()[0]) for v in lm._state.values]
@@ -239,7 +282,8 @@ def test_mirrored_strategy_matches_single_device_with_one_alpha():
     assert float(ls.alpha.numpy()) != 0.0
     # an instance created outside the strategy scope is rejected with a clear error
     strategy = tf.distribute.MirroredStrategy(
-        [d.name for d in tf.config.list_logical_devices("CPU")][:2])
+        [d.name for d in tf.config.list_logical_devices("CPU")][:2]
+    )
     outside = SafeKLDRORisk("mse")
     with strategy.scope():
         m = _linear()
@@ -287,15 +331,20 @@ def test_save_load_keeps_alpha_with_instance_reinitialises_by_name(tmp_path):
 
 
 def test_validation_errors_and_nan_policy():
-    for kwargs, match in (({"lam": 0.0}, "lam"), ({"lam": float("nan")}, "lam"),
-                          ({"lam": float("inf")}, "lam"), ({"rho": 1.0}, "rho"),
-                          ({"rho": 0.0}, "rho"),
-                          ({"alpha_optimizer": "rmsprop"}, "alpha_optimizer"),
-                          ({"alpha_lr_multiplier": -1.0}, "multiplier"),
-                          ({"update_alpha": "sometimes"}, "update_alpha")):
+    for kwargs, match in (
+        ({"lam": 0.0}, "lam"),
+        ({"lam": float("nan")}, "lam"),
+        ({"lam": float("inf")}, "lam"),
+        ({"rho": 1.0}, "rho"),
+        ({"rho": 0.0}, "rho"),
+        ({"alpha_optimizer": "rmsprop"}, "alpha_optimizer"),
+        ({"alpha_lr_multiplier": -1.0}, "multiplier"),
+        ({"update_alpha": "sometimes"}, "update_alpha"),
+    ):
         with pytest.raises(ValueError, match=match):
             SafeKLDRORisk("mse", **kwargs)
     y, p = np.ones((4, 2), "float32"), np.zeros((4, 2), "float32")
+
     def batch_mse(a, b):
         return tf.reduce_mean((a - b) ** 2)
 
@@ -323,8 +372,12 @@ def test_end_to_end_regression_beats_least_squares_on_exact_risk():
     r_ls = R.exact_risk((y - X @ ls) ** 2, 2.0)
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(1, use_bias=False)])
-    model.compile(keras.optimizers.Adam(1e-3), loss=SafeKLDRORisk("mse", lam=2.0, rho=0.01),
-                  jit_compile=True, steps_per_execution=100)
+    model.compile(
+        keras.optimizers.Adam(1e-3),
+        loss=SafeKLDRORisk("mse", lam=2.0, rho=0.01),
+        jit_compile=True,
+        steps_per_execution=100,
+    )
     model.fit(X.astype("float32"), y.astype("float32"), batch_size=10, epochs=15, verbose=0)
     r = R.exact_risk(_sq_losses(model, X.astype("float32"), y), 2.0)
     assert r < r_ls, (r, r_ls)
@@ -332,8 +385,11 @@ def test_end_to_end_regression_beats_least_squares_on_exact_risk():
 
 def test_baseline_losses_train():
     X, y = _data(64)
-    for loss in (KLDROBatchLSE("mse", lam=5.0), KLDROSumExp("mse", lam=20.0),
-                 CVaRLoss("mse", rho=0.3)):
+    for loss in (
+        KLDROBatchLSE("mse", lam=5.0),
+        KLDROSumExp("mse", lam=20.0),
+        CVaRLoss("mse", rho=0.3),
+    ):
         model = _linear()
         model.compile(keras.optimizers.SGD(0.01), loss=loss)
         h = model.fit(X, y, batch_size=64, epochs=5, verbose=0)
@@ -378,27 +434,43 @@ def test_import_leaves_keras_untouched_plain_model_traceback_has_no_losszoo_fram
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": str(root), "KERAS_BACKEND": "tensorflow",
-           "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
-    out = subprocess.run([sys.executable, "-c", _NO_GLOBAL_PATCH_SCRIPT], env=env, cwd=root,
-                         capture_output=True, text=True, timeout=300, check=False)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(root),
+        "KERAS_BACKEND": "tensorflow",
+        "TF_CPP_MIN_LOG_LEVEL": "3",
+        "CUDA_VISIBLE_DEVICES": "",
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", _NO_GLOBAL_PATCH_SCRIPT],
+        env=env,
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
-    lines = dict(line.split() for line in out.stdout.splitlines()
-                 if line.startswith(("PLAIN", "AFTER_DRO")))
+    lines = dict(
+        line.split() for line in out.stdout.splitlines() if line.startswith(("PLAIN", "AFTER_DRO"))
+    )
     assert lines["PLAIN"] == "0", out.stdout
     # the check can fail: once a DRO loss exists, the hook's frame shows up
     assert int(lines["AFTER_DRO"]) > 0, out.stdout
 
 
-@pytest.mark.parametrize("loss", [CVaRLoss("mse", rho=0.3), KLDROBatchLSE("mse", lam=2.0),
-                                  KLDROSumExp("mse", lam=20.0)],
-                         ids=["cvar", "kl_dro_batch_lse", "kl_dro_sumexp"])
+@pytest.mark.parametrize(
+    "loss",
+    [CVaRLoss("mse", rho=0.3), KLDROBatchLSE("mse", lam=2.0), KLDROSumExp("mse", lam=20.0)],
+    ids=["cvar", "kl_dro_batch_lse", "kl_dro_sumexp"],
+)
 def test_baselines_mirrored_fit_matches_single_device(loss):
     """Issue 10 item 6: every DRO baseline has global-batch semantics under MirroredStrategy
     (before: per-replica risks, first-step loss off by 0.7% for cvar)."""
     X, y = _data(64)
-    single, mirrored = assert_mirrored_matches_single(_linear, X, y, loss, steps=3,
-                                                      atol=1e-6, rtol=1e-5, learning_rate=0.02)
+    single, mirrored = assert_mirrored_matches_single(
+        _linear, X, y, loss, steps=3, atol=1e-6, rtol=1e-5, learning_rate=0.02
+    )
     # the logged loss is the global-batch risk as well
     hs = single.evaluate(X, y, batch_size=64, verbose=0)
     hm = mirrored.evaluate(X, y, batch_size=64, verbose=0)
@@ -413,9 +485,11 @@ def _per_replica_risks(loss, l_parts, s_parts):
     devices = tuple(d.name for d in tf.config.list_logical_devices("CPU")[:2])
     strategy = _mirrored_strategy(devices)
     l_in = strategy.experimental_distribute_values_from_function(
-        lambda ctx: tf.constant(l_parts[ctx.replica_id_in_sync_group], tf.float32))
+        lambda ctx: tf.constant(l_parts[ctx.replica_id_in_sync_group], tf.float32)
+    )
     s_in = strategy.experimental_distribute_values_from_function(
-        lambda ctx: tf.constant(s_parts[ctx.replica_id_in_sync_group], tf.float32))
+        lambda ctx: tf.constant(s_parts[ctx.replica_id_in_sync_group], tf.float32)
+    )
 
     @tf.function
     def step(l, s):
@@ -425,8 +499,10 @@ def _per_replica_risks(loss, l_parts, s_parts):
         return v, tape.gradient(v, l)
 
     vals, grads = strategy.run(step, (l_in, s_in))
-    return ([float(v.numpy()) for v in strategy.experimental_local_results(vals)],
-            [g.numpy() for g in strategy.experimental_local_results(grads)])
+    return (
+        [float(v.numpy()) for v in strategy.experimental_local_results(vals)],
+        [g.numpy() for g in strategy.experimental_local_results(grads)],
+    )
 
 
 @pytest.mark.parametrize("name", ["cvar", "kl_dro_batch_lse", "kl_dro_sumexp", "safe_kl_dro"])
@@ -439,24 +515,39 @@ def test_uneven_replica_split_matches_one_device_value_and_gradient(name):
     s = rng.uniform(0.5, 2.0, size=9).astype("float32")
     parts = (slice(0, 3), slice(3, 9))
     if name == "safe_kl_dro":
+
         def build():
-            return SafeKLDRORisk("mse", lam=0.7, rho=0.2, init_alpha_from_batch=False,
-                                 alpha_init=1.5, update_alpha=False)
+            return SafeKLDRORisk(
+                "mse",
+                lam=0.7,
+                rho=0.2,
+                init_alpha_from_batch=False,
+                alpha_init=1.5,
+                update_alpha=False,
+            )
+
         def single(lt, st):
             return ops.safe_kl_dro_risk(lt, 1.5, 0.7, 0.2, st)
     else:
-        cls, kw, op = {"cvar": (CVaRLoss, {"rho": 0.35}, lambda a, b: ops.cvar_risk(a, 0.35, b)),
-                       "kl_dro_batch_lse": (KLDROBatchLSE, {"lam": 0.7},
-                                            lambda a, b: ops.kl_dro_batch_lse(a, 0.7, b)),
-                       "kl_dro_sumexp": (KLDROSumExp, {"lam": 3.0},
-                                         lambda a, b: ops.kl_dro_sumexp(a, 3.0, b))}[name]
+        cls, kw, op = {
+            "cvar": (CVaRLoss, {"rho": 0.35}, lambda a, b: ops.cvar_risk(a, 0.35, b)),
+            "kl_dro_batch_lse": (
+                KLDROBatchLSE,
+                {"lam": 0.7},
+                lambda a, b: ops.kl_dro_batch_lse(a, 0.7, b),
+            ),
+            "kl_dro_sumexp": (KLDROSumExp, {"lam": 3.0}, lambda a, b: ops.kl_dro_sumexp(a, 3.0, b)),
+        }[name]
+
         def build():
             return cls("mse", **kw)
+
         single = op
     from tests.helpers import _mirrored_strategy
 
-    with _mirrored_strategy(tuple(d.name for d in tf.config.list_logical_devices("CPU")[:2])
-                            ).scope():
+    with _mirrored_strategy(
+        tuple(d.name for d in tf.config.list_logical_devices("CPU")[:2])
+    ).scope():
         loss = build()
     vals, grads = _per_replica_risks(loss, [l[p] for p in parts], [s[p] for p in parts])
     lt = tf.constant(l)
@@ -492,7 +583,8 @@ def test_tf_keras_adapter_trains_alpha_like_keras3():
     """Issue 10 item 2: under tf_keras (and so TFRS) alpha is trained, not frozen at
     alpha_init; the trajectory equals Keras 3's step for step; evaluate leaves alpha alone."""
     (k3, loss3), (k2, loss2), (X, y, w0) = _tf_keras_and_keras3_fit(
-        "safe_kl_dro", lam=1.0, rho=0.2, alpha_init=0.0)
+        "safe_kl_dro", lam=1.0, rho=0.2, alpha_init=0.0
+    )
     alpha3, alpha2 = float(loss3.alpha.numpy()), float(loss2.losszoo_loss.alpha.numpy())
     assert abs(alpha2) > 1e-3, "alpha stayed at alpha_init under tf_keras"
     np.testing.assert_allclose(alpha2, alpha3, rtol=1e-5)
@@ -509,8 +601,9 @@ def test_tf_keras_adapter_trains_alpha_like_keras3():
     assert loss2.get_config()["alpha_init"] == pytest.approx(before)
 
 
-@pytest.mark.parametrize("name,config", [("cvar", {"rho": 0.3}),
-                                         ("kl_dro_batch_lse", {"lam": 2.0})])
+@pytest.mark.parametrize(
+    "name,config", [("cvar", {"rho": 0.3}), ("kl_dro_batch_lse", {"lam": 2.0})]
+)
 def test_tf_keras_adapter_computes_the_batch_risk_not_erm(name, config):
     """Before, tf_keras averaged the per-example base losses (ERM) for the baselines."""
     (k3, _), (k2, _), (X, y, _) = _tf_keras_and_keras3_fit(name, epochs=2, **config)

@@ -24,20 +24,38 @@ IDS = np.array([0, 4, 2, 2, 1, 3])
 
 
 def ref_losses(z, positives, k=1, margin=1.0):
-    return np.array([sum(w * ref.rankmax(row.astype(np.float64), y, k, margin)[4] for y, w in pos)
-                     for row, pos in zip(z, positives)])
+    return np.array(
+        [
+            sum(w * ref.rankmax(row.astype(np.float64), y, k, margin)[4] for y, w in pos)
+            for row, pos in zip(z, positives)
+        ]
+    )
 
 
 @pytest.mark.parametrize("k", [1, 2])
 def test_label_formats_agree_with_reference(k):
     want = ref_losses(Z, [[(y, 1.0)] for y in IDS], k)
     loss = RankmaxLoss(k=k, reduction=None)
-    for labels in (IDS, IDS[:, None], IDS.astype(np.float32), np.eye(5)[IDS],
-                   np.eye(5, dtype=np.float32)[IDS]):
+    for labels in (
+        IDS,
+        IDS[:, None],
+        IDS.astype(np.float32),
+        np.eye(5)[IDS],
+        np.eye(5, dtype=np.float32)[IDS],
+    ):
         np.testing.assert_allclose(loss(labels, Z).numpy(), want, rtol=1e-5, atol=1e-6)
     # several positives: multi-hot and padded ids (float ids too, as Keras may cast y_true)
-    multi = np.array([[1, 0, 1, 0, 0], [0, 0, 0, 0, 1], [0, 0, 0, 0, 0],
-                      [1, 1, 1, 0, 0], [0, 1, 0, 0, 0], [0, 0, 0, 1, 1]], np.float32)
+    multi = np.array(
+        [
+            [1, 0, 1, 0, 0],
+            [0, 0, 0, 0, 1],
+            [0, 0, 0, 0, 0],
+            [1, 1, 1, 0, 0],
+            [0, 1, 0, 0, 0],
+            [0, 0, 0, 1, 1],
+        ],
+        np.float32,
+    )
     padded = np.array([[0, 2, -1], [4, -1, -1], [-1, -1, -1], [0, 1, 2], [1, -1, -1], [3, 4, -1]])
     want = ref_losses(Z, [[(i, 1.0) for i in np.nonzero(r)[0]] for r in multi], k)
     for labels in (multi, padded, padded.astype(np.float32)):
@@ -47,8 +65,9 @@ def test_label_formats_agree_with_reference(k):
 
 def test_margin_is_passed_through():
     want = ref_losses(Z, [[(y, 1.0)] for y in IDS], 2, 0.5)
-    np.testing.assert_allclose(RankmaxLoss(k=2, margin=0.5, reduction=None)(IDS, Z), want,
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        RankmaxLoss(k=2, margin=0.5, reduction=None)(IDS, Z), want, rtol=1e-5, atol=1e-6
+    )
 
 
 def test_reductions_and_sample_weights():
@@ -56,8 +75,9 @@ def test_reductions_and_sample_weights():
     w = np.array([1.0, 0.0, 2.0, 0.5, 1.0, 3.0], np.float32)
     np.testing.assert_allclose(RankmaxLoss()(IDS, Z), per_example.mean(), rtol=1e-5)
     np.testing.assert_allclose(RankmaxLoss(reduction="sum")(IDS, Z), per_example.sum(), rtol=1e-5)
-    np.testing.assert_allclose(RankmaxLoss()(IDS, Z, sample_weight=w), (w * per_example).mean(),
-                               rtol=1e-5)
+    np.testing.assert_allclose(
+        RankmaxLoss()(IDS, Z, sample_weight=w), (w * per_example).mean(), rtol=1e-5
+    )
 
 
 def test_bad_arguments_and_labels():
@@ -77,8 +97,9 @@ def test_bad_arguments_and_labels():
 
 
 def test_config_roundtrip_and_registry():
-    assert_config_roundtrip(RankmaxLoss(k=3, margin=0.5, max_positives=None, reduction="sum",
-                                        name="rk"))
+    assert_config_roundtrip(
+        RankmaxLoss(k=3, margin=0.5, max_positives=None, reduction="sum", name="rk")
+    )
     assert isinstance(losszoo.get("rankmax"), RankmaxLoss)
     assert isinstance(losszoo.get("rankmax_loss"), RankmaxLoss)
     assert keras.losses.get("rankmax").__class__ is RankmaxLoss
@@ -122,14 +143,17 @@ def test_ids_with_dynamic_class_count(jit):
         return values, tape.gradient(total, s)
 
     values, grad = run(ids, z)
-    np.testing.assert_allclose(values, ref_losses(z, [[(y, 1.0)] for y in range(5)]),
-                               rtol=1e-5, atol=1e-6)
-    want_grad = np.stack([ref.rankmax_loss_grad(r.astype(np.float64), y, 1)
-                          for y, r in enumerate(z)])
+    np.testing.assert_allclose(
+        values, ref_losses(z, [[(y, 1.0)] for y in range(5)]), rtol=1e-5, atol=1e-6
+    )
+    want_grad = np.stack(
+        [ref.rankmax_loss_grad(r.astype(np.float64), y, 1) for y, r in enumerate(z)]
+    )
     np.testing.assert_allclose(grad, want_grad, atol=1e-5)
     values3, _ = run(ids[:3], z[:3, :3])
-    np.testing.assert_allclose(values3, ref_losses(z[:3, :3], [[(y, 1.0)] for y in range(3)]),
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        values3, ref_losses(z[:3, :3], [[(y, 1.0)] for y in range(3)]), rtol=1e-5, atol=1e-6
+    )
     bad = np.array([0, 1, 7, 3, np.nan], np.float32)
     if jit:
         values, _ = run(bad, z)

@@ -58,7 +58,9 @@ def test_reductions_and_sample_weights():
     w = np.array([1.0, 0.0, 2.0, 0.5, 1.0, 3.0], np.float32)
     np.testing.assert_allclose(SparsemaxLoss()(IDS, Z), per_example.mean(), rtol=1e-5)
     np.testing.assert_allclose(SparsemaxLoss(reduction="sum")(IDS, Z), per_example.sum(), rtol=1e-5)
-    np.testing.assert_allclose(SparsemaxLoss()(IDS, Z, sample_weight=w), (w * per_example).mean(), rtol=1e-5)
+    np.testing.assert_allclose(
+        SparsemaxLoss()(IDS, Z, sample_weight=w), (w * per_example).mean(), rtol=1e-5
+    )
 
 
 @pytest.mark.parametrize(
@@ -81,7 +83,9 @@ def test_from_logits_false_requires_a_head_output():
     with pytest.raises(ValueError, match="from_logits=False"):
         SparsemaxLoss(from_logits=False)(IDS, Z)
     probs = losszoo.heads.Sparsemax()(Z)
-    np.testing.assert_allclose(SparsemaxLoss(from_logits=False)(IDS, probs), SparsemaxLoss()(IDS, Z), rtol=1e-6)
+    np.testing.assert_allclose(
+        SparsemaxLoss(from_logits=False)(IDS, probs), SparsemaxLoss()(IDS, Z), rtol=1e-6
+    )
 
 
 def test_bad_labels_raise_inside_compiled_graphs():

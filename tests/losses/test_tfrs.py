@@ -49,8 +49,10 @@ def test_tf_keras_is_legacy_keras():
 def test_retrieval_task_computes_the_reference_loss(name):
     q, c = _embeddings()
     scores = q.astype(np.float64) @ c.T.astype(np.float64)
-    for loss in (losszoo.tf_keras_loss(name),
-                 losszoo.tf_keras_loss(RankmaxLoss() if name == "rankmax" else SparsemaxLoss())):
+    for loss in (
+        losszoo.tf_keras_loss(name),
+        losszoo.tf_keras_loss(RankmaxLoss() if name == "rankmax" else SparsemaxLoss()),
+    ):
         task = tfrs.tasks.Retrieval(loss=loss)
         got = float(task(tf.constant(q), tf.constant(c)))
         assert got == pytest.approx(_ref_sum(scores, range(8), name), rel=1e-5, abs=1e-6)
@@ -143,15 +145,19 @@ class _RecipeModel(tfrs.Model):
         super().__init__()
 
         def table(seed):
-            return tf_keras.layers.Embedding(_N, 16, embeddings_initializer=(
-                tf_keras.initializers.RandomNormal(stddev=0.1, seed=seed)))
+            return tf_keras.layers.Embedding(
+                _N,
+                16,
+                embeddings_initializer=(tf_keras.initializers.RandomNormal(stddev=0.1, seed=seed)),
+            )
 
         self.users, self.items = table(1), table(2)
         self.task = tfrs.tasks.Retrieval(loss=loss)  # loss=None: TFRS' default
 
     def compute_loss(self, features, training=False):
-        return self.task(self.users(features["user"]), self.items(features["item"]),
-                         compute_metrics=False)
+        return self.task(
+            self.users(features["user"]), self.items(features["item"]), compute_metrics=False
+        )
 
 
 def _recipe_top10(loss):
@@ -206,8 +212,9 @@ def test_keras_rs_remove_accidental_hits_does_not_mask():
     # Why the example masks by -inf itself: keras-rs 0.4's layer adds a tiny positive number.
     keras_rs = pytest.importorskip("keras_rs")
     logits = np.array([[1.0, 2.0, 3.0]], np.float32)
-    out = keras_rs.layers.RemoveAccidentalHits()(logits, np.eye(3, dtype=np.float32)[:1],
-                                                 np.array([7, 7, 9]))
+    out = keras_rs.layers.RemoveAccidentalHits()(
+        logits, np.eye(3, dtype=np.float32)[:1], np.array([7, 7, 9])
+    )
     np.testing.assert_array_equal(np.asarray(out), logits)  # duplicate 7 at column 1 kept
 
 

@@ -41,7 +41,8 @@ def test_streaming_metric_mirrored_matches_single():
     single.compile("sgd", loss="mse", metrics=[ExactKLDRORisk("mse", lam=1.0)])
     want = single.evaluate(X, y, batch_size=16, verbose=0, return_dict=True)["exact_kl_dro_risk"]
     strategy = tf.distribute.MirroredStrategy(
-        [d.name for d in tf.config.list_logical_devices("CPU")][:2])
+        [d.name for d in tf.config.list_logical_devices("CPU")][:2]
+    )
     with strategy.scope():
         mirrored = _model()
         mirrored.set_weights(single.get_weights())

@@ -26,15 +26,39 @@ def _f64(*arrays):
 # ---------------------------------------------------------------- golden vectors (spec 7.11)
 GOLDEN = [
     # x, a, b, tau, y, states
-    ((-1.5, 1, -0.5), (0, 0, 0), (1, .6, .5), 1.0,
-     (.107576568548, .6, .292423431452), (0, 2, 0)),
-    ((2, 0, -3), (.05, .05, .15), (.6, 1, 1), 1.0, (.6, .25, .15), (2, 0, 1)),
-    ((3, 1, 0, -1, -4), (0, .1, 0, .05, .1), (.5, .3, 1, 1, 1), 1.0,
-     (.5, .255870502521, .094129497479, .05, .1), (2, 0, 0, 1, 1)),
-    ((3, 1, 0, -1, -4), (0, .1, 0, .05, .1), (.5, .3, 1, 1, 1), 2.0,
-     (.5, .202592156422, .122878354287, .074529489290, .1), (2, 0, 0, 0, 1)),
-    ((4, 2, 1, 0, -2), (.04,) * 5, (.5,) * 5, 1.0,
-     (.5, .306010839656, .112575096685, .041414063658, .04), (2, 0, 0, 0, 1)),
+    (
+        (-1.5, 1, -0.5),
+        (0, 0, 0),
+        (1, 0.6, 0.5),
+        1.0,
+        (0.107576568548, 0.6, 0.292423431452),
+        (0, 2, 0),
+    ),
+    ((2, 0, -3), (0.05, 0.05, 0.15), (0.6, 1, 1), 1.0, (0.6, 0.25, 0.15), (2, 0, 1)),
+    (
+        (3, 1, 0, -1, -4),
+        (0, 0.1, 0, 0.05, 0.1),
+        (0.5, 0.3, 1, 1, 1),
+        1.0,
+        (0.5, 0.255870502521, 0.094129497479, 0.05, 0.1),
+        (2, 0, 0, 1, 1),
+    ),
+    (
+        (3, 1, 0, -1, -4),
+        (0, 0.1, 0, 0.05, 0.1),
+        (0.5, 0.3, 1, 1, 1),
+        2.0,
+        (0.5, 0.202592156422, 0.122878354287, 0.074529489290, 0.1),
+        (2, 0, 0, 0, 1),
+    ),
+    (
+        (4, 2, 1, 0, -2),
+        (0.04,) * 5,
+        (0.5,) * 5,
+        1.0,
+        (0.5, 0.306010839656, 0.112575096685, 0.041414063658, 0.04),
+        (2, 0, 0, 0, 1),
+    ),
 ]
 
 
@@ -50,8 +74,8 @@ def test_golden_vectors(method, case):
 
 
 def test_golden_fig1_upper_only_is_ubsoftmax():
-    y = bcsoftmax(*_f64([[-1.5, 1, -0.5]]), upper=[1, .6, .5]).numpy()[0]
-    np.testing.assert_allclose(y, (.107576568548, .6, .292423431452), atol=1e-11)
+    y = bcsoftmax(*_f64([[-1.5, 1, -0.5]]), upper=[1, 0.6, 0.5]).numpy()[0]
+    np.testing.assert_allclose(y, (0.107576568548, 0.6, 0.292423431452), atol=1e-11)
 
 
 # ---------------------------------------------------------------- oracle agreement
@@ -103,8 +127,9 @@ def test_matches_brute_force_and_paper_algorithm5():
         k = rng.randint(2, 7)
         x, a, b = REF.random_problem(rng, 1, k, scale=rng.choice([0.5, 3.0, 10.0]))
         y = bcsoftmax(*_f64(x, a, b)).numpy()[0]
-        np.testing.assert_allclose(y, REF.bcsoftmax_bruteforce(x[0], a[0], np.minimum(b[0], 1)),
-                                   atol=1e-12)
+        np.testing.assert_allclose(
+            y, REF.bcsoftmax_bruteforce(x[0], a[0], np.minimum(b[0], 1)), atol=1e-12
+        )
         np.testing.assert_allclose(y, REF.bcsoftmax_paper_alg5(x[0], a[0], b[0]), atol=1e-12)
     x, a, b = REF.random_problem(rng, 3, 50)
     y = bcsoftmax(*_f64(x, a, b)).numpy()
@@ -118,11 +143,17 @@ def _slsqp(x, a, b):
         return -(x @ y - np.sum(yc * np.log(yc))), -(x - np.log(yc) - 1)
 
     y0 = a + (b - a) * (1 - a.sum()) / (b.sum() - a.sum())
-    res = minimize(f, y0, jac=True, method="SLSQP",
-                   bounds=list(zip(np.maximum(a, 1e-12), b)),
-                   constraints=[{"type": "eq", "fun": lambda y: y.sum() - 1,
-                                 "jac": lambda y: np.ones_like(y)}],
-                   options={"ftol": 1e-14, "maxiter": 500})
+    res = minimize(
+        f,
+        y0,
+        jac=True,
+        method="SLSQP",
+        bounds=list(zip(np.maximum(a, 1e-12), b)),
+        constraints=[
+            {"type": "eq", "fun": lambda y: y.sum() - 1, "jac": lambda y: np.ones_like(y)}
+        ],
+        options={"ftol": 1e-14, "maxiter": 500},
+    )
     return res.x
 
 
@@ -158,8 +189,9 @@ def test_k_100000_float32():
     rng = np.random.RandomState(6)
     x, a, b = REF.random_problem(rng, 2, 100_000)
     y = bcsoftmax(x.astype(np.float32), a.astype(np.float32), b.astype(np.float32)).numpy()
-    y_ref, _ = REF.bcsoftmax(x.astype(np.float32).astype(float), a.astype(np.float32),
-                             b.astype(np.float32))
+    y_ref, _ = REF.bcsoftmax(
+        x.astype(np.float32).astype(float), a.astype(np.float32), b.astype(np.float32)
+    )
     assert y.dtype == np.float32
     assert np.abs(y - y_ref).max() < 1e-6
     np.testing.assert_allclose(y.sum(-1), 1.0, atol=1e-4)
@@ -174,8 +206,13 @@ def test_reduces_to_softmax_with_loose_or_absent_bounds():
     rng = np.random.RandomState(7)
     x = rng.normal(0, 3, (40, 10))
     want = np_softmax(x / 0.7, -1)
-    for lower, upper in ((None, None), (0.0, 1.0), (want * 0.5, np.minimum(want * 2, 1)),
-                         (0.0, None), (None, 1.0)):
+    for lower, upper in (
+        (None, None),
+        (0.0, 1.0),
+        (want * 0.5, np.minimum(want * 2, 1)),
+        (0.0, None),
+        (None, 1.0),
+    ):
         y = bcsoftmax(*_f64(x), lower, upper, 0.7).numpy()
         np.testing.assert_allclose(y, want, atol=1e-14)
     y32 = bcsoftmax(x.astype(np.float32), 0.0, 1.0).numpy()
@@ -195,15 +232,17 @@ def test_invariances():
         np.testing.assert_allclose(bcsoftmax(*_f64(x * tau, a, b), tau).numpy(), base, atol=1e-12)
     # per-example temperature [N, 1]
     taus = rng.uniform(0.2, 3, (50, 1))
-    np.testing.assert_allclose(bcsoftmax(*_f64(x * taus, a, b), tf.constant(taus)).numpy(),
-                               base, atol=1e-12)
+    np.testing.assert_allclose(
+        bcsoftmax(*_f64(x * taus, a, b), tf.constant(taus)).numpy(), base, atol=1e-12
+    )
     # permutation equivariance
     perm = rng.permutation(10)
     y_perm = bcsoftmax(*_f64(x[:, perm], a[:, perm], b[:, perm])).numpy()
     np.testing.assert_allclose(y_perm, base[:, perm], atol=1e-12)
     # batch independence
-    np.testing.assert_allclose(bcsoftmax(*_f64(x[7:9], a[7:9], b[7:9])).numpy(), base[7:9],
-                               atol=1e-15)
+    np.testing.assert_allclose(
+        bcsoftmax(*_f64(x[7:9], a[7:9], b[7:9])).numpy(), base[7:9], atol=1e-15
+    )
 
 
 def test_broadcasting_and_axis():
@@ -212,24 +251,31 @@ def test_broadcasting_and_axis():
     a1 = rng.uniform(0, 1 / 8, (6, 1))
     b1 = rng.uniform(1 / 8, 1, (6, 1))
     y = bcsoftmax(*_f64(x, a1, b1)).numpy()
-    np.testing.assert_allclose(y, bcsoftmax(*_f64(x, np.tile(a1, 8), np.tile(b1, 8))).numpy(),
-                               atol=1e-15)
+    np.testing.assert_allclose(
+        y, bcsoftmax(*_f64(x, np.tile(a1, 8), np.tile(b1, 8))).numpy(), atol=1e-15
+    )
     np.testing.assert_allclose(y, REF.bcsoftmax(x, a1, b1)[0], atol=1e-12)
     # per-class vector and scalar bounds
     av = rng.uniform(0, 0.1, 8)
-    np.testing.assert_allclose(bcsoftmax(*_f64(x, av), upper=0.4).numpy(),
-                               REF.bcsoftmax(x, av, 0.4)[0], atol=1e-12)
+    np.testing.assert_allclose(
+        bcsoftmax(*_f64(x, av), upper=0.4).numpy(), REF.bcsoftmax(x, av, 0.4)[0], atol=1e-12
+    )
     # class axis 1 of a rank-3 tensor
     x3 = rng.normal(0, 2, (3, 8, 4))
     a3 = rng.uniform(0, 0.05, (3, 8, 4))
     y3 = bcsoftmax(*_f64(x3, a3), upper=0.5, axis=1).numpy()
-    y3_ref = np.moveaxis(REF.bcsoftmax(np.moveaxis(x3, 1, -1).reshape(-1, 8),
-                                       np.moveaxis(a3, 1, -1).reshape(-1, 8), 0.5)[0]
-                         .reshape(3, 4, 8), -1, 1)
+    y3_ref = np.moveaxis(
+        REF.bcsoftmax(
+            np.moveaxis(x3, 1, -1).reshape(-1, 8), np.moveaxis(a3, 1, -1).reshape(-1, 8), 0.5
+        )[0].reshape(3, 4, 8),
+        -1,
+        1,
+    )
     np.testing.assert_allclose(y3, y3_ref, atol=1e-12)
     # rank-1 input
-    np.testing.assert_allclose(bcsoftmax(*_f64(x[0]), upper=0.4).numpy(),
-                               REF.bcsoftmax(x[:1], 0.0, 0.4)[0][0], atol=1e-12)
+    np.testing.assert_allclose(
+        bcsoftmax(*_f64(x[0]), upper=0.4).numpy(), REF.bcsoftmax(x[:1], 0.0, 0.4)[0][0], atol=1e-12
+    )
 
 
 def test_theorem7_uniform_bounds_are_clipped_logits_and_order_preserved():
@@ -241,8 +287,9 @@ def test_theorem7_uniform_bounds_are_clipped_logits_and_order_preserved():
     y, st = y.numpy(), st.numpy()
     f = np.argmax(st == 0, -1)
     nu = np.take_along_axis(x, f[:, None], -1) - np.log(np.take_along_axis(y, f[:, None], -1))
-    np.testing.assert_allclose(np_softmax(np.clip(x, np.log(a) + nu, np.log(b) + nu), -1), y,
-                               atol=1e-12)
+    np.testing.assert_allclose(
+        np_softmax(np.clip(x, np.log(a) + nu, np.log(b) + nu), -1), y, atol=1e-12
+    )
     ys = np.take_along_axis(y, np.argsort(x, -1), -1)
     assert (np.diff(ys, axis=-1) >= -1e-15).all()
     # upper bound 1: argmax unchanged
@@ -254,7 +301,7 @@ def test_theorem7_uniform_bounds_are_clipped_logits_and_order_preserved():
 def test_degenerate_cases():
     rng = np.random.RandomState(11)
     x = rng.normal(0, 3, (4, 5))
-    a = rng.dirichlet(np.ones(5), 4)            # sum(a) == 1  -> y = a
+    a = rng.dirichlet(np.ones(5), 4)  # sum(a) == 1  -> y = a
     np.testing.assert_allclose(bcsoftmax(*_f64(x, a), upper=1.0).numpy(), a, atol=1e-12)
     np.testing.assert_allclose(bcsoftmax(*_f64(x), upper=tf.constant(a)).numpy(), a, atol=1e-12)
     # a_k == b_k pins the coordinate
@@ -275,8 +322,9 @@ def test_degenerate_cases():
     np.testing.assert_allclose(bcsoftmax(*_f64([[3.0], [-2.0]]), 0.0, 1.0).numpy(), [[1.0], [1.0]])
     np.testing.assert_allclose(bcsoftmax(*_f64([[3.0]])).numpy(), [[1.0]])
     # equal logits, uniform bounds -> uniform output
-    np.testing.assert_allclose(bcsoftmax(*_f64(np.zeros((2, 7))), 0.05, 0.5).numpy(), 1 / 7,
-                               atol=1e-15)
+    np.testing.assert_allclose(
+        bcsoftmax(*_f64(np.zeros((2, 7))), 0.05, 0.5).numpy(), 1 / 7, atol=1e-15
+    )
 
 
 def test_huge_and_minus_inf_logits():
@@ -284,7 +332,7 @@ def test_huge_and_minus_inf_logits():
     y = bcsoftmax(x, 0.01, 0.7).numpy()  # the default method also survives gaps near float max
     assert np.isfinite(y).all()
     want0 = REF.bcsoftmax(x[:1].astype(float), 0.01, 0.7)[0][0]
-    np.testing.assert_allclose(want0, [0.7, 0.29 / (1 + np.e ** 3), 0.01, 0.29 / (1 + np.e ** -3)])
+    np.testing.assert_allclose(want0, [0.7, 0.29 / (1 + np.e**3), 0.01, 0.29 / (1 + np.e**-3)])
     np.testing.assert_allclose(y, [want0, [0.7, 0.28, 0.01, 0.01]], atol=1e-6)
     for method in METHODS:
         y = bcsoftmax(x[:1].astype(float) * 10, 0.01, 0.7, 10.0, method=method).numpy()
@@ -311,8 +359,11 @@ def test_half_precision_computed_in_float32(dtype):
     xh = tf.cast(x, dtype)
     y = bcsoftmax(xh, tf.cast(a, dtype), tf.cast(b, dtype))
     assert y.dtype == dtype
-    want, _ = REF.bcsoftmax(tf.cast(xh, tf.float64).numpy(), tf.cast(tf.cast(a, dtype), tf.float64),
-                            np.minimum(tf.cast(tf.cast(b, dtype), tf.float64).numpy(), 1))
+    want, _ = REF.bcsoftmax(
+        tf.cast(xh, tf.float64).numpy(),
+        tf.cast(tf.cast(a, dtype), tf.float64),
+        np.minimum(tf.cast(tf.cast(b, dtype), tf.float64).numpy(), 1),
+    )
     tol = 1e-3 if dtype == tf.float16 else 8e-3
     np.testing.assert_allclose(tf.cast(y, tf.float64).numpy(), want, atol=tol)
 
@@ -326,7 +377,9 @@ def test_float32_accuracy_against_float64():
     y32t = bcsoftmax(x.astype(np.float32), a.astype(np.float32), b.astype(np.float32), 0.1).numpy()
     assert np.abs(y32t - REF.bcsoftmax(x, a, b, 0.1)[0]).max() < 5e-6
     # output within the box exactly (final clip) and sums to 1
-    assert (y32 >= a.astype(np.float32)).all() and (y32 <= np.minimum(b.astype(np.float32), 1)).all()
+    assert (y32 >= a.astype(np.float32)).all() and (
+        y32 <= np.minimum(b.astype(np.float32), 1)
+    ).all()
     np.testing.assert_allclose(y32.sum(-1), 1.0, atol=1e-5)
 
 
@@ -400,21 +453,23 @@ def test_gradients_match_finite_differences():
     t1 = np.array([[0.5], [1.0], [2.0]])
     assert_grad_matches_fd(full, [x, a1, b1, t1], wrt=(0, 1, 2, 3), atol=1e-7, rtol=1e-5)
     # upper-only / lower-only
-    assert_grad_matches_fd(tf.function(lambda x, b: bcsoftmax(x, upper=b)), [x, b], wrt=(0, 1),
-                           atol=1e-7)
-    assert_grad_matches_fd(tf.function(lambda x, a: bcsoftmax(x, lower=a)), [x, a], wrt=(0, 1),
-                           atol=1e-7)
+    assert_grad_matches_fd(
+        tf.function(lambda x, b: bcsoftmax(x, upper=b)), [x, b], wrt=(0, 1), atol=1e-7
+    )
+    assert_grad_matches_fd(
+        tf.function(lambda x, a: bcsoftmax(x, lower=a)), [x, a], wrt=(0, 1), atol=1e-7
+    )
 
 
 def test_worked_gradient_example():
-    x, a, b = _f64([[3, 1, 0, -1, -4]], [0, .1, 0, .05, .1], [.5, .3, 1, 1, 1])
+    x, a, b = _f64([[3, 1, 0, -1, -4]], [0, 0.1, 0, 0.05, 0.1], [0.5, 0.3, 1, 1, 1])
     with tf.GradientTape() as tape:
         tape.watch([x, a, b])
         loss = -tf.math.log(bcsoftmax(x, a, b)[0, 1])
     gx, ga, gb = tape.gradient(loss, [x, a, b])
-    np.testing.assert_allclose(gx.numpy()[0], [0, -.26894142, .26894142, 0, 0], atol=1e-8)
-    np.testing.assert_allclose(ga.numpy(), [0, 0, 0, 1 / .35, 1 / .35], atol=1e-8)
-    np.testing.assert_allclose(gb.numpy(), [1 / .35, 0, 0, 0, 0], atol=1e-8)
+    np.testing.assert_allclose(gx.numpy()[0], [0, -0.26894142, 0.26894142, 0, 0], atol=1e-8)
+    np.testing.assert_allclose(ga.numpy(), [0, 0, 0, 1 / 0.35, 1 / 0.35], atol=1e-8)
+    np.testing.assert_allclose(gb.numpy(), [1 / 0.35, 0, 0, 0, 0], atol=1e-8)
 
 
 def test_gradient_matches_autodiff_through_closed_form_and_oracle_vjp():
@@ -430,13 +485,20 @@ def test_gradient_matches_autodiff_through_closed_form_and_oracle_vjp():
         xs = xs - tf.stop_gradient(tf.reduce_max(xs, -1, keepdims=True))
         free = tf.equal(state, 0)
         lower, upper = tf.equal(state, 1), tf.equal(state, 2)
-        s = 1.0 - tf.reduce_sum(tf.where(lower, a, 0.0) + tf.where(upper, b, 0.0), -1, keepdims=True)
+        s = 1.0 - tf.reduce_sum(
+            tf.where(lower, a, 0.0) + tf.where(upper, b, 0.0), -1, keepdims=True
+        )
         xf = tf.where(free, xs, -1e300)
         yf = s * tf.exp(xf - tf.reduce_logsumexp(xf, -1, keepdims=True))
         return tf.where(lower, a, tf.where(upper, b, yf))
 
-    assert_grad_matches_reference(lambda x, a, b, t: bcsoftmax(x, a, b, t), closed_form,
-                                  [x, a, b, tau], wrt=(0, 1, 2, 3), atol=1e-10)
+    assert_grad_matches_reference(
+        lambda x, a, b, t: bcsoftmax(x, a, b, t),
+        closed_form,
+        [x, a, b, tau],
+        wrt=(0, 1, 2, 3),
+        atol=1e-10,
+    )
     # against the spec's numpy VJP
     v = rng.normal(size=x.shape)
     xt, at, bt = _f64(x, a, b)
@@ -459,10 +521,10 @@ def test_gradient_identities_and_broadcast_reduction():
         y = bcsoftmax(xt, at, bt, tt)
         ones = tf.reduce_sum(y)
         lin = tf.reduce_sum(y * rng.normal(size=x.shape))
-    for g in tape.gradient(ones, [xt, at, bt, tt]):   # v = 1 gives zero gradients
+    for g in tape.gradient(ones, [xt, at, bt, tt]):  # v = 1 gives zero gradients
         np.testing.assert_allclose(g.numpy(), 0.0, atol=1e-12)
     gx, gt = tape.gradient(lin, [xt, tt])
-    np.testing.assert_allclose(gx.numpy().sum(-1), 0.0, atol=1e-12)       # sum dL/dx = 0
+    np.testing.assert_allclose(gx.numpy().sum(-1), 0.0, atol=1e-12)  # sum dL/dx = 0
     xs = x - x.max(-1, keepdims=True)
     np.testing.assert_allclose(gt.numpy(), -(xs * gx.numpy()).sum() / 1.3, atol=1e-12)
     # broadcast [N,1] bounds get the row sums of the [N,K] gradients
@@ -506,11 +568,11 @@ def test_equal_bounds_not_double_counted():
 
 def test_no_nan_gradients_in_degenerate_cases():
     cases = [
-        ([[0.5, 0.1, -0.2]], [0.2, 0.5, 0.3], [1.0, 1.0, 1.0]),    # sum(a) = 1
-        ([[0.5, 0.1, -0.2]], [0.0, 0.0, 0.0], [0.2, 0.5, 0.3]),    # sum(b) = 1
-        ([[0.5, 0.1, -0.2]], [0.0, 0.0, 0.1], [0.0, 1.0, 0.1]),    # mask + a == b
-        ([[0.0, 0.0, 0.0]], [0.1, 0.1, 0.1], [0.5, 0.5, 0.5]),     # ties
-        ([[2.0]], [0.0], [1.0]),                                    # K = 1
+        ([[0.5, 0.1, -0.2]], [0.2, 0.5, 0.3], [1.0, 1.0, 1.0]),  # sum(a) = 1
+        ([[0.5, 0.1, -0.2]], [0.0, 0.0, 0.0], [0.2, 0.5, 0.3]),  # sum(b) = 1
+        ([[0.5, 0.1, -0.2]], [0.0, 0.0, 0.1], [0.0, 1.0, 0.1]),  # mask + a == b
+        ([[0.0, 0.0, 0.0]], [0.1, 0.1, 0.1], [0.5, 0.5, 0.5]),  # ties
+        ([[2.0]], [0.0], [1.0]),  # K = 1
     ]
     for x, a, b in cases:
         xt, at, bt, tt = _f64(x, a, b, 1.0)
@@ -530,8 +592,13 @@ def test_xla_matches_eager(method):
     rng = np.random.RandomState(17)
     x, a, b = REF.random_problem(rng, 32, 20)
     args = [tf.constant(t, tf.float32) for t in (x, a, np.minimum(b, 1))] + [tf.constant(0.9)]
-    assert_xla_matches_eager(lambda x, a, b, t: bcsoftmax(x, a, b, t, method=method, validate=False),
-                             *args, atol=2e-6, rtol=1e-5, grad_wrt=(0, 1, 2, 3))
+    assert_xla_matches_eager(
+        lambda x, a, b, t: bcsoftmax(x, a, b, t, method=method, validate=False),
+        *args,
+        atol=2e-6,
+        rtol=1e-5,
+        grad_wrt=(0, 1, 2, 3),
+    )
 
 
 def test_dynamic_batch_compiles_once():
@@ -549,8 +616,9 @@ def test_dynamic_batch_compiles_once():
     assert len(traces) == 1
 
     with pytest.raises(ValueError, match="static"):
-        tf.function(lambda t: bcsoftmax(t),
-                    input_signature=[tf.TensorSpec([2, None], tf.float32)]).get_concrete_function()
+        tf.function(
+            lambda t: bcsoftmax(t), input_signature=[tf.TensorSpec([2, None], tf.float32)]
+        ).get_concrete_function()
 
 
 def test_fast_newton_matches_robust_newton_and_falls_back_on_huge_gaps():
@@ -567,4 +635,6 @@ def test_fast_newton_matches_robust_newton_and_falls_back_on_huge_gaps():
         y_fast, s_fast = impl._solve_newton(*args)
         y_rob, _ = impl._solve_newton_robust(*args)
         np.testing.assert_allclose(y_fast.numpy(), y_rob.numpy(), atol=1e-6)
-        np.testing.assert_allclose(y_fast.numpy(), REF.bcsoftmax(x.astype(float), a, b)[0], atol=1e-5)
+        np.testing.assert_allclose(
+            y_fast.numpy(), REF.bcsoftmax(x.astype(float), a, b)[0], atol=1e-5
+        )

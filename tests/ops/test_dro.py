@@ -55,6 +55,7 @@ def test_value_and_gradients_match_reference_weighted():
 def test_gradients_match_finite_differences_and_autodiff():
     rng = np.random.default_rng(2)
     l, s = rng.gamma(2.0, size=12) * 2, rng.uniform(0.1, 2, size=12)
+
     # alpha as a [1] array (the FD helper perturbs array entries)
     def f(l, a):
         return ops.safe_kl_dro_risk(l, a[0], 1.3, 0.05, s)
@@ -65,8 +66,9 @@ def test_gradients_match_finite_differences_and_autodiff():
         return a - 1.3 + 1.3 / 0.05 * tf.reduce_sum(s * tf.math.softplus(z)) / s.sum()
 
     assert_grad_matches_fd(f, [l, np.array([2.0])], wrt=(0, 1), rtol=1e-4, atol=1e-7)
-    assert_grad_matches_reference(f, plain, [l, np.array([2.0])], wrt=(0, 1), atol=1e-12,
-                                  rtol=1e-12)
+    assert_grad_matches_reference(
+        f, plain, [l, np.array([2.0])], wrt=(0, 1), atol=1e-12, rtol=1e-12
+    )
     for fn in (lambda l: ops.kl_dro_batch_lse(l, 0.7, s), lambda l: ops.kl_dro_sumexp(l, 3.0, s)):
         assert_grad_matches_fd(fn, [l], rtol=1e-4, atol=1e-7)
     # CVaR: gradient q/rho, checked away from kinks (distinct losses, rho*n not integer)
@@ -79,11 +81,19 @@ def test_xla_matches_eager_all_ops():
     s = tf.constant(rng.uniform(0, 2, size=33).astype(np.float32))
     a = tf.constant(1.5)
     assert_xla_matches_eager(
-        lambda l, a, s: (ops.safe_kl_dro_risk_and_stats(l, a, 1.0, 0.1, s),
-                         ops.kl_dro_batch_lse(l, 2.0, s), ops.kl_dro_sumexp(l, 2.0, s),
-                         ops.cvar_risk(l, 0.2, s),
-                         tf.stop_gradient(ops.safe_kl_dro_solve_alpha(l, 1.0, 0.1, s))),
-        l, a, s, grad_wrt=(0, 1), rtol=1e-5)
+        lambda l, a, s: (
+            ops.safe_kl_dro_risk_and_stats(l, a, 1.0, 0.1, s),
+            ops.kl_dro_batch_lse(l, 2.0, s),
+            ops.kl_dro_sumexp(l, 2.0, s),
+            ops.cvar_risk(l, 0.2, s),
+            tf.stop_gradient(ops.safe_kl_dro_solve_alpha(l, 1.0, 0.1, s)),
+        ),
+        l,
+        a,
+        s,
+        grad_wrt=(0, 1),
+        rtol=1e-5,
+    )
 
 
 def test_float32_matches_float64():  # C9
@@ -146,8 +156,9 @@ def test_min_over_alpha_sandwich_and_rho_limit():
         a = ops.safe_kl_dro_solve_alpha(lt, lam, rho)
         v = ops.safe_kl_dro_risk(lt, a, lam, rho).numpy()
         # a grid of other alphas never goes below the minimum (convex in alpha)
-        others = [ops.safe_kl_dro_risk(lt, a + d, lam, rho).numpy()
-                  for d in (-1.0, -1e-3, 1e-3, 1.0)]
+        others = [
+            ops.safe_kl_dro_risk(lt, a + d, lam, rho).numpy() for d in (-1.0, -1e-3, 1e-3, 1.0)
+        ]
         assert min(others) >= v - 1e-12 * max(1, abs(v))
         r = R.exact_risk(l, lam)
         p = R.gibbs_weights(l, lam)
@@ -157,12 +168,13 @@ def test_min_over_alpha_sandwich_and_rho_limit():
     # rho -> 0: (R - V*)/rho -> (lam/2) n sum p*^2 (C4), and V* increases to R
     l = rng.gamma(2.0, size=1000)
     p = R.gibbs_weights(l, 1.0)
-    slope = 0.5 * l.size * np.sum(p ** 2)
+    slope = 0.5 * l.size * np.sum(p**2)
     gaps = []
     for rho in (1e-2, 1e-4, 1e-6):
         a = ops.safe_kl_dro_solve_alpha(tf.constant(l), 1.0, rho)
-        gaps.append(R.exact_risk(l, 1.0)
-                    - ops.safe_kl_dro_risk(tf.constant(l), a, 1.0, rho).numpy())
+        gaps.append(
+            R.exact_risk(l, 1.0) - ops.safe_kl_dro_risk(tf.constant(l), a, 1.0, rho).numpy()
+        )
     assert gaps[0] > gaps[1] > gaps[2] > 0
     assert abs(gaps[2] / 1e-6 - slope) / slope < 1e-3
 
@@ -177,8 +189,9 @@ def test_cvar_matches_rockafellar_uryasev_and_is_the_lam_to_zero_limit():  # C5
         pi = s / s.sum()
         brute = min(a + np.sum(pi * np.maximum(l - a, 0)) / rho for a in l)  # eq. 9
         np.testing.assert_allclose(ops.cvar_risk(tf.constant(l), rho, s).numpy(), brute, rtol=1e-12)
-        np.testing.assert_allclose(ops.cvar_risk(tf.constant(l), rho).numpy(), R.cvar(l, rho),
-                                   rtol=1e-12)
+        np.testing.assert_allclose(
+            ops.cvar_risk(tf.constant(l), rho).numpy(), R.cvar(l, rho), rtol=1e-12
+        )
         lam = 10 ** rng.uniform(-3, 1)
         lt = tf.constant(l)
         v = ops.safe_kl_dro_risk(lt, ops.safe_kl_dro_solve_alpha(lt, lam, rho), lam, rho).numpy()
@@ -196,15 +209,17 @@ def test_baselines_match_reference():
     rng = np.random.default_rng(8)
     l, s = rng.gamma(2.0, size=30) * 4, rng.uniform(0.1, 2, size=30)
     lt = tf.constant(l)
-    np.testing.assert_allclose(ops.kl_dro_batch_lse(lt, 0.8, s).numpy(),
-                               R.exact_risk(l, 0.8, s), rtol=1e-13)
+    np.testing.assert_allclose(
+        ops.kl_dro_batch_lse(lt, 0.8, s).numpy(), R.exact_risk(l, 0.8, s), rtol=1e-13
+    )
     with tf.GradientTape() as tape:
         tape.watch(lt)
         v = ops.kl_dro_batch_lse(lt, 0.8, s)
     np.testing.assert_allclose(tape.gradient(v, lt).numpy(), R.gibbs_weights(l, 0.8, s), rtol=1e-12)
     pi = s / s.sum()
-    np.testing.assert_allclose(ops.kl_dro_sumexp(lt, 3.0, s).numpy(), np.sum(pi * np.exp(l / 3.0)),
-                               rtol=1e-13)
+    np.testing.assert_allclose(
+        ops.kl_dro_sumexp(lt, 3.0, s).numpy(), np.sum(pi * np.exp(l / 3.0)), rtol=1e-13
+    )
     # huge losses: batch LSE finite (max-shift), sum-of-exp overflows by design
     big = tf.constant([500.0, 1.0])
     assert np.isfinite(ops.kl_dro_batch_lse(big, 1.0).numpy())
@@ -236,25 +251,27 @@ def test_minibatch_gradient_unbiased_naive_biased():
                 v = op(losses, a)
             g_t, g_a = tape.gradient(v, [theta, a], unconnected_gradients="zero")
             return tf.concat([g_t, [g_a]], 0), v
-        return tf.map_fn(one, (Xb, yb), fn_output_signature=(tf.float64, tf.float64),
-                         parallel_iterations=64)
+
+        return tf.map_fn(
+            one, (Xb, yb), fn_output_signature=(tf.float64, tf.float64), parallel_iterations=64
+        )
 
     gs, vs = grads(lambda l, a: ops.safe_kl_dro_risk(l, a, lam, rho))
     gs, vs = gs.numpy(), vs.numpy()
     res = y - X @ th
-    w = R.safe_terms(res ** 2, alpha, lam, rho)[1]
+    w = R.safe_terms(res**2, alpha, lam, rho)[1]
     full = np.append(np.mean((w * -2 * res)[:, None] * X, 0), 1 - w.mean())
     zs = (gs.mean(0) - full) / (gs.std(0) / math.sqrt(K))
     assert np.max(np.abs(zs)) < 4.5, zs
-    v_full = R.safe_risk(res ** 2, alpha, lam, rho)[0]
+    v_full = R.safe_risk(res**2, alpha, lam, rho)[0]
     assert abs(vs.mean() - v_full) < 4.5 * vs.std() / math.sqrt(K)
 
     gn, vn = grads(lambda l, a: ops.kl_dro_batch_lse(l, lam) + 0.0 * a)
     gn, vn = gn.numpy()[:, :d], vn.numpy()
-    full_r = np.sum((R.gibbs_weights(res ** 2, lam) * -2 * res)[:, None] * X, 0)
+    full_r = np.sum((R.gibbs_weights(res**2, lam) * -2 * res)[:, None] * X, 0)
     zn = (gn.mean(0) - full_r) / (gn.std(0) / math.sqrt(K))
     assert np.max(np.abs(zn)) > 10, zn
-    assert vn.mean() < R.exact_risk(res ** 2, lam)  # Jensen: the naive value is biased low
+    assert vn.mean() < R.exact_risk(res**2, lam)  # Jensen: the naive value is biased low
 
 
 # ----------------------------------------------------------------------------- streaming exact
@@ -263,16 +280,23 @@ def test_streaming_exact_risk_matches_full_data():
     l = np.concatenate([rng.gamma(2.0, size=100), [3e4]])  # one huge loss: no overflow
     s = rng.uniform(0, 2, size=l.size)
     s[-1] = 1.0
-    state = (tf.constant(-np.inf, tf.float64), tf.constant(0.0, tf.float64),
-             tf.constant(0.0, tf.float64))
+    state = (
+        tf.constant(-np.inf, tf.float64),
+        tf.constant(0.0, tf.float64),
+        tf.constant(0.0, tf.float64),
+    )
     for chunk in np.array_split(np.arange(l.size), 7):
-        state = ops.kl_dro_exact_state_update(*state, tf.constant(l[chunk], tf.float32), 2.0,
-                                              s[chunk])
+        state = ops.kl_dro_exact_state_update(
+            *state, tf.constant(l[chunk], tf.float32), 2.0, s[chunk]
+        )
     got = ops.kl_dro_exact_state_result(*state, 2.0).numpy()
     np.testing.assert_allclose(got, R.exact_risk(l, 2.0, s), rtol=1e-6)
-    empty = ops.kl_dro_exact_state_result(tf.constant(-np.inf, tf.float64),
-                                          tf.constant(0.0, tf.float64),
-                                          tf.constant(0.0, tf.float64), 2.0)
+    empty = ops.kl_dro_exact_state_result(
+        tf.constant(-np.inf, tf.float64),
+        tf.constant(0.0, tf.float64),
+        tf.constant(0.0, tf.float64),
+        2.0,
+    )
     assert empty.numpy() == 0.0
 
 
@@ -319,28 +343,35 @@ def test_edge_inputs():
     v, gl, ga, _ = _risk_grads(np.array([2.0]), 0.0, 1.0, 0.1)
     np.testing.assert_allclose(v, R.safe_risk(np.array([2.0]), 0.0, 1.0, 0.1)[0])
     m = np.arange(6.0).reshape(2, 3)
-    np.testing.assert_allclose(ops.safe_kl_dro_risk(tf.constant(m), 1.0, 1.0, 0.1).numpy(),
-                               R.safe_risk(m.ravel(), 1.0, 1.0, 0.1)[0])
+    np.testing.assert_allclose(
+        ops.safe_kl_dro_risk(tf.constant(m), 1.0, 1.0, 0.1).numpy(),
+        R.safe_risk(m.ravel(), 1.0, 1.0, 0.1)[0],
+    )
     # per-example weights [2] broadcast over the trailing axis of losses [2, 3]
     np.testing.assert_allclose(
         ops.safe_kl_dro_risk(tf.constant(m), 1.0, 1.0, 0.1, np.array([1.0, 3.0])).numpy(),
-        R.safe_risk(m.ravel(), 1.0, 1.0, 0.1, np.repeat([1.0, 3.0], 3))[0])
+        R.safe_risk(m.ravel(), 1.0, 1.0, 0.1, np.repeat([1.0, 3.0], 3))[0],
+    )
     assert ops.safe_kl_dro_risk(tf.constant([1, 2]), 0.0, 1.0, 0.1).dtype == tf.float32
     # half precision in, computed in float32, cast back
     h = ops.safe_kl_dro_risk(tf.constant([300.0, 1.0], tf.float16), 0.0, 1.0, 0.1)
     assert h.dtype == tf.float16
-    np.testing.assert_allclose(float(h), R.safe_risk(np.array([300.0, 1.0]), 0.0, 1.0, 0.1)[0],
-                               rtol=1e-3)
+    np.testing.assert_allclose(
+        float(h), R.safe_risk(np.array([300.0, 1.0]), 0.0, 1.0, 0.1)[0], rtol=1e-3
+    )
 
 
 # ----------------------------------------------------------------------------- issue 9 regressions
 def test_issue9_nan_sample_weight_is_rejected_not_risk_zero():
     """Before: a NaN weight was treated as 0, all-NaN weights gave risk 0 silently."""
     l = np.array([1.0, 2.0, 3.0])
-    for fn in (lambda s: ops.safe_kl_dro_risk(l, 0.0, 1.0, 0.1, s),
-               lambda s: ops.kl_dro_batch_lse(l, 1.0, s), lambda s: ops.kl_dro_sumexp(l, 1.0, s),
-               lambda s: ops.cvar_risk(l, 0.5, s),
-               lambda s: ops.safe_kl_dro_solve_alpha(l, 1.0, 0.1, s)):
+    for fn in (
+        lambda s: ops.safe_kl_dro_risk(l, 0.0, 1.0, 0.1, s),
+        lambda s: ops.kl_dro_batch_lse(l, 1.0, s),
+        lambda s: ops.kl_dro_sumexp(l, 1.0, s),
+        lambda s: ops.cvar_risk(l, 0.5, s),
+        lambda s: ops.safe_kl_dro_solve_alpha(l, 1.0, 0.1, s),
+    ):
         for s in ([np.nan] * 3, [1.0, np.nan, 1.0], [1.0, np.inf, 1.0], [1.0, -2.0, 1.0]):
             with pytest.raises(ValueError, match="`sample_weight`"):
                 fn(np.array(s))
@@ -367,7 +398,8 @@ def test_issue9_cvar_nan_loss_is_nan_not_dropped():
         assert np.isnan(v.numpy()) and np.all(np.isnan(tape.gradient(v, l).numpy()))
     # a NaN with zero weight is padding: ignored
     np.testing.assert_allclose(
-        ops.cvar_risk(np.array([np.nan, 1.0, 3.0]), 0.5, np.array([0.0, 1.0, 1.0])).numpy(), 3.0)
+        ops.cvar_risk(np.array([np.nan, 1.0, 3.0]), 0.5, np.array([0.0, 1.0, 1.0])).numpy(), 3.0
+    )
 
 
 def test_issue9_batch_lse_plus_inf_loss_has_inf_value_and_limit_gradient():

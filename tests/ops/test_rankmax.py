@@ -23,8 +23,9 @@ def _ref_rows(z, positives, k, eta=1.0):
     losses, grads = [], []
     for row, pos in zip(z, positives):
         losses.append(sum(w * ref.rankmax(row, y, k, eta)[4] for y, w in pos))
-        grads.append(sum((w * ref.rankmax_loss_grad(row, y, k, eta) for y, w in pos),
-                         np.zeros(row.size)))
+        grads.append(
+            sum((w * ref.rankmax_loss_grad(row, y, k, eta) for y, w in pos), np.zeros(row.size))
+        )
     return np.array(losses), np.array(grads)
 
 
@@ -112,8 +113,11 @@ def test_projection_matches_reference_and_invariants():
         zi, zj = z[:, :, None], z[:, None, :]
         assert np.all((p[:, :, None] >= p[:, None, :] - 1e-12) | ~(zi > zj))
         # loss = -log p_y
-        np.testing.assert_allclose(rankmax_loss(tf.constant(y), tf.constant(z), k=k).numpy(),
-                                   -np.log(np.minimum(1.0, p[np.arange(B), y])), atol=1e-10)
+        np.testing.assert_allclose(
+            rankmax_loss(tf.constant(y), tf.constant(z), k=k).numpy(),
+            -np.log(np.minimum(1.0, p[np.arange(B), y])),
+            atol=1e-10,
+        )
 
 
 def test_projection_is_monotone_in_the_positive_score():
@@ -278,11 +282,13 @@ def test_bad_inputs():
         graph(z, tf.constant([7]))
 
     # in-batch scores have a dynamic n: k < n is checked when the graph runs
-    dynamic = tf.function(lambda s, y: rankmax_loss(y, s, k=3),
-                          input_signature=[tf.TensorSpec([None, None]),
-                                           tf.TensorSpec([None], tf.int32)])
-    np.testing.assert_allclose(dynamic(tf.zeros([2, 4]), tf.constant([0, 1])),
-                               [np.log(4 / 3)] * 2, rtol=1e-6)
+    dynamic = tf.function(
+        lambda s, y: rankmax_loss(y, s, k=3),
+        input_signature=[tf.TensorSpec([None, None]), tf.TensorSpec([None], tf.int32)],
+    )
+    np.testing.assert_allclose(
+        dynamic(tf.zeros([2, 4]), tf.constant([0, 1])), [np.log(4 / 3)] * 2, rtol=1e-6
+    )
     with pytest.raises(tf.errors.InvalidArgumentError, match="k"):
         dynamic(tf.zeros([2, 3]), tf.constant([0, 1]))
 
@@ -306,8 +312,7 @@ def test_scale_1e8_projection_and_loss_match_reference():
         p = rankmax(z.astype(dtype), [0]).numpy()
         np.testing.assert_allclose(p, ref.rankmax(z[0], 0, 1)[0][None], atol=1e-6)
     # all ties at 1e8: log 3 (the positive's own margin term must survive the offset)
-    np.testing.assert_allclose(rankmax_loss([0], [[1e8, 1e8, 1e8]]).numpy(), [np.log(3)],
-                               rtol=1e-6)
+    np.testing.assert_allclose(rankmax_loss([0], [[1e8, 1e8, 1e8]]).numpy(), [np.log(3)], rtol=1e-6)
     np.testing.assert_allclose(ref.rankmax(np.array([1e8] * 3), 0, 1)[4], np.log(3))
     # offsets of 1e8 leave loss and gradient unchanged (k = 1 and k = 2, eager and XLA)
     rng = np.random.default_rng(3)
@@ -325,8 +330,9 @@ def test_masked_positive_gives_inf_loss_and_zero_gradient():
     for labels in (tf.constant([0, 0]), tf.constant(np.eye(3, dtype=np.float32)[[0, 0]])):
         loss, grad = _loss_and_grad(labels, z)
         assert loss[0] == np.inf and np.all(grad[0] == 0)
-        np.testing.assert_allclose(loss[1], ref.rankmax(np.array([0.5, -1e30, 0.0]), 0, 1)[4],
-                                   rtol=1e-6)
+        np.testing.assert_allclose(
+            loss[1], ref.rankmax(np.array([0.5, -1e30, 0.0]), 0, 1)[4], rtol=1e-6
+        )
     assert np.isinf(_XLA_LOSS(tf.constant([0, 0]), tf.constant(z)).numpy()[0])
     assert np.all(np.isnan(rankmax(z, [0, 0]).numpy()[0]))
 
@@ -374,5 +380,6 @@ def test_float_ids_must_be_whole():
     z = np.zeros((2, 3), np.float32)
     with pytest.raises(ValueError, match="`labels`"):
         rankmax_loss(np.array([0.0, 1.5], np.float32), z)
-    np.testing.assert_allclose(rankmax_loss(np.array([0.0, 2.0], np.float32), z),
-                               rankmax_loss(np.array([0, 2]), z))
+    np.testing.assert_allclose(
+        rankmax_loss(np.array([0.0, 2.0], np.float32), z), rankmax_loss(np.array([0, 2]), z)
+    )

@@ -48,17 +48,24 @@ def test_matches_reference_on_random_rows(dtype):
         z = (scale * rng.normal(size=(16, n))).astype(dtype)
         got = ops.sparsemax(z).numpy()
         assert got.dtype == dtype
-        np.testing.assert_allclose(got, ref_sparsemax(z), atol=1e-6 if dtype == np.float32 else 1e-12)
+        np.testing.assert_allclose(
+            got, ref_sparsemax(z), atol=1e-6 if dtype == np.float32 else 1e-12
+        )
 
 
 def test_matches_generic_qp_solver():
     rng = np.random.default_rng(2)
     for _ in range(20):
         z = rng.normal(size=int(rng.integers(2, 12)))
-        qp = minimize(lambda p: 0.5 * np.sum((p - z) ** 2), np.full(z.size, 1 / z.size),
-                      jac=lambda p: p - z, method="SLSQP", bounds=[(0, None)] * z.size,
-                      constraints=[{"type": "eq", "fun": lambda p: p.sum() - 1}],
-                      options={"ftol": 1e-14, "maxiter": 500})
+        qp = minimize(
+            lambda p: 0.5 * np.sum((p - z) ** 2),
+            np.full(z.size, 1 / z.size),
+            jac=lambda p: p - z,
+            method="SLSQP",
+            bounds=[(0, None)] * z.size,
+            constraints=[{"type": "eq", "fun": lambda p: p.sum() - 1}],
+            options={"ftol": 1e-14, "maxiter": 500},
+        )
         np.testing.assert_allclose(ops.sparsemax(z).numpy(), qp.x, atol=1e-6)
 
 
@@ -158,7 +165,9 @@ def test_xla_matches_eager():
     z[0, 3] = -np.inf
     assert_xla_matches_eager(ops.sparsemax, tf.constant(z), atol=1e-6)
     q = tf.one_hot(rng.integers(0, 100, 32), 100)
-    assert_xla_matches_eager(lambda z: ops.sparsemax_loss(q, z), tf.constant(rng.normal(size=(32, 100)), tf.float32))
+    assert_xla_matches_eager(
+        lambda z: ops.sparsemax_loss(q, z), tf.constant(rng.normal(size=(32, 100)), tf.float32)
+    )
 
 
 # ------------------------------------------------------------------------ sparsemax loss
@@ -181,9 +190,13 @@ def test_loss_three_forms_agree():
 def test_loss_exact_values():
     for n in (1, 2, 5, 100):
         q = np.eye(n)[:1]
-        np.testing.assert_allclose(ops.sparsemax_loss(q, np.zeros((1, n))).numpy(), [0.5 - 0.5 / n], atol=1e-12)
+        np.testing.assert_allclose(
+            ops.sparsemax_loss(q, np.zeros((1, n))).numpy(), [0.5 - 0.5 / n], atol=1e-12
+        )
     # margin of 1 -> zero loss; -inf logits on classes without target mass are fine
-    np.testing.assert_allclose(ops.sparsemax_loss([[0, 1.0, 0]], [[0.0, 1.0, -np.inf]]).numpy(), [0.0])
+    np.testing.assert_allclose(
+        ops.sparsemax_loss([[0, 1.0, 0]], [[0.0, 1.0, -np.inf]]).numpy(), [0.0]
+    )
     # p == q -> zero loss
     z = np.array([[0.1, 0.6, -2.0]])
     np.testing.assert_allclose(ops.sparsemax_loss(ref_sparsemax(z), z).numpy(), [0.0], atol=1e-12)
@@ -269,10 +282,12 @@ def test_offsets_of_1e8_match_unshifted():
     z = (rng.normal(size=(8, 50)) * 4).astype(np.float64)
     q = np.eye(50)[rng.integers(0, 50, 8)]
     np.testing.assert_allclose(ops.sparsemax(z + 1e8).numpy(), ref_sparsemax(z), atol=1e-7)
-    np.testing.assert_allclose(ops.sparsemax_loss(q, z + 1e8).numpy(),
-                               ops.sparsemax_loss(q, z).numpy(), atol=1e-7)
-    np.testing.assert_allclose(ops.sparsemax((z * 1e8).astype(np.float32)).numpy(),
-                               ref_sparsemax(z * 1e8), atol=1e-6)
+    np.testing.assert_allclose(
+        ops.sparsemax_loss(q, z + 1e8).numpy(), ops.sparsemax_loss(q, z).numpy(), atol=1e-7
+    )
+    np.testing.assert_allclose(
+        ops.sparsemax((z * 1e8).astype(np.float32)).numpy(), ref_sparsemax(z * 1e8), atol=1e-6
+    )
 
 
 def test_loss_labels_are_checked_and_poison_under_xla():
@@ -283,6 +298,7 @@ def test_loss_labels_are_checked_and_poison_under_xla():
         out = tf.function(ops.sparsemax_loss, jit_compile=True)(tf.constant(bad), z).numpy()
         assert np.isnan(out[0]) and np.isfinite(out[1])
     for bad_axis in (1.5, "1", None):
-        with pytest.raises(TypeError if not isinstance(bad_axis, float) else ValueError,
-                           match="`axis`"):
+        with pytest.raises(
+            TypeError if not isinstance(bad_axis, float) else ValueError, match="`axis`"
+        ):
             ops.sparsemax(z, axis=bad_axis)

@@ -63,8 +63,9 @@ def test_tf_keras_loss_adapter_sample_weights_and_config():
     w = np.linspace(0, 2, 64).astype(np.float32)
     adapter = losszoo.tf_keras_loss("sparsemax", reduction="sum")
     per_example = losszoo.ops.sparsemax_loss(np.eye(3)[y], logits).numpy()
-    np.testing.assert_allclose(adapter(y, logits, sample_weight=w), (w * per_example).sum(),
-                               rtol=1e-5)
+    np.testing.assert_allclose(
+        adapter(y, logits, sample_weight=w), (w * per_example).sum(), rtol=1e-5
+    )
     clone = type(adapter).from_config(adapter.get_config())
     assert clone.get_config() == adapter.get_config()
     from_instance = losszoo.tf_keras_loss(SparsemaxLoss(normalize_labels=False))

@@ -58,7 +58,7 @@ def test_cli_list(capsys):
     assert header == ["name", "kind", "class", "description"]
 
 
-PLUGIN_GOOD = '''
+PLUGIN_GOOD = """
 import keras
 import losszoo
 
@@ -66,13 +66,13 @@ import losszoo
 class PluginHinge(keras.losses.Loss):
     def call(self, y_true, y_pred):
         return keras.ops.mean(keras.ops.relu(1.0 - y_true * y_pred), axis=-1)
-'''
+"""
 
-PLUGIN_BROKEN = '''
+PLUGIN_BROKEN = """
 raise ImportError("this plugin needs a package that is not installed")
-'''
+"""
 
-PLUGIN_TAKEN = '''
+PLUGIN_TAKEN = """
 import keras
 import losszoo
 
@@ -85,7 +85,7 @@ class FirstIsFine(keras.losses.Loss):
 class Impostor(keras.losses.Loss):
     def call(self, y_true, y_pred):
         return y_pred
-'''
+"""
 
 
 def make_distribution(root, dist, module, source):
@@ -115,9 +115,13 @@ def test_plugins_from_real_distributions(tmp_path):
         print("PLUGIN_CLASS", keras.losses.get("plugin_hinge").__class__.__name__)
         """
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            timeout=240,
-                            env={**__import__("os").environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**__import__("os").environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )
     assert result.returncode == 0, result.stderr
     out, err = result.stdout, result.stderr
     names = eval(out.split("NAMES ")[1].splitlines()[0])
@@ -132,8 +136,13 @@ def test_plugins_from_real_distributions(tmp_path):
 
 def test_import_under_another_backend_fails_clearly():
     env = {**__import__("os").environ, "KERAS_BACKEND": "numpy"}
-    result = subprocess.run([sys.executable, "-c", "import losszoo"], capture_output=True,
-                            text=True, timeout=120, env=env)
+    result = subprocess.run(
+        [sys.executable, "-c", "import losszoo"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert result.returncode != 0
     assert "ImportError" in result.stderr
     assert "KERAS_BACKEND=tensorflow" in result.stderr

@@ -78,8 +78,9 @@ def test_configured_adapter_saves_loads_and_evaluates(name, tmp_path):
     model.save(path)
     loaded = tf_keras.models.load_model(path)
     assert loaded.loss.get_config() == model.loss.get_config()
-    np.testing.assert_allclose(loaded.evaluate(x, y, batch_size=32, verbose=0), before,
-                               rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(
+        loaded.evaluate(x, y, batch_size=32, verbose=0), before, rtol=1e-6, atol=1e-7
+    )
 
 
 def test_batch_risk_is_the_risk_not_the_mean_base_loss():
