@@ -625,13 +625,13 @@ def test_bad_input_float32_and_half_precision():
 
 
 def test_bad_input_single_class_and_support_size_one():
-    loss, grad, info = _loss_and_grad([[3.0], [-2.0]], [[1.0], [0.4]])
+    loss, grad, info = _loss_and_grad([[3.0], [-2.0]], [[1.0], [1.0]])
     np.testing.assert_array_equal(loss, 0.0)
     np.testing.assert_array_equal(grad, 0.0)
     p, _ = possibilistic_projection([[3.0]], [[1.0]])
     np.testing.assert_allclose(p.numpy(), [[1.0]])
     # n_b = 1 in restrict mode: p* = q renormalised on the support = one-hot.
-    p, info = project_logits([[0.0, 1.0, 2.0]], [[0.0, 0.7, 0.0]],
+    p, info = project_logits([[0.0, 1.0, 2.0]], [[0.0, 1.0, 0.0]],
                                        support_mode="restrict")
     np.testing.assert_allclose(p.numpy(), [[0.0, 1.0, 0.0]])
 
