@@ -70,8 +70,7 @@ def softmax_ce(logits, pi):
 
 
 def projection_loss_nli(logits, pi):
-    return ops.possibilistic_projection_loss(logits, pi, eps_cap=0.05, tol=1e-6,
-                                             max_cycles=500)[0]
+    return ops.possibilistic_projection_loss(logits, pi, eps_cap=0.05, tol=1e-6, max_cycles=500)[0]
 
 
 def projection_loss_synthetic(logits, pi):
@@ -86,14 +85,25 @@ def cases(quick=False):
     from harness import Case
 
     return [
-        Case(op="possibilistic_projection (certified, eps_cap .05, tol 1e-6)", shape="256x3",
-             fn=projection_loss_nli, inputs=_inputs(256, 3),
-             anchors={"softmax_ce": softmax_ce, "antipignistic_kl": antipignistic_kl},
-             target="<= 10 ms per step", repeats=5 if quick else 20),
-        Case(op="possibilistic_projection (certified, tol 1e-8)", shape="128x20",
-             fn=projection_loss_synthetic, inputs=_inputs(128, 20),
-             anchors={"softmax_ce": softmax_ce, "antipignistic_kl": antipignistic_kl},
-             modes=("xla",), target="<= 300 ms per batch", repeats=2 if quick else 5),
+        Case(
+            op="possibilistic_projection (certified, eps_cap .05, tol 1e-6)",
+            shape="256x3",
+            fn=projection_loss_nli,
+            inputs=_inputs(256, 3),
+            anchors={"softmax_ce": softmax_ce, "antipignistic_kl": antipignistic_kl},
+            target="<= 10 ms per step",
+            repeats=5 if quick else 20,
+        ),
+        Case(
+            op="possibilistic_projection (certified, tol 1e-8)",
+            shape="128x20",
+            fn=projection_loss_synthetic,
+            inputs=_inputs(128, 20),
+            anchors={"softmax_ce": softmax_ce, "antipignistic_kl": antipignistic_kl},
+            modes=("xla",),
+            target="<= 300 ms per batch",
+            repeats=2 if quick else 5,
+        ),
     ]
 
 
@@ -106,11 +116,15 @@ PAPER = {
     1e-2: {1000: (1.000, 1.1, 1.0, 6.04e-3, 0.000)},
     1e-3: {1000: (1.000, 11.9, 16.1, 9.42e-4, 0.004)},
     1e-4: {1000: (1.000, 143.9, 215.4, 9.93e-5, 0.050)},
-    1e-6: {1000: (0.360, 881.9, 1000, 6.22e-6, 0.309),
-           10000: (1.000, 1593.5, 2971.6, 9.98e-7, 0.558)},
-    1e-8: {1000: (0.080, 973.9, 1000, 6.24e-6, 0.341),
-           10000: (0.970, 2934.1, 5077.5, 1.18e-8, 1.028),
-           50000: (1.000, 3047.9, 5077.5, 9.97e-9, 1.068)},
+    1e-6: {
+        1000: (0.360, 881.9, 1000, 6.22e-6, 0.309),
+        10000: (1.000, 1593.5, 2971.6, 9.98e-7, 0.558),
+    },
+    1e-8: {
+        1000: (0.080, 973.9, 1000, 6.24e-6, 0.341),
+        10000: (0.970, 2934.1, 5077.5, 1.18e-8, 1.028),
+        50000: (1.000, 3047.9, 5077.5, 9.97e-9, 1.068),
+    },
 }
 
 
@@ -138,37 +152,56 @@ def projection_tables(quick):
     start = time.perf_counter()
     ops.possibilistic_projection(logq0, pi0, tol=1e-2, max_cycles=1000, stopping="paper")
     compile_s = time.perf_counter() - start
-    plan = {1000: [1e-2, 1e-3, 1e-4]} if quick else {1000: [1e-2, 1e-3, 1e-4, 1e-6, 1e-8],
-                                                     10000: [1e-6, 1e-8], 50000: [1e-8]}
+    plan = (
+        {1000: [1e-2, 1e-3, 1e-4]}
+        if quick
+        else {1000: [1e-2, 1e-3, 1e-4, 1e-6, 1e-8], 10000: [1e-6, 1e-8], 50000: [1e-8]}
+    )
     if quick:
         plan[10000] = [1e-6]
     for k_max, taus in plan.items():
         for tau, (logq, pi) in table_batches(k_max, taus, n).items():
-            ops.possibilistic_projection(logq[:2], pi[:2], tol=tau, max_cycles=2,
-                                         stopping="paper")  # B=2 warm-up: other shape
+            ops.possibilistic_projection(
+                logq[:2], pi[:2], tol=tau, max_cycles=2, stopping="paper"
+            )  # B=2 warm-up: other shape
             start = time.perf_counter()
-            _, info = ops.possibilistic_projection(logq, pi, tol=tau, max_cycles=k_max,
-                                                   stopping="paper")
+            _, info = ops.possibilistic_projection(
+                logq, pi, tol=tau, max_cycles=k_max, stopping="paper"
+            )
             cycles = info["cycles"].numpy()
             seconds = (time.perf_counter() - start) / len(cycles)
             paper = PAPER[tau].get(k_max)
-            rows.append((tau, k_max, info["converged"].numpy().mean(), cycles.mean(),
-                         np.percentile(cycles, 90), cycles.max(),
-                         info["max_violation"].numpy().mean(), seconds, paper))
+            rows.append(
+                (
+                    tau,
+                    k_max,
+                    info["converged"].numpy().mean(),
+                    cycles.mean(),
+                    np.percentile(cycles, 90),
+                    cycles.max(),
+                    info["max_violation"].numpy().mean(),
+                    seconds,
+                    paper,
+                )
+            )
     return compile_s, rows
 
 
 def print_tables(compile_s, rows):
     print(f"XLA compile + first run, n=100, B=100: {compile_s:.1f} s\n")
-    print("| tau | K_max | conv (paper) | mean cycles (paper) | p90 (paper) | max cycles | "
-          "mean V (paper) | s/projection, batch 100 (paper C++) | speed-up |")
+    print(
+        "| tau | K_max | conv (paper) | mean cycles (paper) | p90 (paper) | max cycles | "
+        "mean V (paper) | s/projection, batch 100 (paper C++) | speed-up |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for tau, k_max, conv, mean, p90, mx, v, sec, paper in rows:
         pc, pm, pp, pv, ps = paper if paper else (np.nan,) * 5
         speed = f"{ps / sec:.1f}x" if paper and ps > 0 else "-"
-        print(f"| {tau:.0e} | {k_max} | {conv:.3f} ({pc:.3f}) | {mean:.1f} ({pm:.1f}) | "
-              f"{p90:.1f} ({pp:.1f}) | {mx} | {v:.3g} ({pv:.3g}) | {sec:.4f} ({ps:.3f}) | "
-              f"{speed} |")
+        print(
+            f"| {tau:.0e} | {k_max} | {conv:.3f} ({pc:.3f}) | {mean:.1f} ({pm:.1f}) | "
+            f"{p90:.1f} ({pp:.1f}) | {mx} | {v:.3g} ({pv:.3g}) | {sec:.4f} ({ps:.3f}) | "
+            f"{speed} |"
+        )
 
 
 # ----------------------------------------------------------------------------------------
@@ -201,9 +234,15 @@ def _step_time(fn, z, pi, repeats):
 def issue11_steps(repeats=3):
     rng = np.random.default_rng(0)
     rows = []
-    for k, batch, kind in ((3, 256, "votes"), (20, 128, "staircase"), (256, 256, "ids"),
-                           (256, 256, "graded"), (64, 256, "graded"), (1000, 64, "graded"),
-                           (10000, 64, "graded")):
+    for k, batch, kind in (
+        (3, 256, "votes"),
+        (20, 128, "staircase"),
+        (256, 256, "ids"),
+        (256, 256, "graded"),
+        (64, 256, "graded"),
+        (1000, 64, "graded"),
+        (10000, 64, "graded"),
+    ):
         z = tf.constant(3.0 * rng.normal(size=(batch, k)), tf.float32)
         if kind == "ids":
             pi = np.eye(k)[rng.integers(k, size=batch)]
@@ -217,14 +256,25 @@ def issue11_steps(repeats=3):
         pi = tf.constant(pi, tf.float32)
         _, info = ops.possibilistic_projection(z, pi)
         certified = float(np.mean(info["converged"].numpy()))
-        t_ours = _step_time(lambda a, b: ops.possibilistic_projection_loss(a, b)[0], z, pi,
-                            repeats)
+        t_ours = _step_time(lambda a, b: ops.possibilistic_projection_loss(a, b)[0], z, pi, repeats)
         t_ce = _step_time(softmax_ce, z, pi, max(repeats, 10))
-        rows.append((k, batch, kind, t_ours, t_ce, certified,
-                     float(np.mean(info["iterations"].numpy())),
-                     float(np.max(info["cycles"].numpy()))))
-        print(f"| {k} | {batch} | {kind} | {t_ours * 1e3:.1f} ms | {t_ours / t_ce:.0f}x | "
-              f"{certified:.3f} | {rows[-1][6]:.1f} | {rows[-1][7]:.0f} |", flush=True)
+        rows.append(
+            (
+                k,
+                batch,
+                kind,
+                t_ours,
+                t_ce,
+                certified,
+                float(np.mean(info["iterations"].numpy())),
+                float(np.max(info["cycles"].numpy())),
+            )
+        )
+        print(
+            f"| {k} | {batch} | {kind} | {t_ours * 1e3:.1f} ms | {t_ours / t_ce:.0f}x | "
+            f"{certified:.3f} | {rows[-1][6]:.1f} | {rows[-1][7]:.0f} |",
+            flush=True,
+        )
     return rows
 
 
@@ -238,27 +288,42 @@ def issue11_paper(taus=(1e-4, 1e-6, 1e-8)):
             ops.possibilistic_projection(logq, pi, **kw)  # compile / warm
             start = time.perf_counter()
             _, info = ops.possibilistic_projection(logq, pi, **kw)
-            out[method] = ((time.perf_counter() - start) / len(logq),
-                           float(np.mean(info["converged"].numpy())))
+            out[method] = (
+                (time.perf_counter() - start) / len(logq),
+                float(np.mean(info["converged"].numpy())),
+            )
         (ti, ci), (td, cd) = out["interior_point"], out["dykstra"]
-        print(f"| {tau:.0e} | {ti:.5f} ({ci:.2f}) | {td:.5f} ({cd:.2f}) | {td / ti:.1f}x |",
-              flush=True)
+        print(
+            f"| {tau:.0e} | {ti:.5f} ({ci:.2f}) | {td:.5f} ({cd:.2f}) | {td / ti:.1f}x |",
+            flush=True,
+        )
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawTextHelpFormatter)
-    parser.add_argument("--quick", action="store_true",
-                        help="K_max = 1000 rows down to 1e-4 plus tau = 1e-6 at K_max = 1e4")
-    parser.add_argument("--issue11", action="store_true",
-                        help="interior point vs Dykstra: training steps and paper n=100 rows")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="K_max = 1000 rows down to 1e-4 plus tau = 1e-6 at K_max = 1e4",
+    )
+    parser.add_argument(
+        "--issue11",
+        action="store_true",
+        help="interior point vs Dykstra: training steps and paper n=100 rows",
+    )
     args = parser.parse_args(argv)
     if args.issue11:
-        print("| K | batch | labels | step (ours) | / softmax CE | certified | mean IPM iters | "
-              "max finish cycles |\n|---|---|---|---|---|---|---|---|")
+        print(
+            "| K | batch | labels | step (ours) | / softmax CE | certified | mean IPM iters | "
+            "max finish cycles |\n|---|---|---|---|---|---|---|---|"
+        )
         issue11_steps()
-        print("\n| tau (n=100, certified, no cap) | s/projection ours (certified) | Dykstra "
-              "(certified) | speed-up |\n|---|---|---|---|")
+        print(
+            "\n| tau (n=100, certified, no cap) | s/projection ours (certified) | Dykstra "
+            "(certified) | speed-up |\n|---|---|---|---|"
+        )
         issue11_paper()
         return
     compile_s, rows = projection_tables(args.quick)

@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from losszoo import ops
 from losszoo._logits import attached_logits
-from losszoo.losses._targets import is_sparse, class_ids
+from losszoo.losses._targets import is_sparse, one_hot_targets
 from losszoo.ops._common import to_compute_dtype
 from losszoo.ops._possibilistic import _check_config, _validate_possibility
 from losszoo.registry import register
@@ -36,10 +36,10 @@ def _scores(y_pred, from_logits):
 
 
 def _labels(y_true, y_pred, name):
-    """Dense ``[..., K]`` labels; integer class ids become one-hot rows."""
+    """Dense ``[..., K]`` labels; class ids become one-hot rows (all NaN for an invalid id)."""
     y_true = tf.convert_to_tensor(y_true)
     if is_sparse(y_true, y_pred):
-        return tf.one_hot(class_ids(y_true, y_pred, name), y_pred.shape[-1], dtype=y_pred.dtype)
+        return one_hot_targets(y_true, y_pred, name)
     if not y_true.shape.is_compatible_with(y_pred.shape):
         raise ValueError(
             f"`{name}` must have the shape of `y_pred` {list(y_pred.shape)} (or hold class "
@@ -105,21 +105,49 @@ class PossibilisticProjectionLoss(keras.losses.Loss):
       0.0
     """
 
-    def __init__(self, tol: float = 1e-8, max_cycles: int = 2000, stopping: str = "certified",
-                 support_mode: str = "floor", gap_tol: float = 1e-10, floor: float = 1e-6,
-                 eps_cap: float = 1e-9, tie_tol: float = 0.0, gap_policy: str = "wide",
-                 q_clip: float = 1e-15, from_logits: bool = True, method: str | None = None,
-                 reduction="sum_over_batch_size", name: str = "possibilistic_projection",
-                 dtype=None):
+    def __init__(
+        self,
+        tol: float = 1e-8,
+        max_cycles: int = 2000,
+        stopping: str = "certified",
+        support_mode: str = "floor",
+        gap_tol: float = 1e-10,
+        floor: float = 1e-6,
+        eps_cap: float = 1e-9,
+        tie_tol: float = 0.0,
+        gap_policy: str = "wide",
+        q_clip: float = 1e-15,
+        from_logits: bool = True,
+        method: str | None = None,
+        reduction="sum_over_batch_size",
+        name: str = "possibilistic_projection",
+        dtype=None,
+    ):
         super().__init__(reduction=reduction, name=name, dtype=dtype)
-        raw = dict(tol=tol, max_cycles=max_cycles, stopping=stopping,
-                   support_mode=support_mode, gap_tol=gap_tol, floor=floor, eps_cap=eps_cap,
-                   tie_tol=tie_tol, gap_policy=gap_policy, q_clip=q_clip, method=method)
+        raw = dict(
+            tol=tol,
+            max_cycles=max_cycles,
+            stopping=stopping,
+            support_mode=support_mode,
+            gap_tol=gap_tol,
+            floor=floor,
+            eps_cap=eps_cap,
+            tie_tol=tie_tol,
+            gap_policy=gap_policy,
+            q_clip=q_clip,
+            method=method,
+        )
         _check_config(compute_dtype="float64", **raw)  # before any conversion
         self.projection_config = {
-            **raw, "tol": float(tol), "max_cycles": int(max_cycles), "gap_tol": float(gap_tol),
-            "floor": float(floor), "eps_cap": float(eps_cap), "tie_tol": float(tie_tol),
-            "q_clip": float(q_clip)}
+            **raw,
+            "tol": float(tol),
+            "max_cycles": int(max_cycles),
+            "gap_tol": float(gap_tol),
+            "floor": float(floor),
+            "eps_cap": float(eps_cap),
+            "tie_tol": float(tie_tol),
+            "q_clip": float(q_clip),
+        }
         self.from_logits = bool(from_logits)
         self._store = threading.local()
 
@@ -148,8 +176,7 @@ class PossibilisticProjectionLoss(keras.losses.Loss):
         return [ProjectionDiagnostic(self, stat) for stat in _STATS]
 
     def get_config(self):
-        return {**super().get_config(), **self.projection_config,
-                "from_logits": self.from_logits}
+        return {**super().get_config(), **self.projection_config, "from_logits": self.from_logits}
 
 
 def _p90(values):
@@ -209,8 +236,11 @@ class ProjectionDiagnostic(keras.metrics.Metric):
             _, info = self.loss.compute(y_true, y_pred)
         # Solver work per row: interior-point iterations plus Dykstra (finishing) cycles;
         # for method="dykstra" both count the same cycles, so take it once.
-        cycles = tf.where(info["iterations"] == info["cycles"], info["cycles"],
-                          info["iterations"] + info["cycles"])
+        cycles = tf.where(
+            info["iterations"] == info["cycles"],
+            info["cycles"],
+            info["iterations"] + info["cycles"],
+        )
         if self.statistic == "mean_cycles":
             value = tf.reduce_sum(tf.cast(cycles, tf.float64))
             count = tf.cast(tf.size(cycles), tf.float64)
@@ -229,8 +259,7 @@ class ProjectionDiagnostic(keras.metrics.Metric):
         return tf.math.divide_no_nan(self.total, self.count)
 
     def get_config(self):
-        return {**super().get_config(), "loss": self.loss.get_config(),
-                "statistic": self.statistic}
+        return {**super().get_config(), "loss": self.loss.get_config(), "statistic": self.statistic}
 
 
 @register(
@@ -241,7 +270,8 @@ class ProjectionDiagnostic(keras.metrics.Metric):
 class AntipignisticKLLoss(keras.losses.Loss):
     """KL to the antipignistic probability of a possibility label (the paper's Model B).
 
-        loss(z; pi) = KL(pdot(pi) || softmax(z)),   pdot_sigma(r) = sum_{j>=r} (pt_j - pt_{j+1}) / j,
+        loss(z; pi) = KL(pdot(pi) || softmax(z)),
+        pdot_sigma(r) = sum_{j>=r} (pt_j - pt_{j+1}) / j,
 
     with ``pt`` the sorted, max-normalised possibilities; gradient ``softmax(z) - pdot``.
     ``pdot`` is the centre of gravity of the credal set and is always admissible, so this
@@ -257,8 +287,14 @@ class AntipignisticKLLoss(keras.losses.Loss):
       0.0
     """
 
-    def __init__(self, floor: float = 0.0, from_logits: bool = True,
-                 reduction="sum_over_batch_size", name: str = "antipignistic_kl", dtype=None):
+    def __init__(
+        self,
+        floor: float = 0.0,
+        from_logits: bool = True,
+        reduction="sum_over_batch_size",
+        name: str = "antipignistic_kl",
+        dtype=None,
+    ):
         super().__init__(reduction=reduction, name=name, dtype=dtype)
         if not 0.0 <= floor < 1.0:
             raise ValueError(f"`floor` must be in [0, 1), got {floor!r}.")
@@ -295,8 +331,13 @@ class VoteKLLoss(keras.losses.Loss):
       True
     """
 
-    def __init__(self, from_logits: bool = True, reduction="sum_over_batch_size",
-                 name: str = "vote_kl", dtype=None):
+    def __init__(
+        self,
+        from_logits: bool = True,
+        reduction="sum_over_batch_size",
+        name: str = "vote_kl",
+        dtype=None,
+    ):
         super().__init__(reduction=reduction, name=name, dtype=dtype)
         self.from_logits = bool(from_logits)
 

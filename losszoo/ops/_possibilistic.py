@@ -145,8 +145,20 @@ def _check_choice(value, choices, name):
         raise ValueError(f"`{name}` must be one of {choices}, got {value!r}.")
 
 
-def _check_config(tol, gap_tol, max_cycles, stopping, support_mode, floor, eps_cap, tie_tol,
-                  gap_policy, q_clip, compute_dtype, method=None):
+def _check_config(
+    tol,
+    gap_tol,
+    max_cycles,
+    stopping,
+    support_mode,
+    floor,
+    eps_cap,
+    tie_tol,
+    gap_policy,
+    q_clip,
+    compute_dtype,
+    method=None,
+):
     """Validate the hyper-parameters (Python numbers); raise naming the argument."""
     _check_choice(stopping, _STOPPING, "stopping")
     _check_choice(support_mode, _SUPPORT, "support_mode")
@@ -168,8 +180,10 @@ def _check_config(tol, gap_tol, max_cycles, stopping, support_mode, floor, eps_c
     _resolve_method(method, stopping)
 
 
-_POSSIBILITY_RULE = ("must hold finite possibility degrees in [0, 1] with row maximum 1 "
-                     "(a normalised possibility distribution)")
+_POSSIBILITY_RULE = (
+    "must hold finite possibility degrees in [0, 1] with row maximum 1 "
+    "(a normalised possibility distribution)"
+)
 _MAX_ONE_TOL = 1e-6
 
 
@@ -231,7 +245,9 @@ def _warn_uncertified(info):
         warnings.warn(
             f"possibilistic projection: {n} row(s) not certified (worst residual {worst:.3g}); "
             "see info['converged'] / info['residual'] (raise `max_cycles`).",
-            RuntimeWarning, stacklevel=3)
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 _METHODS = ("interior_point", "dykstra")
@@ -246,7 +262,8 @@ def _resolve_method(method, stopping):
         raise ValueError(
             f"`method`='interior_point' only supports stopping='certified' (the 'paper' and "
             f"'fixed' rules count Dykstra cycles); got `stopping`={stopping!r}. Use "
-            "method='dykstra'.")
+            "method='dykstra'."
+        )
     return method
 
 
@@ -331,14 +348,20 @@ def _constraints_2d(pi, eps_cap, tie_tol, support_mode, floor, gap_policy):
     else:
         upper = tf.where(strict, g, zeros)
     bound = 1.0 - pt[:, 1:]
-    return PossibilityConstraints(order, pt, bound, lower, upper, active, strict, eps,
-                                  n_support, valid)
+    return PossibilityConstraints(
+        order, pt, bound, lower, upper, active, strict, eps, n_support, valid
+    )
 
 
-def possibility_constraints(possibility, eps_cap: float = 1e-9, tie_tol: float = 0.0,
-                            support_mode: str = "floor", floor: float = 1e-6,
-                            gap_policy: str = "wide", name: str | None = None
-                            ) -> PossibilityConstraints:
+def possibility_constraints(
+    possibility,
+    eps_cap: float = 1e-9,
+    tie_tol: float = 0.0,
+    support_mode: str = "floor",
+    floor: float = 1e-6,
+    gap_policy: str = "wide",
+    name: str | None = None,
+) -> PossibilityConstraints:
     """Sorted constraint data of the admissible set ``F(pi)`` for a batch (spec 1.3-1.4).
 
     In sorted coordinates the constraint matrix is the same for every example; only the
@@ -502,8 +525,9 @@ def _check(x, lp, ll, lu, cst):
     slack_up = cst["up"] - d
     viol = tf.maximum(tf.maximum(-slack_pref, -slack_low), -slack_up)
     v = tf.maximum(tf.reduce_max(tf.where(act, viol, zero), axis=0), 0.0)
-    gap = tf.reduce_sum(tf.where(act, lp * slack_pref + ll * slack_low + lu * slack_up, zero),
-                        axis=0)
+    gap = tf.reduce_sum(
+        tf.where(act, lp * slack_pref + ll * slack_low + lu * slack_up, zero), axis=0
+    )
     return v, gap
 
 
@@ -530,7 +554,7 @@ def _sweep(kind, x, lam_old, cst, unroll):
         arrays.update(tails=suffix[:-1], pt_next=cst["pt_next"], ratio=cst["ratio"])
 
         def step_at(arr, r, carry):
-            prefix, = carry
+            (prefix,) = carry
             prefix = (prefix + arr["z"][r]) * tf.exp(-arr["lam_old"][r])  # remove old
             t = arr["tails"][r]
             viol = arr["act"][r] & (t > arr["pt_next"][r] * (prefix + t))
@@ -632,15 +656,29 @@ def _check_list(x, lp, ll, lu, cst):
         slack_up = cst["up"][r] - d
         viol = tf.maximum(tf.maximum(-slack_pref, -slack_low), -slack_up)
         viol = tf.where(act, viol, tf.zeros_like(viol))
-        term = tf.where(act, lp[r] * slack_pref + ll[r] * slack_low + lu[r] * slack_up,
-                        tf.zeros_like(viol))
+        term = tf.where(
+            act, lp[r] * slack_pref + ll[r] * slack_low + lu[r] * slack_up, tf.zeros_like(viol)
+        )
         v = viol if v is None else tf.maximum(v, viol)
         gap = term if gap is None else gap + term
     return tf.maximum(v, 0.0), gap
 
 
-def _project_core_small(lq, pt_next, ratio, lo, up, act, active, tol, gap_tol, max_cycles,
-                        stopping, cycles_per_iter=_SMALL_K_CYCLES_PER_ITER, lam_init=None):
+def _project_core_small(
+    lq,
+    pt_next,
+    ratio,
+    lo,
+    up,
+    act,
+    active,
+    tol,
+    gap_tol,
+    max_cycles,
+    stopping,
+    cycles_per_iter=_SMALL_K_CYCLES_PER_ITER,
+    lam_init=None,
+):
     """:func:`_project_core` for small K: every step unrolled on lists of [B] vectors.
 
     One while-loop iteration runs ``cycles_per_iter`` full cycles, each followed by the
@@ -648,8 +686,14 @@ def _project_core_small(lq, pt_next, ratio, lo, up, act, active, tol, gap_tol, m
     the same as one cycle per iteration; only the loop overhead is paid less often.
     """
     lq_l = tf.unstack(lq)
-    cst = {"pt_next": tf.unstack(pt_next), "ratio": tf.unstack(ratio), "lo": tf.unstack(lo),
-           "up": tf.unstack(up), "neg_up": tf.unstack(-up), "act": tf.unstack(act)}
+    cst = {
+        "pt_next": tf.unstack(pt_next),
+        "ratio": tf.unstack(ratio),
+        "lo": tf.unstack(lo),
+        "up": tf.unstack(up),
+        "neg_up": tf.unstack(-up),
+        "act": tf.unstack(act),
+    }
 
     def body(k, lp, ll, lu, active, cycles, v, gap):
         lp, ll, lu = tf.unstack(lp), tf.unstack(ll), tf.unstack(lu)
@@ -659,8 +703,11 @@ def _project_core_small(lq, pt_next, ratio, lo, up, act, active, tol, gap_tol, m
             nlu = _sweep("up", _at_lambda_list(lq_l, nlp, nll, lu), lu, cst, True)
             nv, ngap = _check_list(_at_lambda_list(lq_l, nlp, nll, nlu), nlp, nll, nlu, cst)
             feasible = nv <= tol
-            done = tf.where(tf.equal(stopping, 0), feasible,
-                            feasible & (tf.abs(ngap) <= gap_tol) & tf.equal(stopping, 1))
+            done = tf.where(
+                tf.equal(stopping, 0),
+                feasible,
+                feasible & (tf.abs(ngap) <= gap_tol) & tf.equal(stopping, 1),
+            )
             run = active & (k + j < max_cycles)
             lp = [tf.where(run, a, b) for a, b in zip(nlp, lp)]
             ll = [tf.where(run, a, b) for a, b in zip(nll, ll)]
@@ -669,14 +716,28 @@ def _project_core_small(lq, pt_next, ratio, lo, up, act, active, tol, gap_tol, m
             gap = tf.where(run, ngap, gap)
             cycles = cycles + tf.cast(run, tf.int32)
             active = active & ~(run & done)
-        return (k + cycles_per_iter, tf.stack(lp), tf.stack(ll), tf.stack(lu), active, cycles,
-                v, gap)
+        return (
+            k + cycles_per_iter,
+            tf.stack(lp),
+            tf.stack(ll),
+            tf.stack(lu),
+            active,
+            cycles,
+            v,
+            gap,
+        )
 
     zeros = tf.zeros_like(pt_next)
     lam0 = (zeros, zeros, zeros) if lam_init is None else tuple(lam_init)
     batch = tf.shape(active)[0]
-    init = (tf.constant(0), *lam0, active, tf.zeros([batch], tf.int32),
-            tf.zeros([batch], _F64), tf.zeros([batch], _F64))
+    init = (
+        tf.constant(0),
+        *lam0,
+        active,
+        tf.zeros([batch], tf.int32),
+        tf.zeros([batch], _F64),
+        tf.zeros([batch], _F64),
+    )
 
     def cond(k, lp, ll, lu, active, *_):
         return (k < max_cycles) & (tf.reduce_any(active) | tf.equal(stopping, 2))
@@ -691,29 +752,60 @@ def _cst_stacked(pt_next, ratio, lo, up, act):
     return {"pt_next": pt_next, "ratio": ratio, "lo": lo, "up": up, "act": act}
 
 
-def _project_core(lq, pt_next, ratio, lo, up, act, active, tol, gap_tol, max_cycles,
-                  stopping, *, unroll, lam_init=None):
+def _project_core(
+    lq,
+    pt_next,
+    ratio,
+    lo,
+    up,
+    act,
+    active,
+    tol,
+    gap_tol,
+    max_cycles,
+    stopping,
+    *,
+    unroll,
+    lam_init=None,
+):
     """Dual-form Dykstra in sorted, time-major coordinates.
 
     Args: lq [K, B] sorted log q (normalised, -inf outside the support); pt_next, ratio,
     lo, up [m1, B] float; act [m1, B] bool; active [B] bool (rows to iterate).
     tol, gap_tol (float64), max_cycles and stopping (int32: 0 paper, 1 certified, 2 fixed)
-    are tensors, so changing them does not recompile. Returns: x [K, B] (log projection, normalised), lam [3, m1, B], cycles [B] int32,
-    V [B], gap [B].
+    are tensors, so changing them does not recompile. Returns: x [K, B] (log projection,
+    normalised), lam [3, m1, B], cycles [B] int32, V [B], gap [B].
     """
     if unroll:
-        return _project_core_small(lq, pt_next, ratio, lo, up, act, active, tol, gap_tol,
-                                   max_cycles, stopping, lam_init=lam_init)
+        return _project_core_small(
+            lq,
+            pt_next,
+            ratio,
+            lo,
+            up,
+            act,
+            active,
+            tol,
+            gap_tol,
+            max_cycles,
+            stopping,
+            lam_init=lam_init,
+        )
     cst = {"pt_next": pt_next, "ratio": ratio, "lo": lo, "up": up, "neg_up": -up, "act": act}
     zeros = tf.zeros_like(pt_next)
     body = functools.partial(_rolled_body, tol=tol, gap_tol=gap_tol, stopping=stopping)
     batch = tf.shape(active)[0]
     lam0 = (zeros, zeros, zeros) if lam_init is None else tuple(lam_init)
-    init = (tf.constant(0), *lam0, active, tf.zeros([batch], tf.int32),
-            tf.zeros([batch], _F64), tf.zeros([batch], _F64))
+    init = (
+        tf.constant(0),
+        *lam0,
+        active,
+        tf.zeros([batch], tf.int32),
+        tf.zeros([batch], _F64),
+        tf.zeros([batch], _F64),
+    )
     sizes = _compaction_sizes(active.shape[0])
-    _, lp, ll, lu, _, cycles, _, _ = _run_stages(lq, cst, init, sizes, body, max_cycles,
-                                                 stopping)
+    _, lp, ll, lu, _, cycles, _, _ = _run_stages(lq, cst, init, sizes, body, max_cycles, stopping)
     x = _normalize_log(lq + _at_lambda(lp, ll, lu))
     v, gap = _check(x, lp, ll, lu, cst)
     return x, tf.stack([lp, ll, lu], axis=0), cycles, v, gap
@@ -732,8 +824,11 @@ def _rolled_body(lq, cst, *, tol, gap_tol, stopping):
         nlp, nll, nlu = cycle(lp, ll, lu)
         nv, ngap = _check(lq + _at_lambda(nlp, nll, nlu), nlp, nll, nlu, cst)
         feasible = nv <= tol
-        done = tf.where(tf.equal(stopping, 0), feasible,
-                        feasible & (tf.abs(ngap) <= gap_tol) & tf.equal(stopping, 1))
+        done = tf.where(
+            tf.equal(stopping, 0),
+            feasible,
+            feasible & (tf.abs(ngap) <= gap_tol) & tf.equal(stopping, 1),
+        )
         sel = active[None, :]
         lp = tf.where(sel, nlp, lp)
         ll = tf.where(sel, nll, ll)
@@ -786,21 +881,38 @@ def _run_stages(lq, cst, state, sizes, body, max_cycles, stopping):
         return tf.gather(t, idx, axis=axis)
 
     sub_cst = {key: take(val, 1) for key, val in cst.items()}
-    sub = (k, take(lp, 1), take(ll, 1), take(lu, 1), take(active, 0), take(cycles, 0),
-           take(v, 0), take(gap, 0))
-    k, slp, sll, slu, sactive, scycles, sv, sgap = _run_stages(take(lq, 1), sub_cst, sub, sizes[1:],
-                                                         body, max_cycles, stopping)
+    sub = (
+        k,
+        take(lp, 1),
+        take(ll, 1),
+        take(lu, 1),
+        take(active, 0),
+        take(cycles, 0),
+        take(v, 0),
+        take(gap, 0),
+    )
+    k, slp, sll, slu, sactive, scycles, sv, sgap = _run_stages(
+        take(lq, 1), sub_cst, sub, sizes[1:], body, max_cycles, stopping
+    )
     ids = idx[:, None]
 
     def put(full, part, axis):
         if axis == 0:
             return tf.tensor_scatter_nd_update(full, ids, part)
-        return tf.transpose(tf.tensor_scatter_nd_update(tf.transpose(full), ids,
-                                                        tf.transpose(part)))
+        return tf.transpose(
+            tf.tensor_scatter_nd_update(tf.transpose(full), ids, tf.transpose(part))
+        )
 
-    return (k, put(lp, slp, 1), put(ll, sll, 1), put(lu, slu, 1), put(active, sactive, 0),
-            put(cycles, scycles, 0), put(v, sv, 0), put(gap, sgap, 0))
-
+    return (
+        k,
+        put(lp, slp, 1),
+        put(ll, sll, 1),
+        put(lu, slu, 1),
+        put(active, sactive, 0),
+        put(cycles, scycles, 0),
+        put(v, sv, 0),
+        put(gap, sgap, 0),
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -844,12 +956,23 @@ def _penta_solve(d0, d1, d2, rhs):
         l1 = (d1p[i] - l2 * l1a) / l0a
         l0 = tf.sqrt(tf.maximum(d0[i] - l1 * l1 - l2 * l2, 1e-300))
         y = (rhs[i] - l2 * yb - l1 * ya) / l0
-        return (i + 1, l0, l0a, l1, y, ya, ta0.write(i, l0), ta1.write(i, l1),
-                ta2.write(i, l2), tay.write(i, y))
+        return (
+            i + 1,
+            l0,
+            l0a,
+            l1,
+            y,
+            ya,
+            ta0.write(i, l0),
+            ta1.write(i, l1),
+            ta2.write(i, l2),
+            tay.write(i, y),
+        )
 
     tas = [tf.TensorArray(_F64, size=n, element_shape=one.shape) for _ in range(4)]
-    res = tf.while_loop(lambda i, *_: i < n, fwd,
-                        (tf.constant(0), one, one, zero, zero, zero, *tas))
+    res = tf.while_loop(
+        lambda i, *_: i < n, fwd, (tf.constant(0), one, one, zero, zero, zero, *tas)
+    )
     l0, l1, l2, y = [t.stack() for t in res[6:]]
     l1n = tf.concat([l1[1:], tf.zeros_like(l1[:1])], 0)  # L[i+1, i]
     l2n = tf.concat([l2[2:], tf.zeros_like(l2[:2])], 0)  # L[i+2, i]
@@ -881,8 +1004,7 @@ def _reduce_ties(lq, pt, strict, lo, up, in_support, pdot):
     ids = bid + tf.range(batch)[:, None] * k
 
     def seg(v):
-        out = tf.math.unsorted_segment_sum(tf.reshape(v, [-1]), tf.reshape(ids, [-1]),
-                                           batch * k)
+        out = tf.math.unsorted_segment_sum(tf.reshape(v, [-1]), tf.reshape(ids, [-1]), batch * k)
         return tf.reshape(out, [batch, k])
 
     sup = tf.cast(in_support, _F64)
@@ -901,8 +1023,18 @@ def _reduce_ties(lq, pt, strict, lo, up, in_support, pdot):
     c = pblock[:, 1:]
     tm = tf.transpose
     mdot = seg(tf.where(in_support, pdot, 0.0))
-    return {"mdot": tm(mdot), "w": tm(w_safe), "g": tm(g), "c": tm(c), "lo": tm(lob), "up": tm(upb),
-            "real": tm(real), "var": tm(var), "bid": bid, "n_blocks": n_blocks}
+    return {
+        "mdot": tm(mdot),
+        "w": tm(w_safe),
+        "g": tm(g),
+        "c": tm(c),
+        "lo": tm(lob),
+        "up": tm(upb),
+        "real": tm(real),
+        "var": tm(var),
+        "bid": bid,
+        "n_blocks": n_blocks,
+    }
 
 
 def _ipm_dual_point(red, lam1, lam2, lam3):
@@ -992,8 +1124,7 @@ def _ipm_core(red, m0, active, tol, gap_tol, max_iter):
         w1 = tf.where(var, l1 / s1, 0.0)
         w2 = tf.where(var, l2 / s2 + l3 / s3, 0.0)
         im = tf.where(real & (m > 0.0), 1.0 / safe_m, 0.0)
-        d0 = im[:-1] + im[1:] + w1 + _next(w2 * a_c * a_c) + w2 * b_c * b_c + _prev(
-            w2 * g_c * g_c)
+        d0 = im[:-1] + im[1:] + w1 + _next(w2 * a_c * a_c) + w2 * b_c * b_c + _prev(w2 * g_c * g_c)
         d1 = -im[1:] + _next(w2 * a_c * b_c) + w2 * b_c * g_c
         d2 = _next(w2 * a_c * g_c)
         d0 = tf.where(var, d0, 1.0)
@@ -1006,8 +1137,11 @@ def _ipm_core(red, m0, active, tol, gap_tol, max_iter):
         dy = (-du, dsh, -dsh)
         ds = [tf.where(var, d + r, 0.0) for d, r in zip(dy, rp)]
         dl = [tf.where(var, -(c + lam * d) / s, 0.0) for c, lam, d, s in zip(rc, ll, ds, ss)]
-        dm = tf.where(real, tf.concat([tf.zeros_like(du[:1]), du], 0)
-                      - tf.concat([du, tf.zeros_like(du[:1])], 0), 0.0)
+        dm = tf.where(
+            real,
+            tf.concat([tf.zeros_like(du[:1]), du], 0) - tf.concat([du, tf.zeros_like(du[:1])], 0),
+            0.0,
+        )
         inf = tf.constant(np.inf, _F64)
 
         def max_step(x, dx, mask):
@@ -1017,15 +1151,16 @@ def _ipm_core(red, m0, active, tol, gap_tol, max_iter):
         steps = [max_step(s, d, var) for s, d in zip(ss, ds)]
         steps += [max_step(lam, d, var) for lam, d in zip(ll, dl)]
         steps.append(max_step(m, dm, real))
-        alpha = tf.minimum(tf.constant(1.0, _F64), _IPM_STEP * tf.reduce_min(tf.stack(steps), axis=0))
+        alpha = tf.minimum(
+            tf.constant(1.0, _F64), _IPM_STEP * tf.reduce_min(tf.stack(steps), axis=0)
+        )
         a = alpha[None, :]
         nu_ = u + a * du
         nss = [s + a * d for s, d in zip(ss, ds)]
         nll = [lam + a * d for lam, d in zip(ll, dl)]
         # Rows whose step is not finite (exhausted float64 near the solution) stop here.
         fin = tf.reduce_all(tf.math.is_finite(tf.concat([nu_] + nss + nll, 0)), axis=0)
-        fin &= tf.reduce_all((tf.concat(nss + nll, 0) > 0.0) | ~tf.concat([var] * 6, 0),
-                             axis=0)
+        fin &= tf.reduce_all((tf.concat(nss + nll, 0) > 0.0) | ~tf.concat([var] * 6, 0), axis=0)
         run = active & fin
         sel = run[None, :]
         u = tf.where(sel, nu_, u)
@@ -1042,8 +1177,16 @@ def _ipm_core(red, m0, active, tol, gap_tol, max_iter):
         return (it + 1, u, *ss, *ll, run & ~done, iters, best_score, *best)
 
     batch = tf.shape(active)[0]
-    init = (tf.constant(0), u0, *s_init, *l_init, active, tf.zeros([batch], tf.int32),
-            tf.fill([batch], tf.constant(np.inf, _F64)), *[tf.zeros_like(zero)] * 3)
+    init = (
+        tf.constant(0),
+        u0,
+        *s_init,
+        *l_init,
+        active,
+        tf.zeros([batch], tf.int32),
+        tf.fill([batch], tf.constant(np.inf, _F64)),
+        *[tf.zeros_like(zero)] * 3,
+    )
 
     def cond(it, *state):
         return (it < max_iter) & tf.reduce_any(state[7])
@@ -1066,12 +1209,14 @@ def _ipm_solve(lq, pt, strict, lo, up, in_support, run, tol, gap_tol, max_iter):
     m0 = tf.where(red["real"], 0.5 * qm + 0.5 * mdot, 0.0)
     # Aim well below the certificate (gap 1e-10 only bounds |p - p*|_1 by 1.4e-5): the
     # interior point converges superlinearly at the end, so this costs a few iterations.
-    lam1, lam2, lam3, iters = _ipm_core(red, m0, run, tol * _IPM_SHARPEN,
-                                        gap_tol * _IPM_SHARPEN, max_iter)
+    lam1, lam2, lam3, iters = _ipm_core(
+        red, m0, run, tol * _IPM_SHARPEN, gap_tol * _IPM_SHARPEN, max_iter
+    )
     xm = _ipm_dual_point(red, lam1, lam2, lam3)  # [K, B] block log masses
     bid = red["bid"]
     per_class = tf.gather(tf.transpose(xm - tf.math.log(red["w"])), bid, batch_dims=1)
     x = tf.transpose(tf.where(in_support, per_class, tf.constant(-np.inf, _F64)))
+
     # Multipliers in the original indexing: boundary r of block j carries block j's values;
     # inside a tie block, nu_r = mu_r (lower minus upper) solves the stationarity of the
     # tied coordinates: mu_i - mu_{i-1} = (block mean of log q) - log q_i + (nu_j - nu_{j-1})/w_j.
@@ -1084,9 +1229,13 @@ def _ipm_solve(lq, pt, strict, lo, up, in_support, run, tol, gap_tol, max_iter):
     nu_prev = tf.concat([tf.zeros_like(pt[:, :1]), nu_blk[:, :-1]], 1)
     w_cls = tf.gather(tf.transpose(red["w"]), bid, batch_dims=1)
     mean_lq = tf.gather(tf.transpose(red["g"] - tf.math.log(red["w"])), bid, batch_dims=1)
-    step = tf.where(in_support, mean_lq - tf.where(in_support, lq, 0.0)
-                    + (tf.gather(nu_blk, bid, batch_dims=1)
-                       - tf.gather(nu_prev, bid, batch_dims=1)) / w_cls, 0.0)
+    step = tf.where(
+        in_support,
+        mean_lq
+        - tf.where(in_support, lq, 0.0)
+        + (tf.gather(nu_blk, bid, batch_dims=1) - tf.gather(nu_prev, bid, batch_dims=1)) / w_cls,
+        0.0,
+    )
     csum = _cumsum_rows(step)
     w_start = _cumsum_rows(tf.transpose(red["w"])) - tf.transpose(red["w"])  # block starts
     start_idx = tf.cast(tf.gather(w_start, bid, batch_dims=1), tf.int32)
@@ -1110,8 +1259,19 @@ def _run_core(*args, jit=True, **kwargs):
     return fn(*args, **kwargs)
 
 
-def _project_2d(lq_full, cons: PossibilityConstraints, support_mode, tol, gap_tol, max_cycles,
-                stopping, q_clip, unroll_max_k, jit, method="dykstra"):
+def _project_2d(
+    lq_full,
+    cons: PossibilityConstraints,
+    support_mode,
+    tol,
+    gap_tol,
+    max_cycles,
+    stopping,
+    q_clip,
+    unroll_max_k,
+    jit,
+    method="dykstra",
+):
     """lq_full [B, K] float64 log q (normalised on the support). Returns p [B, K], info."""
     k = lq_full.shape[-1]
     m1 = k - 1
@@ -1120,10 +1280,16 @@ def _project_2d(lq_full, cons: PossibilityConstraints, support_mode, tol, gap_to
     if m1 == 0:
         p = tf.exp(lq_full)
         zeros = tf.zeros([batch], _F64)
-        info = {"iterations": tf.zeros([batch], tf.int32),
-                "cycles": tf.zeros([batch], tf.int32), "residual": zeros, "max_violation": zeros,
-                "duality_gap": zeros, "converged": valid, "valid": valid,
-                "lambda": tf.zeros([batch, 3, 0], _F64)}
+        info = {
+            "iterations": tf.zeros([batch], tf.int32),
+            "cycles": tf.zeros([batch], tf.int32),
+            "residual": zeros,
+            "max_violation": zeros,
+            "duality_gap": zeros,
+            "converged": valid,
+            "valid": valid,
+            "lambda": tf.zeros([batch, 3, 0], _F64),
+        }
         return p, info
     order = cons.order
     inverse = tf.argsort(order, axis=-1, stable=True)
@@ -1138,37 +1304,73 @@ def _project_2d(lq_full, cons: PossibilityConstraints, support_mode, tol, gap_to
     has_strict = tf.reduce_any(cons.strict, axis=-1)
     run = valid & (n >= 2) & has_strict
     pt_next = pt[:, 1:]
-    ratio = tf.where(cons.active, cons.dominance_bound / tf.where(cons.active, pt_next, 1.0),
-                     tf.ones_like(pt_next))
+    ratio = tf.where(
+        cons.active,
+        cons.dominance_bound / tf.where(cons.active, pt_next, 1.0),
+        tf.ones_like(pt_next),
+    )
 
     def tm(t):
         return tf.transpose(t)
 
     if method == "interior_point":
         fn = _IPM_JIT if jit else _ipm_solve
-        x, lam, iterations = fn(lq, pt, cons.strict, cons.gap_lower, cons.gap_upper,
-                                in_support, run, tf.constant(tol, _F64),
-                                tf.constant(gap_tol, _F64), tf.constant(_IPM_MAX_ITER, tf.int32))
+        x, lam, iterations = fn(
+            lq,
+            pt,
+            cons.strict,
+            cons.gap_lower,
+            cons.gap_upper,
+            in_support,
+            run,
+            tf.constant(tol, _F64),
+            tf.constant(gap_tol, _F64),
+            tf.constant(_IPM_MAX_ITER, tf.int32),
+        )
         # Rows the interior point could not certify (float64 exhausted near the solution)
         # are finished by certified Dykstra warm-started from the interior-point multipliers.
-        cst = {"pt_next": tm(pt_next), "lo": tm(cons.gap_lower), "up": tm(cons.gap_upper),
-               "act": tm(cons.active)}
+        cst = {
+            "pt_next": tm(pt_next),
+            "lo": tm(cons.gap_lower),
+            "up": tm(cons.gap_upper),
+            "act": tm(cons.active),
+        }
         v0, gap0 = _check(x, lam[0], lam[1], lam[2], cst)
         finish = run & ~((v0 <= tol) & (tf.abs(gap0) <= gap_tol))
         x2, lam2, cycles, _, _ = _run_core(
-            tm(lq), tm(pt_next), tm(ratio), tm(cons.gap_lower), tm(cons.gap_upper),
-            tm(cons.active), finish, tf.constant(tol, _F64), tf.constant(gap_tol, _F64),
-            tf.constant(max_cycles, tf.int32), tf.constant(1, tf.int32),
-            unroll=bool(k <= unroll_max_k), jit=jit, lam_init=tuple(tf.unstack(lam)))
+            tm(lq),
+            tm(pt_next),
+            tm(ratio),
+            tm(cons.gap_lower),
+            tm(cons.gap_upper),
+            tm(cons.active),
+            finish,
+            tf.constant(tol, _F64),
+            tf.constant(gap_tol, _F64),
+            tf.constant(max_cycles, tf.int32),
+            tf.constant(1, tf.int32),
+            unroll=bool(k <= unroll_max_k),
+            jit=jit,
+            lam_init=tuple(tf.unstack(lam)),
+        )
         x = tf.where(finish[None, :], x2, x)
         lam = tf.where(finish[None, None, :], lam2, lam)
     else:
         x, lam, cycles, _, _ = _run_core(
-            tm(lq), tm(pt_next), tm(ratio), tm(cons.gap_lower), tm(cons.gap_upper),
-            tm(cons.active), run, tf.constant(tol, _F64), tf.constant(gap_tol, _F64),
-            tf.constant(max_cycles, tf.int32), tf.constant(_STOPPING_CODE[stopping], tf.int32),
+            tm(lq),
+            tm(pt_next),
+            tm(ratio),
+            tm(cons.gap_lower),
+            tm(cons.gap_upper),
+            tm(cons.active),
+            run,
+            tf.constant(tol, _F64),
+            tf.constant(gap_tol, _F64),
+            tf.constant(max_cycles, tf.int32),
+            tf.constant(_STOPPING_CODE[stopping], tf.int32),
             unroll=bool(k <= unroll_max_k),
-            jit=jit)
+            jit=jit,
+        )
         iterations = cycles
     x = tf.transpose(x)
     # Short-circuits: no strict drop -> uniform on the support; n <= 1 or invalid -> q.
@@ -1177,9 +1379,18 @@ def _project_2d(lq_full, cons: PossibilityConstraints, support_mode, tol, gap_to
     p_sorted = tf.where((valid & (n >= 2) & ~has_strict)[:, None], uniform, p_sorted)
     lam = tf.where(run[None, None, :], lam, tf.zeros_like(lam))  # [3, m1, B]
     # Diagnostics of the returned point (uniform / q rows included).
-    v, gap = _check(tf.transpose(tf.math.log(p_sorted)), lam[0], lam[1], lam[2],
-                    {"pt_next": tm(pt_next), "lo": tm(cons.gap_lower),
-                     "up": tm(cons.gap_upper), "act": tm(cons.active)})
+    v, gap = _check(
+        tf.transpose(tf.math.log(p_sorted)),
+        lam[0],
+        lam[1],
+        lam[2],
+        {
+            "pt_next": tm(pt_next),
+            "lo": tm(cons.gap_lower),
+            "up": tm(cons.gap_upper),
+            "act": tm(cons.active),
+        },
+    )
     if stopping == "paper":
         converged = v <= tol
     else:
@@ -1224,34 +1435,95 @@ def _prepare(logits, possibility, cfg):
     return z, z2, tf.cast(pi2, _F64), restore
 
 
-def _config(tol, gap_tol, max_cycles, stopping, support_mode, floor, eps_cap, tie_tol,
-            gap_policy, q_clip, compute_dtype, method=None):
-    return {"check": dict(tol=tol, gap_tol=gap_tol, max_cycles=max_cycles, stopping=stopping,
-                          support_mode=support_mode, floor=floor, eps_cap=eps_cap,
-                          tie_tol=tie_tol, gap_policy=gap_policy, q_clip=q_clip,
-                          compute_dtype=compute_dtype, method=method)}
+def _config(
+    tol,
+    gap_tol,
+    max_cycles,
+    stopping,
+    support_mode,
+    floor,
+    eps_cap,
+    tie_tol,
+    gap_policy,
+    q_clip,
+    compute_dtype,
+    method=None,
+):
+    return {
+        "check": dict(
+            tol=tol,
+            gap_tol=gap_tol,
+            max_cycles=max_cycles,
+            stopping=stopping,
+            support_mode=support_mode,
+            floor=floor,
+            eps_cap=eps_cap,
+            tie_tol=tie_tol,
+            gap_policy=gap_policy,
+            q_clip=q_clip,
+            compute_dtype=compute_dtype,
+            method=method,
+        )
+    }
 
 
-def _projection_from_z(z2, pi2, *, tol, gap_tol, max_cycles, stopping, support_mode, floor,
-                       eps_cap, tie_tol, gap_policy, q_clip, unroll_max_k, jit,
-                       method="interior_point"):
+def _projection_from_z(
+    z2,
+    pi2,
+    *,
+    tol,
+    gap_tol,
+    max_cycles,
+    stopping,
+    support_mode,
+    floor,
+    eps_cap,
+    tie_tol,
+    gap_policy,
+    q_clip,
+    unroll_max_k,
+    jit,
+    method="interior_point",
+):
     """z2 [B, K] float64 logits (may carry a tape) -> (p*, info, masked z, log q)."""
     support = _support_of(pi2, support_mode)
     lq, zm = _log_q(z2, support)
     cons = _constraints_2d(pi2, eps_cap, tie_tol, support_mode, floor, gap_policy)
-    p, info = _project_2d(tf.stop_gradient(lq), cons, support_mode, tol, gap_tol, max_cycles,
-                          stopping, q_clip, unroll_max_k, jit, method=method)
+    p, info = _project_2d(
+        tf.stop_gradient(lq),
+        cons,
+        support_mode,
+        tol,
+        gap_tol,
+        max_cycles,
+        stopping,
+        q_clip,
+        unroll_max_k,
+        jit,
+        method=method,
+    )
     return p, info, zm, lq
 
 
-def possibilistic_projection(logits_or_log_probs, possibility, tol: float = 1e-8,
-                             max_cycles: int = 2000, stopping: str = "certified",
-                             support_mode: str = "floor", gap_tol: float = 1e-10,
-                             floor: float = 1e-6, eps_cap: float = 1e-9, tie_tol: float = 0.0,
-                             gap_policy: str = "wide", q_clip: float = 1e-15,
-                             compute_dtype: str = "float64", unroll_max_k: int = 8,
-                             jit: bool = True, method: str | None = None,
-                             name: str | None = None):
+def possibilistic_projection(
+    logits_or_log_probs,
+    possibility,
+    tol: float = 1e-8,
+    max_cycles: int = 2000,
+    stopping: str = "certified",
+    support_mode: str = "floor",
+    gap_tol: float = 1e-10,
+    floor: float = 1e-6,
+    eps_cap: float = 1e-9,
+    tie_tol: float = 0.0,
+    gap_policy: str = "wide",
+    q_clip: float = 1e-15,
+    compute_dtype: str = "float64",
+    unroll_max_k: int = 8,
+    jit: bool = True,
+    method: str | None = None,
+    name: str | None = None,
+):
     """KL projection ``p* = argmin_{p in F(pi)} KL(p || q)``, ``q = softmax(logits)``.
 
     Dykstra's algorithm with KL projections in its one-scalar-per-constraint dual form
@@ -1292,17 +1564,41 @@ def possibilistic_projection(logits_or_log_probs, possibility, tol: float = 1e-8
       >>> p.numpy().round(6)
       array([[0.49    , 0.255981, 0.254019]], dtype=float32)
     """
-    cfg = _config(tol, gap_tol, max_cycles, stopping, support_mode, floor, eps_cap, tie_tol,
-                  gap_policy, q_clip, compute_dtype, method)
+    cfg = _config(
+        tol,
+        gap_tol,
+        max_cycles,
+        stopping,
+        support_mode,
+        floor,
+        eps_cap,
+        tie_tol,
+        gap_policy,
+        q_clip,
+        compute_dtype,
+        method,
+    )
     with tf.name_scope(name or "possibilistic_projection"):
         z, z2, pi2, restore = _prepare(logits_or_log_probs, possibility, cfg)
         dtype = z.dtype if z.dtype.is_floating else tf.float32
         z2 = tf.stop_gradient(tf.cast(z2, _F64))
         p, info, _, _ = _projection_from_z(
-            z2, pi2, tol=tol, gap_tol=gap_tol, max_cycles=max_cycles, stopping=stopping,
-            support_mode=support_mode, floor=floor, eps_cap=eps_cap, tie_tol=tie_tol,
-            gap_policy=gap_policy, q_clip=q_clip, unroll_max_k=unroll_max_k, jit=jit,
-            method=_resolve_method(method, stopping))
+            z2,
+            pi2,
+            tol=tol,
+            gap_tol=gap_tol,
+            max_cycles=max_cycles,
+            stopping=stopping,
+            support_mode=support_mode,
+            floor=floor,
+            eps_cap=eps_cap,
+            tie_tol=tie_tol,
+            gap_policy=gap_policy,
+            q_clip=q_clip,
+            unroll_max_k=unroll_max_k,
+            jit=jit,
+            method=_resolve_method(method, stopping),
+        )
         invalid = _possibility_invalid(pi2) | row_has_nan(z2)
         p = nan_where(invalid[:, None], p)
         info["valid"] = info["valid"] & ~invalid
@@ -1332,8 +1628,9 @@ def _kl_from_logits(target, z):
     lq = tf.nn.log_softmax(z, axis=-1)
     pos = target > 0.0
     lq_c = tf.maximum(lq, _LOG_Q_CLIP)
-    terms = tf.where(pos, target * (tf.math.log(tf.where(pos, target, 1.0)) - lq_c),
-                     tf.zeros_like(target))
+    terms = tf.where(
+        pos, target * (tf.math.log(tf.where(pos, target, 1.0)) - lq_c), tf.zeros_like(target)
+    )
     loss = tf.reduce_sum(terms, axis=-1)
 
     def grad(upstream):
@@ -1344,14 +1641,25 @@ def _kl_from_logits(target, z):
     return loss, grad
 
 
-def possibilistic_projection_loss(logits, possibility, tol: float = 1e-8,
-                                  max_cycles: int = 2000, stopping: str = "certified",
-                                  support_mode: str = "floor", gap_tol: float = 1e-10,
-                                  floor: float = 1e-6, eps_cap: float = 1e-9,
-                                  tie_tol: float = 0.0, gap_policy: str = "wide",
-                                  q_clip: float = 1e-15, compute_dtype: str = "float64",
-                                  unroll_max_k: int = 8, jit: bool = True,
-                                  method: str | None = None, name: str | None = None):
+def possibilistic_projection_loss(
+    logits,
+    possibility,
+    tol: float = 1e-8,
+    max_cycles: int = 2000,
+    stopping: str = "certified",
+    support_mode: str = "floor",
+    gap_tol: float = 1e-10,
+    floor: float = 1e-6,
+    eps_cap: float = 1e-9,
+    tie_tol: float = 0.0,
+    gap_policy: str = "wide",
+    q_clip: float = 1e-15,
+    compute_dtype: str = "float64",
+    unroll_max_k: int = 8,
+    jit: bool = True,
+    method: str | None = None,
+    name: str | None = None,
+):
     """Per-example loss ``KL(p* || softmax(z))`` with ``p*`` the projection of ``softmax(z)``.
 
     ``p*`` is recomputed from the current logits and held fixed; by Danskin's theorem the
@@ -1371,17 +1679,41 @@ def possibilistic_projection_loss(logits, possibility, tol: float = 1e-8,
     Example:
       >>> loss, info = possibilistic_projection_loss([[2.0, 0.0, -1.0]], [[0.3, 1.0, 0.2]])
     """
-    cfg = _config(tol, gap_tol, max_cycles, stopping, support_mode, floor, eps_cap, tie_tol,
-                  gap_policy, q_clip, compute_dtype, method)
+    cfg = _config(
+        tol,
+        gap_tol,
+        max_cycles,
+        stopping,
+        support_mode,
+        floor,
+        eps_cap,
+        tie_tol,
+        gap_policy,
+        q_clip,
+        compute_dtype,
+        method,
+    )
     with tf.name_scope(name or "possibilistic_projection_loss"):
         z, z2, pi2, restore = _prepare(logits, possibility, cfg)
         dtype = z.dtype if z.dtype.is_floating else tf.float32
         z64 = tf.cast(z2, _F64)
         p, info, zm, _ = _projection_from_z(
-            z64, pi2, tol=tol, gap_tol=gap_tol, max_cycles=max_cycles, stopping=stopping,
-            support_mode=support_mode, floor=floor, eps_cap=eps_cap, tie_tol=tie_tol,
-            gap_policy=gap_policy, q_clip=q_clip, unroll_max_k=unroll_max_k, jit=jit,
-            method=_resolve_method(method, stopping))
+            z64,
+            pi2,
+            tol=tol,
+            gap_tol=gap_tol,
+            max_cycles=max_cycles,
+            stopping=stopping,
+            support_mode=support_mode,
+            floor=floor,
+            eps_cap=eps_cap,
+            tie_tol=tie_tol,
+            gap_policy=gap_policy,
+            q_clip=q_clip,
+            unroll_max_k=unroll_max_k,
+            jit=jit,
+            method=_resolve_method(method, stopping),
+        )
         loss = _kl_from_logits(p, zm)
         invalid = _possibility_invalid(pi2) | row_has_nan(z64)
         loss = nan_where(invalid, loss)
@@ -1439,13 +1771,15 @@ def vote_kl_loss(logits, votes, name: str | None = None):
       >>> vote_kl_loss([[0.0, 0.0]], [[5, 5]]).numpy()
       array([0.], dtype=float32)
     """
+
     def target(v2):
         finite = tf.reduce_all(tf.math.is_finite(v2), axis=-1)
         v2 = tf.where(tf.math.is_finite(v2), tf.maximum(v2, 0.0), tf.zeros_like(v2))
         total = tf.reduce_sum(v2, axis=-1, keepdims=True)
         valid = finite & (total[:, 0] > 0.0)
-        return tf.where(valid[:, None], v2 / tf.where(total > 0.0, total, 1.0),
-                        tf.zeros_like(v2)), valid
+        return tf.where(
+            valid[:, None], v2 / tf.where(total > 0.0, total, 1.0), tf.zeros_like(v2)
+        ), valid
 
     with tf.name_scope(name or "vote_kl_loss"):
         return _fixed_target_kl(logits, votes, "votes", target)
@@ -1493,6 +1827,7 @@ def _validate_votes(v, name):
         return v
     v64 = tf.cast(v, _F64)
     ok = tf.reduce_all(tf.math.is_finite(v64) & (v64 >= 0.0)) & tf.reduce_all(
-        tf.reduce_sum(v64, -1) > 0.0)
+        tf.reduce_sum(v64, -1) > 0.0
+    )
     with tf.control_dependencies([tf.debugging.Assert(ok, [message])]):
         return tf.identity(v)

@@ -52,13 +52,16 @@ def test_issue9_nan_logit_is_not_zero_loss():
     assert_rejects(LOSS, z, GOOD_PI, name="logits", rows=[0], suite=SUITE)
 
 
-@pytest.mark.parametrize("bad_row", [
-    [1.0, np.nan, 0.2, 0.1],    # NaN
-    [1.0, -0.5, 0.2, 0.1],      # negative
-    [1.0, 1.5, 0.2, 0.1],       # > 1
-    [0.5, 0.4, 0.2, 0.1],       # maximum below 1 (not normalised: ambiguous)
-    [0.0, 0.0, 0.0, 0.0],       # no possible class
-])
+@pytest.mark.parametrize(
+    "bad_row",
+    [
+        [1.0, np.nan, 0.2, 0.1],  # NaN
+        [1.0, -0.5, 0.2, 0.1],  # negative
+        [1.0, 1.5, 0.2, 0.1],  # > 1
+        [0.5, 0.4, 0.2, 0.1],  # maximum below 1 (not normalised: ambiguous)
+        [0.0, 0.0, 0.0, 0.0],  # no possible class
+    ],
+)
 def test_invalid_possibility_rejected_or_nan(bad_row):
     pi = np.array([bad_row, GOOD_PI[1]])
     assert_rejects(LOSS, GOOD_Z, pi, name="possibility", rows=[0], suite=SUITE)
@@ -89,8 +92,9 @@ def test_hyper_parameters_rejected_naming_the_argument():
     bad = (float("nan"), float("inf"), -1.0, 0.0)
     assert_hparam_rejected(build(tol=0), "tol", bad, suite=SUITE)
     assert_hparam_rejected(build(gap_tol=0), "gap_tol", bad, suite=SUITE)
-    assert_hparam_rejected(build(max_cycles=0), "max_cycles",
-                           (2.5, float("nan"), 0, -3, True, "10"), suite=SUITE)
+    assert_hparam_rejected(
+        build(max_cycles=0), "max_cycles", (2.5, float("nan"), 0, -3, True, "10"), suite=SUITE
+    )
     assert_hparam_rejected(build(floor=0), "floor", bad + (1.0,), suite=SUITE)
     assert_hparam_rejected(build(eps_cap=0), "eps_cap", (float("nan"), -1e-3, 0.5), suite=SUITE)
     assert_hparam_rejected(build(q_clip=0), "q_clip", bad, suite=SUITE)
@@ -102,15 +106,27 @@ def test_hyper_parameters_rejected_naming_the_argument():
 @st.composite
 def _valid_case(draw):
     rows = draw(st.integers(1, 3))
-    pi = np.array(draw(st.lists(st.lists(st.sampled_from([0.0, 0.1, 0.25, 0.5, 0.7, 1.0]),
-                                         min_size=K, max_size=K),
-                                min_size=rows, max_size=rows)))
+    pi = np.array(
+        draw(
+            st.lists(
+                st.lists(st.sampled_from([0.0, 0.1, 0.25, 0.5, 0.7, 1.0]), min_size=K, max_size=K),
+                min_size=rows,
+                max_size=rows,
+            )
+        )
+    )
     top = draw(st.lists(st.integers(0, K - 1), min_size=rows, max_size=rows))
     pi[np.arange(rows), top] = 1.0
-    z = np.array(draw(st.lists(st.lists(st.floats(-6, 6), min_size=K, max_size=K),
-                               min_size=rows, max_size=rows)))
-    return np.pad(z, [(0, 3 - rows), (0, 0)]), np.pad(pi, [(0, 3 - rows), (0, 0)],
-                                                      constant_values=1.0)
+    z = np.array(
+        draw(
+            st.lists(
+                st.lists(st.floats(-6, 6), min_size=K, max_size=K), min_size=rows, max_size=rows
+            )
+        )
+    )
+    return np.pad(z, [(0, 3 - rows), (0, 0)]), np.pad(
+        pi, [(0, 3 - rows), (0, 0)], constant_values=1.0
+    )
 
 
 @hypothesis.given(_valid_case())

@@ -138,9 +138,14 @@ def scipy_dual(q, a_mat, b):
         p /= p.sum()
         return lse - lam @ b, a_mat @ p - b
 
-    res = optimize.minimize(neg, np.zeros(len(b)), jac=True, method="L-BFGS-B",
-                            bounds=[(0, None)] * len(b),
-                            options={"ftol": 1e-15, "gtol": 1e-12, "maxiter": 20000})
+    res = optimize.minimize(
+        neg,
+        np.zeros(len(b)),
+        jac=True,
+        method="L-BFGS-B",
+        bounds=[(0, None)] * len(b),
+        options={"ftol": 1e-15, "gtol": 1e-12, "maxiter": 20000},
+    )
     x = lq + a_mat.T @ res.x
     p = np.exp(x - x.max())
     return p / p.sum()
@@ -153,11 +158,17 @@ def scipy_slsqp(q, a_mat, b, start):
         return np.sum(p * (np.log(p) - np.log(q))), np.log(p) - np.log(q) + 1.0
 
     res = optimize.minimize(
-        kl, start, jac=True, method="SLSQP", bounds=[(1e-12, 1.0)] * len(q),
-        constraints=[{"type": "ineq", "fun": lambda p: a_mat @ p - b, "jac": lambda p: a_mat},
-                     {"type": "eq", "fun": lambda p: p.sum() - 1.0,
-                      "jac": lambda p: np.ones_like(p)}],
-        options={"ftol": 1e-15, "maxiter": 500})
+        kl,
+        start,
+        jac=True,
+        method="SLSQP",
+        bounds=[(1e-12, 1.0)] * len(q),
+        constraints=[
+            {"type": "ineq", "fun": lambda p: a_mat @ p - b, "jac": lambda p: a_mat},
+            {"type": "eq", "fun": lambda p: p.sum() - 1.0, "jac": lambda p: np.ones_like(p)},
+        ],
+        options={"ftol": 1e-15, "maxiter": 500},
+    )
     return res.x, res.success
 
 
@@ -175,9 +186,11 @@ def project_logits(logits, pi, pad_to=64, **kw):
     pi = tf.convert_to_tensor(pi, tf.float64)
     b, k = z.shape
     extra = -b % pad_to
-    p, info = possibilistic_projection(tf.concat([z, tf.zeros([extra, k], z.dtype)], 0),
-                                       tf.concat([pi, tf.ones([extra, k], tf.float64)], 0),
-                                       **kw)
+    p, info = possibilistic_projection(
+        tf.concat([z, tf.zeros([extra, k], z.dtype)], 0),
+        tf.concat([pi, tf.ones([extra, k], tf.float64)], 0),
+        **kw,
+    )
     return p[:b], {key: val[:b] for key, val in info.items()}
 
 
@@ -205,16 +218,19 @@ def project(q, pi, pad_to=64, **kw):
 
 def test_worked_examples_transform_and_constraints():
     p1 = np.array([0.91] + [0.01] * 9)
-    p2 = np.array([.15, .14, .13, .12, .11, .09, .08, .07, .06, .05])
-    for p, pi_expected in ((p1, [1] + [0.1] * 9),
-                           (p2, [1, .99, .97, .94, .90, .80, .74, .67, .59, .50])):
+    p2 = np.array([0.15, 0.14, 0.13, 0.12, 0.11, 0.09, 0.08, 0.07, 0.06, 0.05])
+    for p, pi_expected in (
+        (p1, [1] + [0.1] * 9),
+        (p2, [1, 0.99, 0.97, 0.94, 0.90, 0.80, 0.74, 0.67, 0.59, 0.50]),
+    ):
         pi = np.array([np.sum(np.minimum(p, p_i)) for p_i in p])  # forward transform
         np.testing.assert_allclose(pi, pi_expected, atol=1e-12)
         back = antipignistic(tf.constant(pi[None], tf.float64)).numpy()[0]
         np.testing.assert_allclose(back, p, atol=1e-15)
     pi = tf.constant([[1.0, 0.51, 0.50]], tf.float64)
-    np.testing.assert_allclose(antipignistic(pi).numpy()[0],
-                               [0.661666667, 0.171666667, 0.166666667], atol=1e-9)
+    np.testing.assert_allclose(
+        antipignistic(pi).numpy()[0], [0.661666667, 0.171666667, 0.166666667], atol=1e-9
+    )
     c = possibility_constraints(pi)
     np.testing.assert_allclose(c.dominance_bound.numpy()[0], [0.49, 0.50], atol=1e-15)
     np.testing.assert_allclose(c.eps.numpy(), [1e-9])
@@ -231,8 +247,13 @@ def test_worked_examples_transform_and_constraints():
 
 @pytest.mark.parametrize("policy,eps_cap", [("wide", 1e-9), ("antipignistic_tight", 1e-3)])
 def test_example4_one_cycle(policy, eps_cap):
-    p, info = project([[0.48, 0.261, 0.259]], [[1.0, 0.51, 0.50]], stopping="paper",
-                      gap_policy=policy, eps_cap=eps_cap)
+    p, info = project(
+        [[0.48, 0.261, 0.259]],
+        [[1.0, 0.51, 0.50]],
+        stopping="paper",
+        gap_policy=policy,
+        eps_cap=eps_cap,
+    )
     np.testing.assert_allclose(p[0], [0.49, 0.25598077, 0.25401923], atol=1e-8)
     assert info["cycles"][0] == 1
     lam = info["lambda"][0]
@@ -284,8 +305,10 @@ def test_matches_scipy_dual_and_slsqp_on_random_cases():
                 if ok:
                     slsqp_ok += 1
                     worst_slsqp = max(worst_slsqp, np.max(np.abs(p[i] - primal)))
-    print(f"scipy cross-check: {per_n * len(sizes)} cases, n in {sizes}: max |p - dual| = "
-          f"{worst_dual:.2e}, SLSQP ok {slsqp_ok}, max |p - slsqp| = {worst_slsqp:.2e}")
+    print(
+        f"scipy cross-check: {per_n * len(sizes)} cases, n in {sizes}: max |p - dual| = "
+        f"{worst_dual:.2e}, SLSQP ok {slsqp_ok}, max |p - slsqp| = {worst_slsqp:.2e}"
+    )
     assert worst_dual <= 1e-6, worst_dual
     assert worst_slsqp <= 1e-6, worst_slsqp
     assert slsqp_ok >= 0.5 * total / 2
@@ -391,8 +414,11 @@ def table1_batch(rng, n=100, runs=100):
 def test_table1_regression_anchor():
     """Paper Table 1 (n=100, K_max=1000, paper stop, default_rng(0) drawn sequentially)."""
     rng = np.random.default_rng(0)
-    expected = {1e-2: (1.1, 1.0, 6.04e-3), 1e-3: (11.9, 16.1, 9.42e-4),
-                1e-4: (143.9, 215.4, 9.93e-5)}
+    expected = {
+        1e-2: (1.1, 1.0, 6.04e-3),
+        1e-3: (11.9, 16.1, 9.42e-4),
+        1e-4: (143.9, 215.4, 9.93e-5),
+    }
     for tau, (mean, p90, v_mean) in expected.items():
         pi, q = table1_batch(rng)
         _, info = project(q, pi, tol=tau, max_cycles=1000, stopping="paper")
@@ -428,8 +454,7 @@ def test_loss_gradient_matches_finite_differences_of_value_function():
     star, _ = project(tf.nn.softmax(z).numpy(), pi)
     np.testing.assert_allclose(grad, tf.nn.softmax(z).numpy() - star, atol=1e-15)
     # l_A <= KL(pdot || q) (Model B's loss)
-    np.testing.assert_array_less(loss.numpy(),
-                                 antipignistic_kl_loss(z, pi).numpy() + 1e-12)
+    np.testing.assert_array_less(loss.numpy(), antipignistic_kl_loss(z, pi).numpy() + 1e-12)
 
 
 def test_baseline_losses_and_antipignistic_gradient():
@@ -438,8 +463,7 @@ def test_baseline_losses_and_antipignistic_gradient():
     logits = rng.normal(size=(3, 4))
     q = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
     pdot = np.stack([ref_antipignistic(r) for r in pi])
-    np.testing.assert_allclose(antipignistic_kl_loss(logits, pi).numpy(), kl(pdot, q),
-                               atol=1e-12)
+    np.testing.assert_allclose(antipignistic_kl_loss(logits, pi).numpy(), kl(pdot, q), atol=1e-12)
     votes = rng.integers(0, 50, size=(3, 4)).astype(float)
     vbar = votes / votes.sum(1, keepdims=True)
     np.testing.assert_allclose(vote_kl_loss(logits, votes).numpy(), kl(vbar, q), atol=1e-12)
@@ -472,8 +496,7 @@ def test_xla_matches_eager_and_jitted_train_step():
     with tf.GradientTape() as tape:
         tape.watch(logits)
         total = tf.reduce_sum(jitted_loss(logits))
-    np.testing.assert_allclose(tape.gradient(total, logits).numpy(), expected.numpy(),
-                               atol=1e-12)
+    np.testing.assert_allclose(tape.gradient(total, logits).numpy(), expected.numpy(), atol=1e-12)
     w = tf.Variable(tf.eye(3, dtype=tf.float64))
 
     @tf.function(jit_compile=True)
@@ -486,8 +509,9 @@ def test_xla_matches_eager_and_jitted_train_step():
         return grad, info["cycles"]
 
     grad, _ = train_step(logits)
-    np.testing.assert_allclose(grad.numpy(), tf.transpose(logits).numpy() @ expected.numpy(),
-                               atol=1e-12)
+    np.testing.assert_allclose(
+        grad.numpy(), tf.transpose(logits).numpy() @ expected.numpy(), atol=1e-12
+    )
 
 
 # ----------------------------------------------------------------------------------------
@@ -502,7 +526,9 @@ def padded_loss(z, pi, pad_to=64, **kw):
     extra = -b % pad_to
     loss, info = possibilistic_projection_loss(
         tf.concat([z, tf.zeros([extra, k], tf.float64)], 0),
-        tf.concat([pi, tf.ones([extra, k], tf.float64)], 0), **kw)
+        tf.concat([pi, tf.ones([extra, k], tf.float64)], 0),
+        **kw,
+    )
     return loss[:b], {key: val[:b] for key, val in info.items()}
 
 
@@ -555,8 +581,7 @@ def test_bad_input_zero_possibility_floor_and_restrict():
     keep = [0, 1, 3, 4, 5]
     q_keep = np.exp(logits[0, keep]) / np.exp(logits[0, keep]).sum()
     a_mat, b = ref_constraints(pi[0, keep])
-    np.testing.assert_allclose(star_r.numpy()[0, keep], scipy_dual(q_keep, a_mat, b),
-                               atol=1e-7)
+    np.testing.assert_allclose(star_r.numpy()[0, keep], scipy_dual(q_keep, a_mat, b), atol=1e-7)
 
 
 def test_bad_input_one_hot_possibility():
@@ -598,8 +623,7 @@ def test_bad_input_ties_and_tie_tol():
 
 
 def test_bad_input_zero_or_underflowing_q():
-    logits = np.array([[0.0, -1e4, -np.inf, 3.0, 1.0, -2.0],
-                       [800.0, 0.0, 0.0, -800.0, 5.0, -3.0]])
+    logits = np.array([[0.0, -1e4, -np.inf, 3.0, 1.0, -2.0], [800.0, 0.0, 0.0, -800.0, 5.0, -3.0]])
     pi = np.array([[1.0, 0.9, 0.5, 0.2, 0.7, 0.3], [0.1, 1.0, 0.3, 0.9, 0.6, 0.05]])
     loss, grad, info = _loss_and_grad(logits, pi)
     p, _ = project_logits(logits, pi)
@@ -631,15 +655,14 @@ def test_bad_input_single_class_and_support_size_one():
     p, _ = possibilistic_projection([[3.0]], [[1.0]])
     np.testing.assert_allclose(p.numpy(), [[1.0]])
     # n_b = 1 in restrict mode: p* = q renormalised on the support = one-hot.
-    p, info = project_logits([[0.0, 1.0, 2.0]], [[0.0, 1.0, 0.0]],
-                                       support_mode="restrict")
+    p, info = project_logits([[0.0, 1.0, 2.0]], [[0.0, 1.0, 0.0]], support_mode="restrict")
     np.testing.assert_allclose(p.numpy(), [[0.0, 1.0, 0.0]])
 
 
 def test_bad_input_non_convergence_returns_last_iterate():
     rng = np.random.default_rng(11)
     pi, q = random_cases(rng, 4, 6)
-    p, info = project(q, pi, max_cycles=1, tol=1e-12)
+    p, info = project(q, pi, max_cycles=1, tol=1e-12, method="dykstra")
     assert np.all(np.isfinite(p)) and not info["converged"].all()
     assert np.all(info["cycles"] == 1) and np.all(np.isfinite(info["max_violation"]))
     ref, _ = ref_literal_dykstra(q[0], pi[0], 0.0, 1)
@@ -648,13 +671,15 @@ def test_bad_input_non_convergence_returns_last_iterate():
 
 def test_bad_arguments_raise_early():
     logits, pi = [[0.0, 1.0]], [[1.0, 0.5]]
-    for kwargs, match in (({"stopping": "best"}, "`stopping`"),
-                          ({"support_mode": "clip"}, "`support_mode`"),
-                          ({"gap_policy": "x"}, "`gap_policy`"),
-                          ({"tol": 0.0}, "`tol`"),
-                          ({"max_cycles": 0}, "`max_cycles`"),
-                          ({"floor": 0.0}, "`floor`"),
-                          ({"eps_cap": 0.7}, "`eps_cap`")):
+    for kwargs, match in (
+        ({"stopping": "best"}, "`stopping`"),
+        ({"support_mode": "clip"}, "`support_mode`"),
+        ({"gap_policy": "x"}, "`gap_policy`"),
+        ({"tol": 0.0}, "`tol`"),
+        ({"max_cycles": 0}, "`max_cycles`"),
+        ({"floor": 0.0}, "`floor`"),
+        ({"eps_cap": 0.7}, "`eps_cap`"),
+    ):
         with pytest.raises(ValueError, match=match):
             possibilistic_projection(logits, pi, **kwargs)
     with pytest.raises(ValueError, match="`possibility` must have the shape"):
