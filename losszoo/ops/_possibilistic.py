@@ -1526,8 +1526,12 @@ def possibilistic_projection(
 ):
     """KL projection ``p* = argmin_{p in F(pi)} KL(p || q)``, ``q = softmax(logits)``.
 
-    Dykstra's algorithm with KL projections in its one-scalar-per-constraint dual form
-    (spec 2.4), batched over examples with different ``pi``, float64 inside. See the module
+    Solved in float64 and batched over examples with different ``pi``: by default
+    (``stopping="certified"``) with the interior-point solver on the tie-reduced chain, each
+    row certified on the original constraints and finished by warm-started Dykstra where the
+    interior point cannot certify it (``docs/design/possibilistic_solver.md``);
+    ``method="dykstra"`` (and the ``"paper"`` / ``"fixed"`` rules) runs Dykstra's algorithm
+    with KL projections in its one-scalar-per-constraint dual form (spec 2.4). See the module
     docstring for the constraints, the closed-form steps and the stopping rules.
 
     The projection is a *target*: it is returned behind ``tf.stop_gradient`` (no gradient
@@ -1539,7 +1543,8 @@ def possibilistic_projection(
         applied, so both give the same ``q``).
       possibility: ``[..., K]`` possibility degrees (see :func:`possibility_constraints`).
       tol: feasibility tolerance ``tau`` on the max violation ``V``.
-      max_cycles: maximum number of Dykstra cycles (each visits all 3(K-1) constraints).
+      max_cycles: maximum number of Dykstra cycles (each visits all 3(K-1) constraints);
+        with the interior point, the budget of its Dykstra finish.
       stopping: ``"certified"`` (``V <= tol`` and ``|gap| <= gap_tol``), ``"paper"``
         (``V <= tol``) or ``"fixed"`` (exactly ``max_cycles`` cycles).
       support_mode: ``"floor"`` or ``"restrict"`` (spec 5).
