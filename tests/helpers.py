@@ -279,3 +279,22 @@ def assert_mirrored_matches_single(
     moved = max(np.max(np.abs(a - b)) for a, b in zip(single.get_weights(), initial))
     assert moved > 1e-4, "training did not change the weights; the comparison is vacuous"
     return single, mirrored
+
+
+# In-batch retrieval: the class axis is the batch axis, unknown when tracing (issue 10 item 4).
+DYNAMIC_IDS_SIGNATURE = [tf.TensorSpec([None], tf.float32), tf.TensorSpec([None, None], tf.float32)]
+
+
+def dynamic_loss_and_grad(loss, jit):
+    """``run(ids, scores) -> (per-example losses, d sum / d scores)`` traced once with an
+    unknown batch and class count (``[None]`` ids, ``[None, None]`` scores)."""
+
+    @tf.function(input_signature=DYNAMIC_IDS_SIGNATURE, jit_compile=jit)
+    def run(y, s):
+        with tf.GradientTape() as tape:
+            tape.watch(s)
+            values = loss(y, s)
+            total = tf.reduce_sum(values)
+        return values, tape.gradient(total, s)
+
+    return run

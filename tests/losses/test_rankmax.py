@@ -13,6 +13,7 @@ from tests.helpers import (
     assert_mirrored_matches_single,
     assert_mixed_precision,
     classification_data,
+    dynamic_loss_and_grad,
     load_reference,
     small_mlp,
 )
@@ -124,23 +125,12 @@ def test_mirrored_strategy_matches_single_device():
     assert_mirrored_matches_single(small_mlp, x, y, RankmaxLoss(k=2))
 
 
-_DYNAMIC = [tf.TensorSpec([None], tf.float32), tf.TensorSpec([None, None], tf.float32)]
-
-
 @pytest.mark.parametrize("jit", [False, True])
 def test_ids_with_dynamic_class_count(jit):
     """In-batch retrieval ids when the batch (= class) size is unknown (issue 10 item 4)."""
     z = rng.normal(size=(5, 5)).astype(np.float32)
     ids = np.array([0, 1, 2, 3, 4], np.float32)
-    loss = RankmaxLoss(reduction=None)
-
-    @tf.function(input_signature=_DYNAMIC, jit_compile=jit)
-    def run(y, s):
-        with tf.GradientTape() as tape:
-            tape.watch(s)
-            values = loss(y, s)
-            total = tf.reduce_sum(values)
-        return values, tape.gradient(total, s)
+    run = dynamic_loss_and_grad(RankmaxLoss(reduction=None), jit)
 
     values, grad = run(ids, z)
     np.testing.assert_allclose(
