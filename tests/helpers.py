@@ -146,31 +146,40 @@ def assert_xla_matches_eager(f, *args, atol=1e-6, rtol=1e-6, grad_wrt=(0,)):
         with tf.GradientTape() as tape:
             tape.watch(watched)
             out = f(*a)
-            value = tf.constant(0.0, tf.float64)
-            for o in _float_outputs(out):
-                flat = tf.cast(tf.reshape(o, [-1]), tf.float64)
-                w = 1.0 + 0.5 * tf.sin(tf.range(tf.size(flat), dtype=tf.float64))
-                value += tf.reduce_sum(tf.where(tf.math.is_finite(flat), w * flat, 0.0))
+            value = weighted_output_sum(out)
         grads = tape.gradient(value, watched) if grad_wrt else []
         return out, grads
 
     eager = run(*args)
     compiled = tf.function(run, jit_compile=True)(*args)
-    for got, want in zip(tf.nest.flatten(compiled), tf.nest.flatten(eager)):
-        if want is None:
-            assert got is None
+    assert_nests_close(compiled, eager, atol=atol, rtol=rtol, err_msg="XLA differs from eager")
+
+
+def weighted_output_sum(out):
+    """One float64 scalar from every floating output of ``out`` (any nest): a fixed,
+    position-dependent weighting of the finite entries, so its gradient is a full
+    vector-Jacobian product and non-finite entries do not poison it."""
+    total = tf.constant(0.0, tf.float64)
+    for o in _float_outputs(out):
+        flat = tf.cast(tf.reshape(o, [-1]), tf.float64)
+        w = 1.0 + 0.5 * tf.sin(tf.range(tf.size(flat), dtype=tf.float64))
+        total += tf.reduce_sum(tf.where(tf.math.is_finite(flat), w * flat, 0.0))
+    return total
+
+
+def assert_nests_close(got, want, atol, rtol, err_msg):
+    """Two nests of arrays agree: floats to tolerance (NaN where NaN), others exactly."""
+    for g, w in zip(tf.nest.flatten(got), tf.nest.flatten(want)):
+        if g is None or w is None:
+            assert g is None and w is None, f"{err_msg}: one side is None"
             continue
-        want, got = np.asarray(want), np.asarray(got)
-        if np.issubdtype(want.dtype, np.floating):
+        g, w = np.asarray(tf.convert_to_tensor(g)), np.asarray(tf.convert_to_tensor(w))
+        if np.issubdtype(w.dtype, np.floating):
             np.testing.assert_allclose(
-                got.astype(np.float64),
-                want.astype(np.float64),
-                atol=atol,
-                rtol=rtol,
-                err_msg="XLA differs from eager",
+                g.astype(np.float64), w.astype(np.float64), atol=atol, rtol=rtol, err_msg=err_msg
             )
         else:
-            np.testing.assert_array_equal(got, want, err_msg="XLA differs from eager")
+            np.testing.assert_array_equal(g, w, err_msg=err_msg)
 
 
 def _registered_entry(obj):

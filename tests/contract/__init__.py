@@ -25,6 +25,8 @@ import hypothesis
 import numpy as np
 import tensorflow as tf
 
+from tests.helpers import assert_nests_close, weighted_output_sum
+
 MODES = ("eager", "graph", "xla")
 
 #: (suite, input kind, mode, outcome) -> count; input kind is "bad" or "valid".
@@ -84,13 +86,7 @@ class Modes:
             with tf.GradientTape() as tape:
                 tape.watch(watched)
                 out = self.fn(*a, **self.static)
-                total = tf.constant(0.0, tf.float64)
-                for o in tf.nest.flatten(out):
-                    if o is None or not o.dtype.is_floating:
-                        continue
-                    flat = tf.cast(tf.reshape(o, [-1]), tf.float64)
-                    w = 1.0 + 0.5 * tf.sin(tf.range(tf.size(flat), dtype=tf.float64))
-                    total += tf.reduce_sum(tf.where(tf.math.is_finite(flat), w * flat, 0.0))
+                total = weighted_output_sum(out)
             return out, tape.gradient(total, watched)
 
         if mode == "eager":
@@ -199,30 +195,11 @@ def assert_modes_agree(
         )
     for mode in modes[1:]:
         out, grads = results[mode]
-        for a, b in zip(tf.nest.flatten(out), tf.nest.flatten(base_out)):
-            if a is None or b is None:
-                assert a is None and b is None
-                continue
-            a, b = np.asarray(a), np.asarray(b)
-            if np.issubdtype(b.dtype, np.floating):
-                np.testing.assert_allclose(
-                    a.astype(np.float64),
-                    b.astype(np.float64),
-                    atol=atol,
-                    rtol=rtol,
-                    err_msg=f"[{mode}] differs from {base_mode}",
-                )
-            else:
-                np.testing.assert_array_equal(a, b, err_msg=f"[{mode}] differs from {base_mode}")
-        for a, b in zip(grads, base_grads):
-            a = None if a is None else np.asarray(tf.convert_to_tensor(a))
-            b = None if b is None else np.asarray(tf.convert_to_tensor(b))
-            if a is None or b is None:
-                assert a is None and b is None, f"[{mode}] gradient presence differs"
-                continue
-            np.testing.assert_allclose(
-                a, b, atol=atol, rtol=rtol, err_msg=f"[{mode}] gradient differs from {base_mode}"
-            )
+        message = f"[{mode}] differs from {base_mode}"
+        assert_nests_close(out, base_out, atol=atol, rtol=rtol, err_msg=message)
+        assert_nests_close(
+            list(grads), list(base_grads), atol=atol, rtol=rtol, err_msg=f"{message} (gradient)"
+        )
         OUTCOMES[(suite, "valid", mode, "agree")] += 1
     return base_out
 

@@ -224,18 +224,8 @@ def test_metric_functions_valid_random_inputs(seed, n, k, onehot):
     assert C.accuracy(p, labels) == pytest.approx((p.argmax(-1) == y).mean())
 
 
-@hypothesis.settings(CONTRACT_SETTINGS, max_examples=40)
-@hypothesis.given(
-    seed=st.integers(0, 2**31 - 1),
-    fn=st.sampled_from(sorted(_FUNCTIONS)),
-    kind=st.sampled_from(
-        ["label_high", "label_neg", "label_frac", "prob_nan", "prob_neg", "prob_sum"]
-    ),
-)
-def test_metric_functions_invalid_random_inputs(seed, fn, kind):
-    rng = np.random.default_rng(seed)
-    p = rng.dirichlet(np.ones(K), N)
-    y = rng.integers(0, K, N).astype(np.float64)
+def _corrupt(rng, p, y, kind):
+    """Break one random row of probabilities ``p`` [N, K] / labels ``y`` [N] in place."""
     r = rng.integers(0, N)
     if kind == "label_high":
         y[r] = K + rng.integers(0, 3)
@@ -249,6 +239,21 @@ def test_metric_functions_invalid_random_inputs(seed, fn, kind):
         p[r, :2] = [-0.1, p[r, 1] + p[r, 0] + 0.1]
     else:
         p[r] *= 1.5
+
+
+@hypothesis.settings(CONTRACT_SETTINGS, max_examples=40)
+@hypothesis.given(
+    seed=st.integers(0, 2**31 - 1),
+    fn=st.sampled_from(sorted(_FUNCTIONS)),
+    kind=st.sampled_from(
+        ["label_high", "label_neg", "label_frac", "prob_nan", "prob_neg", "prob_sum"]
+    ),
+)
+def test_metric_functions_invalid_random_inputs(seed, fn, kind):
+    rng = np.random.default_rng(seed)
+    p = rng.dirichlet(np.ones(K), N)
+    y = rng.integers(0, K, N).astype(np.float64)
+    _corrupt(rng, p, y, kind)
     _raises_naming(_FUNCTIONS[fn], "labels" if kind.startswith("label") else "probs", p, y)
     OUTCOMES[(SUITE, "bad", "eager", "error")] += 1
 
@@ -353,19 +358,7 @@ def test_streaming_metrics_invalid_random_inputs(seed, name, kind):
     rng = np.random.default_rng(seed)
     p = rng.dirichlet(np.ones(K), N).astype(np.float32)
     y = rng.integers(0, K, N).astype(np.float32)
-    r = rng.integers(0, N)
-    if kind == "label_high":
-        y[r] = K + rng.integers(0, 3)
-    elif kind == "label_neg":
-        y[r] = -1 - rng.integers(0, 3)
-    elif kind == "label_frac":
-        y[r] = 0.5
-    elif kind == "prob_nan":
-        p[r, 0] = np.nan
-    elif kind == "prob_neg":
-        p[r, :2] = [-0.1, p[r, 1] + p[r, 0] + 0.1]
-    else:
-        p[r] *= 1.5
+    _corrupt(rng, p, y, kind)
     assert_rejects(
         _METRIC_RUNNERS[name],
         y,
