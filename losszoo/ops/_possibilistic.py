@@ -513,9 +513,16 @@ def _normalize_log(x):
     return x - (m + tf.math.log(tf.reduce_sum(tf.exp(x - m), axis=0, keepdims=True)))
 
 
-def _check(x, lp, ll, lu, cst):
-    """Max violation V and duality gap of the normalised iterate (spec 2.6). [B] each."""
-    p = tf.exp(_normalize_log(x))
+def _check(x, lp, ll, lu, cst, lq=None):
+    """Max violation V and duality gap of the normalised iterate (spec 2.6). [B] each.
+
+    For the dual point ``x = log q + A^T lam`` the gap is ``sum_h lam_h slack_h``. With
+    ``lq`` (log q) given, ``x`` may be any point (e.g. a primal iterate) and the gap is the
+    exact ``KL(p||q) - g(lam) = KL(p || p(lam)) + sum_h lam_h slack_h(p)``, ``p(lam)`` the
+    dual point: both terms are >= 0 when ``p`` is feasible, and it is 0 only at the optimum.
+    """
+    xn = _normalize_log(x)
+    p = tf.exp(xn)
     tail = _rcumsum(p, exclusive=True)[:-1]  # sum_{k>r} p_k
     d = p[:-1] - p[1:]
     act = cst["act"]
@@ -528,7 +535,15 @@ def _check(x, lp, ll, lu, cst):
     gap = tf.reduce_sum(
         tf.where(act, lp * slack_pref + ll * slack_low + lu * slack_up, zero), axis=0
     )
+    if lq is not None:
+        x_dual = _normalize_log(lq + _at_lambda(lp, ll, lu))
+        gap += _kl_rows(p, xn, x_dual)
     return v, gap
+
+
+def _kl_rows(p, log_p, log_r):
+    """``KL(p || r)`` per column of time-major ``[K, B]`` (0 log 0 = 0)."""
+    return tf.reduce_sum(tf.where(p > 0.0, p * (log_p - log_r), 0.0), axis=0)
 
 
 def _sweep(kind, x, lam_old, cst, unroll):
@@ -1046,18 +1061,21 @@ def _ipm_dual_point(red, lam1, lam2, lam3):
     return _normalize_log(x)
 
 
-def _ipm_reduced_check(red, xm, lam1, lam2, lam3):
-    """V and duality gap of the dual point on the reduced chain, [B] each."""
-    m = tf.exp(xm)
-    tail = _rcumsum(m, exclusive=True)[:-1]
-    v = m / red["w"]
-    sh = v[:-1] - v[1:]
-    s1, s2, s3 = red["c"] - tail, sh - red["lo"], red["up"] - sh
+def _ipm_certificate(red, m, slacks, xm, lams):
+    """Max violation and exact duality gap of the primal block masses ``m`` [K, B].
+
+    ``slacks`` are the constraint values at ``m`` (ceiling, lower, upper; >= 0 when
+    feasible), ``xm`` the log block masses of the dual point of ``lams``. The gap
+    ``KL(m || m(lam)) + sum_h lam_h slack_h(m)`` is the primal objective minus the dual
+    function, so it certifies ``m`` whatever produced ``lam`` (see ``_check``).
+    """
     var = red["var"]
-    zero = tf.zeros_like(s1)
-    viol = tf.maximum(tf.maximum(-s1, -s2), -s3)
+    zero = tf.zeros_like(slacks[0])
+    viol = tf.maximum(tf.maximum(-slacks[0], -slacks[1]), -slacks[2])
     big_v = tf.maximum(tf.reduce_max(tf.where(var, viol, zero), axis=0), 0.0)
-    gap = tf.reduce_sum(tf.where(var, lam1 * s1 + lam2 * s2 + lam3 * s3, zero), axis=0)
+    comp = tf.where(var, sum(lam * y for lam, y in zip(lams, slacks)), zero)
+    safe = tf.where(m > 0.0, m, 1.0)
+    gap = tf.reduce_sum(comp, axis=0) + _kl_rows(m, tf.math.log(safe), xm)
     return big_v, gap
 
 
@@ -1106,24 +1124,27 @@ def _ipm_core(red, m0, active, tol, gap_tol, max_iter):
 
     def body(it, u, s1, s2, s3, l1, l2, l3, active, iters, best_score, *best):
         m, y1, y2, y3 = constraints(u)
+        comp = tf.where(var, l1 * s1 + l2 * s2 + l3 * s3, 0.0)
+        mu = tf.reduce_sum(comp, axis=0) / n_con
+        sigma = tf.constant(0.1, _F64)
+        target = sigma * mu
+        # The masses carry the same barrier as the constraint slacks (-target * log m):
+        # entropy alone lets a Newton step drive a small mass 100x down per iteration,
+        # after which it recovers by only a factor ~|log m| per iteration.
         safe_m = tf.where(real & (m > 0.0), m, 1.0)
-        ell = tf.where(real, tf.math.log(safe_m) - red["g"], 0.0)
+        ell = tf.where(real, tf.math.log(safe_m) - red["g"] - target / safe_m, 0.0)
         grad = tf.where(var, ell[1:] - ell[:-1], 0.0)
         nu = l2 - l3
         r_d = grad - (-l1 + shape_t(nu))
         r_d = tf.where(var, r_d, 0.0)
         rp = [tf.where(var, y - s, 0.0) for y, s in ((y1, s1), (y2, s2), (y3, s3))]
-        comp = tf.where(var, l1 * s1 + l2 * s2 + l3 * s3, 0.0)
-        mu = tf.reduce_sum(comp, axis=0) / n_con
-        sigma = tf.constant(0.1, _F64)
-        target = sigma * mu
         ss, ll = (s1, s2, s3), (l1, l2, l3)
         rc = [lam * s - target for lam, s in zip(ll, ss)]
         psi = [tf.where(var, (c + lam * r) / s, 0.0) for c, lam, r, s in zip(rc, ll, rp, ss)]
         rhs = -r_d - (-psi[0] + shape_t(psi[1] - psi[2]))
         w1 = tf.where(var, l1 / s1, 0.0)
         w2 = tf.where(var, l2 / s2 + l3 / s3, 0.0)
-        im = tf.where(real & (m > 0.0), 1.0 / safe_m, 0.0)
+        im = tf.where(real & (m > 0.0), (1.0 + target / safe_m) / safe_m, 0.0)
         d0 = im[:-1] + im[1:] + w1 + _next(w2 * a_c * a_c) + w2 * b_c * b_c + _prev(w2 * g_c * g_c)
         d1 = -im[1:] + _next(w2 * a_c * b_c) + w2 * b_c * g_c
         d2 = _next(w2 * a_c * g_c)
@@ -1166,12 +1187,12 @@ def _ipm_core(red, m0, active, tol, gap_tol, max_iter):
         u = tf.where(sel, nu_, u)
         ss = [tf.where(sel, a_, b_) for a_, b_ in zip(nss, ss)]
         ll = [tf.where(sel, a_, b_) for a_, b_ in zip(nll, ll)]
-        xm = _ipm_dual_point(red, *ll)
-        big_v, gap = _ipm_reduced_check(red, xm, *ll)
+        m, *slacks = constraints(u)
+        big_v, gap = _ipm_certificate(red, m, slacks, _ipm_dual_point(red, *ll), ll)
         done = (big_v <= tol) & (tf.abs(gap) <= gap_tol)
         score = tf.maximum(big_v / tol, tf.abs(gap) / gap_tol)
         better = run & (score < best_score)
-        best = [tf.where(better[None, :], a_, b_) for a_, b_ in zip(ll, best)]
+        best = [tf.where(better[None, :], a_, b_) for a_, b_ in zip([u, *ll], best)]
         best_score = tf.where(better, score, best_score)
         iters = iters + tf.cast(run, tf.int32)
         return (it + 1, u, *ss, *ll, run & ~done, iters, best_score, *best)
@@ -1185,6 +1206,7 @@ def _ipm_core(red, m0, active, tol, gap_tol, max_iter):
         active,
         tf.zeros([batch], tf.int32),
         tf.fill([batch], tf.constant(np.inf, _F64)),
+        u0,
         *[tf.zeros_like(zero)] * 3,
     )
 
@@ -1192,7 +1214,38 @@ def _ipm_core(red, m0, active, tol, gap_tol, max_iter):
         return (it < max_iter) & tf.reduce_any(state[7])
 
     res = tf.while_loop(cond, body, init)
-    return res[11], res[12], res[13], res[9]
+    return res[11], (res[12], res[13], res[14]), res[9]
+
+
+def _two_block(red):
+    """Closed form for rows with two blocks (one-hot possibility, for instance).
+
+    With ``m_1 + m_2 = 1`` every constraint bounds the lower block's mass ``m_2``: the
+    ceiling ``m_2 <= c_1`` and the shape ``lo <= m_1/w_1 - m_2/w_2 <= up``, i.e.
+    ``(1/w_1 - up)/h <= m_2 <= (1/w_1 - lo)/h`` with ``h = 1/w_1 + 1/w_2``. The 1-D convex
+    problem ``min m log(m/Q)`` is solved by clipping the free optimum ``Q_2/(Q_1 + Q_2)``
+    to that interval. The multiplier of the binding bound is the log-odds shift
+    ``t = log(m_1/m_2) - log(Q_1/Q_2)`` (``t / h`` for the shape bounds, which move the two
+    blocks' log masses by ``+-nu/w``). Returns ``u`` (``U_0 = m_2``) and the multipliers,
+    time-major like :func:`_ipm_core` (only index 0 is non-zero).
+    """
+    w1, w2 = red["w"][0], red["w"][1]
+    g1, g2 = red["g"][0], red["g"][1]
+    c, lo, up = red["c"][0], red["lo"][0], red["up"][0]
+    h = 1.0 / w1 + 1.0 / w2
+    shape_top = (1.0 / w1 - lo) / h
+    top = tf.minimum(c, shape_top)
+    bottom = tf.maximum((1.0 / w1 - up) / h, 0.0)
+    free = tf.math.sigmoid(g2 - g1)
+    m2 = tf.clip_by_value(free, bottom, top)
+    t = tf.math.log1p(-m2) - tf.math.log(m2) - (g1 - g2)
+    above, below = free > top, free < bottom
+    zero = tf.zeros_like(t)
+    l1 = tf.where(above & (c <= shape_top), t, zero)
+    l2 = tf.where(above & (c > shape_top), t / h, zero)
+    l3 = tf.where(below, -t / h, zero)
+    first = (tf.range(red["c"].shape[0]) == 0)[:, None]
+    return tf.where(first, m2, 0.0), [tf.where(first, v, 0.0) for v in (l1, l2, l3)]
 
 
 def _ipm_solve(lq, pt, strict, lo, up, in_support, run, tol, gap_tol, max_iter):
@@ -1207,12 +1260,19 @@ def _ipm_solve(lq, pt, strict, lo, up, in_support, run, tol, gap_tol, max_iter):
     qm = tf.exp(_normalize_log(tf.where(red["real"], red["g"], -np.inf)))
     mdot = red["mdot"] / tf.reduce_sum(red["mdot"], axis=0, keepdims=True)
     m0 = tf.where(red["real"], 0.5 * qm + 0.5 * mdot, 0.0)
+    two = red["n_blocks"] == 2
     # Aim well below the certificate (gap 1e-10 only bounds |p - p*|_1 by 1.4e-5): the
     # interior point converges superlinearly at the end, so this costs a few iterations.
-    lam1, lam2, lam3, iters = _ipm_core(
-        red, m0, run, tol * _IPM_SHARPEN, gap_tol * _IPM_SHARPEN, max_iter
+    u, (lam1, lam2, lam3), iters = _ipm_core(
+        red, m0, run & ~two, tol * _IPM_SHARPEN, gap_tol * _IPM_SHARPEN, max_iter
     )
-    xm = _ipm_dual_point(red, lam1, lam2, lam3)  # [K, B] block log masses
+    u2, lams2 = _two_block(red)
+    sel = two[None, :]
+    u = tf.where(sel, u2, u)
+    lam1, lam2, lam3 = [tf.where(sel, a, b) for a, b in zip(lams2, (lam1, lam2, lam3))]
+    # The primal iterate (feasible, certified by the exact duality gap against lam).
+    ext = tf.concat([tf.ones_like(u[:1]), u, tf.zeros_like(u[:1])], 0)
+    xm = tf.math.log(tf.where(red["real"], ext[:-1] - ext[1:], 1.0))
     bid = red["bid"]
     per_class = tf.gather(tf.transpose(xm - tf.math.log(red["w"])), bid, batch_dims=1)
     x = tf.transpose(tf.where(in_support, per_class, tf.constant(-np.inf, _F64)))
@@ -1335,7 +1395,7 @@ def _project_2d(
             "up": tm(cons.gap_upper),
             "act": tm(cons.active),
         }
-        v0, gap0 = _check(x, lam[0], lam[1], lam[2], cst)
+        v0, gap0 = _check(x, lam[0], lam[1], lam[2], cst, lq=tm(lq))
         finish = run & ~((v0 <= tol) & (tf.abs(gap0) <= gap_tol))
         x2, lam2, cycles, _, _ = _run_core(
             tm(lq),
@@ -1378,7 +1438,8 @@ def _project_2d(
     p_sorted = tf.where(run[:, None], tf.exp(x), tf.exp(lq))
     p_sorted = tf.where((valid & (n >= 2) & ~has_strict)[:, None], uniform, p_sorted)
     lam = tf.where(run[None, None, :], lam, tf.zeros_like(lam))  # [3, m1, B]
-    # Diagnostics of the returned point (uniform / q rows included).
+    # Diagnostics of the returned point (uniform / q rows included: they are exact by
+    # construction, so only the projected rows get the KL(p || p(lam)) term of the gap).
     v, gap = _check(
         tf.transpose(tf.math.log(p_sorted)),
         lam[0],
@@ -1390,6 +1451,7 @@ def _project_2d(
             "up": tm(cons.gap_upper),
             "act": tm(cons.active),
         },
+        lq=tf.where(run[None, :], tm(lq), tf.math.log(tm(p_sorted))),
     )
     if stopping == "paper":
         converged = v <= tol
