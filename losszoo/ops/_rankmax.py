@@ -33,10 +33,12 @@ Label formats (``label_format``). ``"ids"``: class ids ``[...]`` (one positive p
 broadcast against the row: O(M n) time and memory per row, O(n) for a single positive.
 ``"dense"``: non-negative weights of the shape of the scores (multi-hot, or TFRS's identity
 matrix); each positive's loss is multiplied by its weight. When every row of the batch has at
-most one positive (one-hot, identity; ``max_positives=1``, the default), the positive's score
-is read with one fused masked row sum and its gradient added with a mask, no gather, scatter
-or sort: the same O(n) cost as ids. Rows with more positives take an exact merged sort per
-row (spec A6 (ii), O(n log n)); the choice is made at run time with ``tf.cond``. ``"auto"``
+most one positive (one-hot, identity; ``max_positives=1``, the default), the positive's index
+is read with one matmul over the labels (``sum_i i w_i / sum_i w_i``) and the ids kernel runs
+on it; the check that the reading is right (every other weight exactly 0) is fused into the
+kernel's relu-sum pass: the O(n) cost of ids plus two reads of the labels. Otherwise an
+exact merged sort per row runs (spec A6 (ii), O(n log n)); the choice is made at run time
+with ``tf.cond``. ``"auto"``
 (default): floating labels of the scores' shape are dense, labels one rank lower are ids,
 integer labels ``[..., M]`` with a static ``M != n`` are padded ids; integer labels ``[..., n]``
 (or with an unknown last axis) are ambiguous (a one-hot row or n padded ids?) and are
@@ -332,19 +334,26 @@ def _add_topk_terms(g, top_i, cap, gk, k):
 # --------------------------------------------------------------------------- ids path
 
 
-def _positives_forward(z, w, zy, k, eta):
+def _positives_forward(z, w, zy, k, eta, consistent=None):
     """Loss per row for P positives per row with scores ``zy`` [N, P] and weights ``w`` [N, P].
 
     Returns ``(loss [N], saved)``; ``saved`` holds the small per-positive quantities (O(N P)
     or O(N k)) that :func:`_positives_backward` needs, so the backward pass re-forms the
     differences without storing an [N, P, n] tensor.
+
+    ``consistent`` (optional, boolean [N, n], built inline so XLA fuses it into the D pass):
+    where it is False the summand of ``D`` is NaN, so ``D`` (and ``saved["D"]``) is NaN
+    exactly for the rows that contain such an entry (a NaN survives any summation order).
     """
     masked = tf.equal(zy, -np.inf)  # a positive masked by -inf: loss +inf
     zy = tf.where(masked, tf.zeros_like(zy), zy)
     top_v, top_i = (None, None) if k == 1 else tf.math.top_k(z, k)
     m, case_b = _anchor(zy, top_v, k)
     diff = (z[:, None, :] - m[:, :, None]) + eta  # z_i - mu_y, [N, P, n]
-    D = tf.reduce_sum(tf.nn.relu(diff), axis=-1)
+    relu = tf.nn.relu(diff)
+    if consistent is not None:
+        relu = tf.where(consistent[:, None, :], relu, tf.constant(np.nan, z.dtype))
+    D = tf.reduce_sum(relu, axis=-1)
     s = tf.reduce_sum(tf.cast(diff > 0, z.dtype), axis=-1)
     gap = (zy - m) + eta
     if k == 1:
@@ -365,6 +374,7 @@ def _positives_forward(z, w, zy, k, eta):
         "ts": ts,
         "case_b": case_b,
         "top_i": top_i,
+        "D": D,
     }
     return loss, saved
 
@@ -402,33 +412,62 @@ def _rankmax_loss_ids(z, ids, w, k, eta):
     return f(z)
 
 
+def _one_hot_ids(w):
+    """Dense weights [N, n] -> the index of each row's positive [N, 1] (int32), read as if
+    the row had at most one positive; the caller verifies that reading.
+
+    One pass over ``w``: a matmul with the columns ``1, c_0, c_1, c_2`` where ``c_j(i)`` is
+    the j-th base-256 digit of the column index i, giving ``S = sum_i w_i`` and
+    ``I_j = sum_i c_j(i) w_i``. For a row whose only positive is ``y``, every other product
+    is an exact 0, so ``S = w_y`` and ``I_j = c_j(y) w_y`` up to one rounding whatever the
+    summation order, and ``I_j / S`` rounds to the digit ``c_j(y)``. Digits below 256 stay
+    exact when an accelerator rounds matmul inputs to TF32 or bfloat16 (w rounds the same
+    way in ``S`` and ``I_j``). Any other row (several positives, none, NaN or negative
+    weights, n > 2^24) reads some index in ``[0, 2^24)``, which the caller's check rejects:
+    a wrong reading only sends the batch to the exact path, it never changes a loss.
+    """
+    n = tf.shape(w)[-1]
+    col = tf.range(n)
+    digits = [tf.ones_like(col)] + [(col // 256**j) % 256 for j in range(3)]
+    sums = tf.matmul(w, tf.cast(tf.stack(digits, axis=1), w.dtype))  # [N, 4]: S, I_0..I_2
+    q = tf.math.divide_no_nan(sums[:, 1:], sums[:, :1])
+    # Comparisons are false for NaN: such digits (and out-of-range ones) read 0.
+    q = tf.where((q >= 0) & (q <= 255), tf.round(q), tf.zeros_like(q))
+    y = q[:, :1] + 256 * q[:, 1:2] + 256**2 * q[:, 2:]  # exact: an integer below 2^24
+    return tf.cast(y, tf.int32)
+
+
 def _rankmax_loss_one_hot_or_dense(z, w, k, eta):
     """Dense weights [N, n]: the one-hot fast path when every row has <= 1 positive, else the
     exact merged sort (both exact).
 
-    Fast path: the positive's score is a masked row sum (exact: the other terms are 0) and its
-    gradient is added through the mask, no gather, scatter or sort, so XLA fuses it into the
-    row passes. The branch is chosen with ``tf.cond`` inside one custom gradient: autodiff
-    through a ``tf.cond`` would make the taken branch materialise zero-filled copies of the
-    other branch's [N, 2n] intermediates.
+    Fast path, the cost of ids plus two reads of the labels: :func:`_one_hot_ids` reads a
+    candidate positive ``y`` per row with one matmul, then the ids kernel runs on it (one
+    gather of ``z_y`` and ``w_y``, one scatter into the gradient). The check that ``y`` is
+    the row's only positive and that the weights are valid (``w_y`` finite and >= 0, every
+    other ``w_i`` exactly 0) is fused into the pass that forms ``D = sum_i (z_i - mu_y)_+``:
+    an entry that fails it adds NaN, so ``D`` is NaN exactly on the rows the fast path
+    cannot take (and on rows with NaN scores), and ``fits`` = no NaN in ``D`` is a reduction
+    over N numbers. Under XLA:CPU every row reduction materialises its [N, n] summand, so
+    a separate "count the positives" pass would cost a full write and read of [N, n].
+
+    The branch is chosen with ``tf.cond`` inside one custom gradient: autodiff through a
+    ``tf.cond`` would make the taken branch materialise zero-filled copies of the other
+    branch's [N, 2n] intermediates. Every [N, n] intermediate is formed inline from the
+    inputs (no captured masks): a mask materialised as an operand of the tf.cond costs a
+    full extra write and read.
     """
-    # Every [N, n] intermediate below is formed inline from the inputs (no captured masks):
-    # a mask materialised as an operand of the tf.cond costs a full extra write and read.
-    fits = tf.reduce_all(tf.reduce_sum(tf.cast(w > 0, tf.int32), axis=-1) <= 1)
-    # Negative, NaN or infinite weights make the row's weight (and so its loss) NaN: the XLA
-    # half of the label check, folded into a reduction the fast path needs anyway (the slow
-    # branch checks its own rows).
-    nan = tf.constant(np.nan, w.dtype)
-    weight = tf.reduce_sum(
-        tf.where((w > 0) & (w < np.inf), w, tf.where(tf.equal(w, 0.0), tf.zeros_like(w), nan)),
-        axis=-1,
-        keepdims=True,
-    )
+    ids = _one_hot_ids(w)
+    weight = tf.gather(w, ids, batch_dims=1)  # [N, 1]; 0 for a row without positives
 
     @tf.custom_gradient
     def f(z):
-        zy = tf.reduce_sum(tf.where(w > 0, z, tf.zeros_like(z)), axis=-1, keepdims=True)
-        fast, saved = _positives_forward(z, weight, zy, k, eta)
+        n = tf.shape(z)[-1]
+        at_y = tf.equal(tf.range(n)[None, :], ids)
+        consistent = tf.where(at_y, (w >= 0) & (w < np.inf), tf.equal(w, 0.0))
+        zy = tf.gather(z, ids, batch_dims=1)
+        fast, saved = _positives_forward(z, weight, zy, k, eta, consistent)
+        fits = ~tf.reduce_any(tf.math.is_nan(saved["D"]))
 
         def slow():
             bad = tf.math.is_nan(w) | (w < 0) | tf.math.is_inf(w)
@@ -439,13 +478,7 @@ def _rankmax_loss_one_hot_or_dense(z, w, k, eta):
         def grad(upstream):
             def fast_grad():
                 return _positives_backward(
-                    z,
-                    weight,
-                    k,
-                    eta,
-                    saved,
-                    upstream,
-                    lambda g, gy: g + tf.where(w > 0, gy, tf.zeros_like(gy)),
+                    z, weight, k, eta, saved, upstream, lambda g, gy: _scatter_add(g, ids, gy)
                 )
 
             def dense_grad():
@@ -615,7 +648,7 @@ def rankmax_loss(
       margin: ``eta > 0``; the threshold is ``min(z_y, z_[k]) - margin``. The paper uses 1.
       max_positives: dense labels only; the result is exact either way. When every row of
         the batch has at most this many positives (default 1: one-hot or identity labels),
-        a fast O(M n) path runs (for 1: a masked row sum, as cheap as ids); otherwise, and
+        a fast O(M n) path runs (for 1: the ids kernel on the read-off index); otherwise, and
         always when ``None``, one merged sort per row handles any number of positives
         (O(n log n), slow under XLA on CPU). Both branches are compiled (``tf.cond``).
       label_format: ``"auto"`` (default), ``"ids"`` or ``"dense"``. Auto: floating labels of

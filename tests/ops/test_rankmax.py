@@ -73,6 +73,60 @@ def test_dense_fast_path_equals_exact_sort_path():
         np.testing.assert_allclose(fast[1], exact[1], atol=1e-12)
 
 
+def test_dense_fast_path_rejects_rows_that_only_look_one_hot():
+    """The one-hot reading (index from sum(i w) / sum(w)) must be verified entry by entry:
+    a second positive too small to change sum(w) in float32, a positive at index 0 next to an
+    empty row, and weights whose index sum overflows still give the exact multi-hot result,
+    eagerly and under XLA."""
+    z = np.array(
+        [[10.0, 0.0, 5.0, 1.0], [0.5, 2.0, -1.0, 0.0], [1.0, 3.0, 2.0, 0.0], [0.0, 1.0, 2.0, 3.0]],
+        np.float32,
+    )
+    w = np.zeros((4, 4), np.float32)
+    w[0, [0, 2]] = [1.0, 1e-30]  # term 0 for the first positive: the loss is the tiny one's
+    w[1, 0] = 2.0
+    w[3, 3] = 3e38  # 3 * 3e38 overflows sum(i w): the index is unreadable
+    positives = [[(i, float(row[i])) for i in np.nonzero(row)[0]] for row in w]
+    want_l, want_g = _ref_rows(z.astype(np.float64), positives, k=1)
+    assert 0 < want_l[0] < 1e-29
+    got_l, got_g = _loss_and_grad(tf.constant(w), z)
+    np.testing.assert_allclose(got_l, want_l, rtol=1e-6)
+    np.testing.assert_allclose(got_g, want_g, rtol=1e-6, atol=1e-36)
+    xla = tf.function(_loss_and_grad_graph, jit_compile=True, autograph=False)
+    xla_l, xla_g = (t.numpy() for t in xla(tf.constant(w), tf.constant(z)))
+    np.testing.assert_allclose(xla_l, want_l, rtol=1e-6)
+    np.testing.assert_allclose(xla_g, want_g, rtol=1e-6, atol=1e-36)
+    # The same batch without the overflowing and the tiny positive: one-hot, fast path.
+    w[0, 2], w[3, 3] = 0.0, 3.0
+    positives = [[(i, float(row[i])) for i in np.nonzero(row)[0]] for row in w]
+    want_l, want_g = _ref_rows(z.astype(np.float64), positives, k=1)
+    xla_l, xla_g = (t.numpy() for t in xla(tf.constant(w), tf.constant(z)))
+    np.testing.assert_allclose(xla_l, want_l, rtol=1e-6)
+    np.testing.assert_allclose(xla_g, want_g, rtol=1e-6, atol=1e-7)
+
+
+def test_one_hot_index_is_read_exactly():
+    """The fast path's index reading (base-256 digits of sum(i w) / sum(w)) returns the
+    positive for any weight and any index below 2^24, so one-hot batches do take it."""
+    from losszoo.ops._rankmax import _one_hot_ids
+
+    n = 70_000
+    y = np.array([0, 1, 255, 256, 65535, 65536, n - 1])
+    w = np.zeros((y.size, n), np.float32)
+    w[np.arange(y.size), y] = [1.0, 0.3, 2.5, 1e-3, 7.0, 1e30, 0.1]
+    eager = _one_hot_ids(tf.constant(w))
+    xla = tf.function(_one_hot_ids, jit_compile=True)(tf.constant(w))
+    np.testing.assert_array_equal(eager.numpy()[:, 0], y)
+    np.testing.assert_array_equal(xla.numpy()[:, 0], y)
+
+
+def _loss_and_grad_graph(labels, z):
+    with tf.GradientTape() as tape:
+        tape.watch(z)
+        loss = rankmax_loss(labels, z)
+    return loss, tape.gradient(loss, z)
+
+
 def _away_from_kinks(z, y, k):
     p, a, mu, _, _ = ref.rankmax(z, y, k)
     return not ref._near_kink(z, mu, a)
