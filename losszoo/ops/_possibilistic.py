@@ -1476,6 +1476,33 @@ def _project_2d(
     def tm(t):
         return tf.transpose(t)
 
+    cst = {
+        "pt_next": tm(pt_next),
+        "lo": tm(cons.gap_lower),
+        "up": tm(cons.gap_upper),
+        "act": tm(cons.active),
+    }
+
+    def dykstra(rows, stopping_code, lam_init=None):
+        """Certified / paper / fixed Dykstra on ``rows``: ``(x, lam, cycles)``."""
+        x, lam, cycles, _, _ = _run_core(
+            tm(lq),
+            tm(pt_next),
+            tm(ratio),
+            tm(cons.gap_lower),
+            tm(cons.gap_upper),
+            tm(cons.active),
+            rows,
+            tf.constant(tol, _F64),
+            tf.constant(gap_tol, _F64),
+            tf.constant(max_cycles, tf.int32),
+            tf.constant(stopping_code, tf.int32),
+            unroll=bool(k <= unroll_max_k),
+            jit=jit,
+            lam_init=lam_init,
+        )
+        return x, lam, cycles
+
     if method == "interior_point":
         fn = _IPM_JIT if jit else _ipm_solve
         x_primal, x_dual, lam, iterations = fn(
@@ -1490,14 +1517,6 @@ def _project_2d(
             tf.constant(gap_tol, _F64),
             tf.constant(_IPM_MAX_ITER, tf.int32),
         )
-        # Rows the interior point could not certify (float64 exhausted near the solution)
-        # are finished by certified Dykstra warm-started from the interior-point multipliers.
-        cst = {
-            "pt_next": tm(pt_next),
-            "lo": tm(cons.gap_lower),
-            "up": tm(cons.gap_upper),
-            "act": tm(cons.active),
-        }
         # The dual point when it certifies (exact on degenerate rows, where the primal
         # converges like sqrt(mu)), else the primal iterate when it does.
         certified = []
@@ -1505,25 +1524,12 @@ def _project_2d(
             v0, gap0 = _check(cand, lam[0], lam[1], lam[2], cst, lq=tm(lq))
             certified.append((v0 <= tol) & (tf.abs(gap0) <= gap_tol))
         x = tf.where(certified[0][None, :], x_dual, x_primal)
+        # Rows neither certifies (float64 exhausted near the solution) are finished by
+        # certified Dykstra warm-started from the interior-point multipliers.
         finish = run & ~(certified[0] | certified[1])
 
         def dykstra_finish():
-            x2, lam2, cycles, _, _ = _run_core(
-                tm(lq),
-                tm(pt_next),
-                tm(ratio),
-                tm(cons.gap_lower),
-                tm(cons.gap_upper),
-                tm(cons.active),
-                finish,
-                tf.constant(tol, _F64),
-                tf.constant(gap_tol, _F64),
-                tf.constant(max_cycles, tf.int32),
-                tf.constant(1, tf.int32),
-                unroll=bool(k <= unroll_max_k),
-                jit=jit,
-                lam_init=tuple(tf.unstack(lam)),
-            )
+            x2, lam2, cycles = dykstra(finish, 1, lam_init=tuple(tf.unstack(lam)))
             return (
                 tf.where(finish[None, :], x2, x),
                 tf.where(finish[None, None, :], lam2, lam),
@@ -1534,21 +1540,7 @@ def _project_2d(
             tf.reduce_any(finish), dykstra_finish, lambda: (x, lam, tf.zeros([batch], tf.int32))
         )
     else:
-        x, lam, cycles, _, _ = _run_core(
-            tm(lq),
-            tm(pt_next),
-            tm(ratio),
-            tm(cons.gap_lower),
-            tm(cons.gap_upper),
-            tm(cons.active),
-            run,
-            tf.constant(tol, _F64),
-            tf.constant(gap_tol, _F64),
-            tf.constant(max_cycles, tf.int32),
-            tf.constant(_STOPPING_CODE[stopping], tf.int32),
-            unroll=bool(k <= unroll_max_k),
-            jit=jit,
-        )
+        x, lam, cycles = dykstra(run, _STOPPING_CODE[stopping])
         iterations = cycles
     x = tf.transpose(x)
     # Short-circuits: no strict drop -> uniform on the support; n <= 1 or invalid -> q.
@@ -1563,12 +1555,7 @@ def _project_2d(
         lam[0],
         lam[1],
         lam[2],
-        {
-            "pt_next": tm(pt_next),
-            "lo": tm(cons.gap_lower),
-            "up": tm(cons.gap_upper),
-            "act": tm(cons.active),
-        },
+        cst,
         lq=tf.where(run[None, :], tm(lq), tf.math.log(tm(p_sorted))),
     )
     if stopping == "paper":
