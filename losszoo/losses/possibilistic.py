@@ -76,12 +76,14 @@ class PossibilisticProjectionLoss(keras.losses.Loss):
     logits raise naming the argument, eagerly and in graphs. Under XLA: assertions vanish,
     so the affected rows' loss is NaN instead (never a finite number). Diagnostics of the
     last call are available to :class:`ProjectionDiagnostic` metrics: ``model.compile(...,
-    metrics=loss.diagnostic_metrics())`` logs the mean and p90 Dykstra cycles and the count
-    of non-converged projections.
+    metrics=loss.diagnostic_metrics())`` logs the mean and p90 solver work per example
+    (interior-point iterations plus Dykstra cycles) and the count of non-certified
+    projections.
 
     Args:
       tol: feasibility tolerance of the projection (max constraint violation).
-      max_cycles: maximum Dykstra cycles.
+      max_cycles: maximum Dykstra cycles (with the interior point: the budget of the
+        Dykstra finish of rows it cannot certify).
       stopping: ``"certified"`` (default: feasibility and duality gap <= ``gap_tol``),
         ``"paper"`` (feasibility only, reproduces the paper) or ``"fixed"``.
       support_mode: ``"floor"`` (default: ``pi <- max(pi, floor)``) or ``"restrict"``
@@ -192,15 +194,15 @@ def _p90(values):
 @register(
     "possibilistic_projection_diagnostic",
     kind="metric",
-    description="Mean/p90 Dykstra cycles or non-converged count of the possibilistic projection",
+    description="Mean/p90 solver iterations or non-certified count of the possibilistic projection",
 )
 class ProjectionDiagnostic(keras.metrics.Metric):
     """Convergence of a :class:`PossibilisticProjectionLoss`'s projections, as a metric.
 
     ``statistic``: ``"mean_cycles"`` (mean over examples and batches), ``"p90_cycles"``
     (mean over batches of the batch's 90th percentile) or ``"nonconverged"`` (number of
-    valid examples whose projection stopped at ``max_cycles`` without meeting the rule,
-    summed over the epoch). During ``fit``/``evaluate`` the metric reads the diagnostics the
+    valid examples whose projection is not certified, or for the paper rule stopped at
+    ``max_cycles`` without meeting it, summed over the epoch). During ``fit``/``evaluate`` the metric reads the diagnostics the
     loss computed in the same step (no extra cost); used on its own it recomputes the
     projection from ``(y_true, y_pred)``.
 
@@ -235,12 +237,12 @@ class ProjectionDiagnostic(keras.metrics.Metric):
         if info is None:
             _, info = self.loss.compute(y_true, y_pred)
         # Solver work per row: interior-point iterations plus Dykstra (finishing) cycles;
-        # for method="dykstra" both count the same cycles, so take it once.
-        cycles = tf.where(
-            info["iterations"] == info["cycles"],
-            info["cycles"],
-            info["iterations"] + info["cycles"],
+        # with Dykstra alone both keys hold the same cycles, so take them once.
+        cfg = self.loss.projection_config
+        dykstra_only = cfg["method"] == "dykstra" or (
+            cfg["method"] is None and cfg["stopping"] != "certified"
         )
+        cycles = info["cycles"] if dykstra_only else info["iterations"] + info["cycles"]
         if self.statistic == "mean_cycles":
             value = tf.reduce_sum(tf.cast(cycles, tf.float64))
             count = tf.cast(tf.size(cycles), tf.float64)
