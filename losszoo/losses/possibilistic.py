@@ -202,9 +202,9 @@ class ProjectionDiagnostic(keras.metrics.Metric):
     ``statistic``: ``"mean_cycles"`` (mean over examples and batches), ``"p90_cycles"``
     (mean over batches of the batch's 90th percentile) or ``"nonconverged"`` (number of
     valid examples whose projection is not certified, or for the paper rule stopped at
-    ``max_cycles`` without meeting it, summed over the epoch). During ``fit``/``evaluate`` the metric reads the diagnostics the
-    loss computed in the same step (no extra cost); used on its own it recomputes the
-    projection from ``(y_true, y_pred)``.
+    ``max_cycles`` without meeting it, summed over the epoch). During ``fit``/``evaluate``
+    the metric reads the diagnostics the loss computed in the same step (no extra cost);
+    used on its own it recomputes the projection from ``(y_true, y_pred)``.
 
     Args:
       loss: the :class:`PossibilisticProjectionLoss` (or its config dict); default: a new

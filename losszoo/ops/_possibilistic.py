@@ -1117,11 +1117,12 @@ def _ipm_certificate(red, m, slacks, xm, lams):
 
 
 def _ipm_core(red, m0, active, tol, gap_tol, max_iter):
-    """Primal-dual interior point on the tail masses ``U`` of the reduced chain.
+    """Mehrotra predictor-corrector interior point on the tail masses ``U`` of the chain.
 
-    Time-major: ``m0`` [K, B] starting block masses (> 0 on real blocks), ``active`` [B].
-    Returns ``(lam1, lam2, lam3)`` [K-1, B] (ceiling, lower and upper shape multipliers)
-    and the iteration count [B].
+    Time-major: ``m0`` [J, B] starting block masses (> 0 on real blocks), ``active`` [B],
+    ``tol`` / ``gap_tol`` the certificate's tolerances. Returns the best iterate by the
+    certificate score: ``U`` [J-1, B], ``(lam1, lam2, lam3)`` [J-1, B] (ceiling, lower and
+    upper shape multipliers), and the iteration count [B].
     """
     var = red["var"]
     real = red["real"]
