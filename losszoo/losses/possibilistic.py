@@ -55,7 +55,7 @@ _STATS = ("mean_cycles", "p90_cycles", "nonconverged")
     "possibilistic_projection",
     kind="loss",
     aliases=("possibilistic_kl_projection",),
-    description="KL(p*||softmax(z)), p* = KL projection onto a possibility credal set (Dykstra)",
+    description="KL(p*||softmax(z)), p* = KL projection onto a possibility credal set (certified)",
 )
 class PossibilisticProjectionLoss(keras.losses.Loss):
     """KL projection loss for possibility-distribution labels (Baaj & Marquis, 2026).
