@@ -302,6 +302,19 @@ def _loss_terms(gap, D, k, eta, ts, Rs):
     return tf.where(raw < 0, tf.zeros_like(raw), raw)
 
 
+def _positive_terms(zy, m, D, top_v, masked, k, eta):
+    """``gap = z_y - mu_y``, the capped count ``ts`` / tail sum ``Rs`` (k > 1) and the
+    per-positive loss terms (``+inf`` for a positive masked by ``-inf``)."""
+    gap = (zy - m) + eta
+    if k == 1:
+        ts, Rs = None, D
+    else:
+        ts, Rs = _capped_count(D, top_v, m, k, eta)
+    terms = _loss_terms(gap, D, k, eta, ts, Rs)
+    terms = tf.where(masked, tf.fill(tf.shape(terms), tf.constant(np.inf, D.dtype)), terms)
+    return gap, ts, Rs, terms
+
+
 def _grad_coefficients(v, gap, s, k, ts, Rs, case_b):
     """Per-positive gradient pieces (spec 3.3).
 
@@ -355,13 +368,7 @@ def _positives_forward(z, w, zy, k, eta, consistent=None):
         relu = tf.where(consistent[:, None, :], relu, tf.constant(np.nan, z.dtype))
     D = tf.reduce_sum(relu, axis=-1)
     s = tf.reduce_sum(tf.cast(diff > 0, z.dtype), axis=-1)
-    gap = (zy - m) + eta
-    if k == 1:
-        ts, Rs = None, D
-    else:
-        ts, Rs = _capped_count(D, top_v, m, k, eta)
-    terms = _loss_terms(gap, D, k, eta, ts, Rs)
-    terms = tf.where(masked, tf.fill(tf.shape(terms), tf.constant(np.inf, z.dtype)), terms)
+    gap, ts, Rs, terms = _positive_terms(zy, m, D, top_v, masked, k, eta)
     # w != 0 (not w > 0): a NaN weight (invalid dense labels, see below) must reach the loss.
     loss = tf.reduce_sum(tf.where(tf.not_equal(w, 0.0), w * terms, tf.zeros_like(terms)), axis=1)
     saved = {
@@ -552,13 +559,7 @@ def _rankmax_loss_dense(z, w, k, eta):
         m, case_b = _anchor(zy, top_v, k)
         D, s, perm, is_z = _dense_D_s(zc, m - eta)
         D = tf.where(has, D, tf.ones_like(D))
-        gap = (zy - m) + eta
-        if k == 1:
-            ts, Rs = None, D
-        else:
-            ts, Rs = _capped_count(D, top_v, m, k, eta)
-        terms = _loss_terms(gap, D, k, eta, ts, Rs)
-        terms = tf.where(masked, tf.fill(tf.shape(terms), tf.constant(np.inf, z.dtype)), terms)
+        gap, ts, Rs, terms = _positive_terms(zy, m, D, top_v, masked, k, eta)
         loss = tf.reduce_sum(tf.where(w > 0, w * terms, tf.zeros_like(terms)), axis=1)
 
         def grad(upstream):
