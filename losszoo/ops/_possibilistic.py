@@ -20,12 +20,12 @@ Antipignistic reference (spec 1.2): ``pdot_r = sum_{j>=r} (pt_j - pt_{j+1}) / j`
 Default solver (``method="interior_point"``, certified rule): ties are pooled into blocks
 (exact), two-block rows (one-hot labels) are solved in closed form, the others by a
 Mehrotra predictor-corrector interior point on the tail masses of the block chain (one
-banded Cholesky of a pentadiagonal matrix per iteration: O(K) work, about 15 iterations
-whatever K). Every row is certified on the original constraints by the exact duality gap
-``KL(p||q) - g(lam)``; the dual point ``softmax(log q + A^T lam)`` is returned when it
-certifies, else the (feasible) primal iterate; a row neither certifies is finished by
-warm-started Dykstra. Derivation in ``docs/design/possibilistic_solver.md``.
-``method="dykstra"`` is the solver below.
+cyclic-reduction factorisation of a pentadiagonal matrix per iteration: O(K) work in
+O(log K) stages, about 15 iterations whatever K). Every row is certified on the original
+constraints by the exact duality gap ``KL(p||q) - g(lam)``; the dual point
+``softmax(log q + A^T lam)`` is returned when it certifies, else the (feasible) primal
+iterate; a row neither certifies is finished by warm-started Dykstra. Derivation in
+``docs/design/possibilistic_solver.md``. ``method="dykstra"`` is the solver below.
 
 Fail-loud contract: ``possibility`` rows must be finite, in ``[0, 1]`` with maximum 1, and
 logits must not be NaN; otherwise an error names the argument (eagerly and in graphs). Under
@@ -416,6 +416,13 @@ def _antipignistic_sorted(h):
     return tf.cumsum((h - nxt) / _ranks(h.shape[-1]), axis=-1, reverse=True)
 
 
+def _unsort(x_sorted, order):
+    """``x`` with ``x[b, order[b, i]] = x_sorted[b, i]`` (a scatter: cheaper than sorting
+    ``order`` again to gather)."""
+    rows = tf.broadcast_to(tf.range(tf.shape(order)[0])[:, None], tf.shape(order))
+    return tf.scatter_nd(tf.stack([rows, order], -1), x_sorted, tf.shape(x_sorted))
+
+
 @tf.custom_gradient
 def _antipignistic_2d(pi, floor_value):
     """pi [B, K] float64 (any scale) -> antipignistic [B, K]; invalid rows -> uniform."""
@@ -427,9 +434,8 @@ def _antipignistic_2d(pi, floor_value):
     floored = tf.maximum(unit, floor_value)
     h_in = tf.where(valid, floored, tf.ones_like(pi))
     order = tf.argsort(-h_in, axis=-1, stable=True)
-    inverse = tf.argsort(order, axis=-1, stable=True)
     h = tf.gather(h_in, order, batch_dims=1)
-    out = tf.gather(_antipignistic_sorted(h), inverse, batch_dims=1)
+    out = _unsort(_antipignistic_sorted(h), order)
 
     def grad(upstream):
         k = pi.shape[-1]
@@ -437,7 +443,7 @@ def _antipignistic_2d(pi, floor_value):
         # d/d(gap_j) = sum_{r<=j} u_r; gap_j = (h_j - h_{j+1}) / j.
         big_g = tf.cumsum(u, axis=-1) / _ranks(k)
         prev = tf.concat([tf.zeros_like(big_g[:, :1]), big_g[:, :-1]], axis=-1)
-        dh = tf.gather(big_g - prev, inverse, batch_dims=1)  # d/dh in original order
+        dh = _unsort(big_g - prev, order)  # d/dh in original order
         # h = max(clean / top, floor): pass through where not floored, and the max.
         dh = tf.where(unit >= floor_value, dh, tf.zeros_like(dh))
         d_clean = dh / safe_top
@@ -961,65 +967,134 @@ def _cumsum_rows(x):
     return tf.transpose(tf.reverse(_rcumsum(tf.reverse(tf.transpose(x), [0])), [0]))
 
 
-def _penta_factor(d0, d1, d2, rhs):
-    """Banded Cholesky ``H = L L^T`` of an SPD pentadiagonal ``H`` (time-major ``[n, B]``),
-    fused with the forward substitution ``L y = rhs``.
+# Newton systems: the matrix is pentadiagonal, i.e. block tridiagonal in 2x2 blocks
+# (X_k = (x_2k, x_2k+1)). Cyclic reduction eliminates the odd blocks level after level:
+# log2(K) stages of batched 2x2 arithmetic instead of K sequential steps. It is the block
+# Cholesky factorisation of the matrix in odd-even order (backward stable like any
+# symmetric ordering of Cholesky: the updates are Gram matrices of triangular solves, never
+# explicit inverses). Blocks carry their entries on a leading axis of [entries, n, B]
+# tensors, so that XLA writes one array per quantity and level: general
+# [p, q, r, s] = [[p, q], [r, s]], symmetric [a, b, c] = [[a, b], [b, c]], lower
+# triangular [l00, l10, l11], vectors [v0, v1].
 
-    ``d0[i] = H[i, i]``, ``d1[i] = H[i, i+1]``, ``d2[i] = H[i, i+2]`` (trailing entries
-    unused). Returns ``((l0, l1, l2), y)`` with ``l0[i] = L[i, i]``, ``l1[i] = L[i, i-1]``,
-    ``l2[i] = L[i, i-2]``: one sequential sweep of ``n`` steps, vectorised over the batch.
+
+def _shift_down(x):  # x[:, i - 1] along the block axis (0 first)
+    return tf.pad(x[:, :-1], [[0, 0], [1, 0], [0, 0]])
+
+
+def _shift_up(x):  # x[:, i + 1] along the block axis (0 last)
+    return tf.pad(x[:, 1:], [[0, 0], [0, 1], [0, 0]])
+
+
+def _chol2(d, tiny):
+    """``L`` of ``D = L L^T`` as ``[1/l00, l10, 1/l11]``: the solves then only multiply,
+    which XLA may recompute inside each consumer (a divide it materialises).
+
+    A pivot at or below ``tiny`` (per row: 1e-30 of the largest diagonal entry) is rounding
+    noise of a nearly singular Newton matrix at the end of the interior point; it is
+    dropped (``1/l = 0``: that component of the step is 0), as in the modified Cholesky
+    of interior-point codes, instead of blowing up to inf / NaN in the next level.
+    """
+    a, b, c = tf.unstack(d)
+    il00 = tf.where(a > tiny, tf.math.rsqrt(tf.maximum(a, tiny)), 0.0)
+    l10 = b * il00
+    schur = c - l10 * l10
+    il11 = tf.where(schur > tiny, tf.math.rsqrt(tf.maximum(schur, tiny)), 0.0)
+    return tf.stack([il00, l10, il11])
+
+
+def _lsolve(chol, v0, v1):  # L^{-1} (v0, v1)
+    il00, l10, il11 = tf.unstack(chol)
+    y0 = v0 * il00
+    return y0, (v1 - l10 * y0) * il11
+
+
+def _ltsolve(chol, v):  # L^{-T} v, stacked
+    il00, l10, il11 = tf.unstack(chol)
+    x1 = v[1] * il11
+    return tf.stack([(v[0] - l10 * x1) * il00, x1])
+
+
+def _mv(g, v):  # g v, stacked
+    p, q, r, s = tf.unstack(g)
+    return tf.stack([p * v[0] + q * v[1], r * v[0] + s * v[1]])
+
+
+def _mtv(g, v):  # g^T v, stacked
+    p, q, r, s = tf.unstack(g)
+    return tf.stack([p * v[0] + r * v[1], q * v[0] + s * v[1]])
+
+
+def _penta_factor(d0, d1, d2):
+    """Cyclic-reduction factorisation of an SPD pentadiagonal ``H`` (time-major ``[n, B]``).
+
+    ``d0[i] = H[i, i]``, ``d1[i] = H[i, i+1]``, ``d2[i] = H[i, i+2]``; entries that would
+    reach past row ``n - 1`` must be 0. The system is padded with identity rows to ``2N``
+    (``N`` a power of two) and read as ``N`` block rows
+    ``C_{k-1}^T X_{k-1} + D_k X_k + C_k X_{k+1} = R_k``. One level factors the odd blocks,
+    ``D_2i+1 = L L^T``, and keeps the even ones with ``E_i = C_2i L^{-T}``,
+    ``F_i = L^{-1} C_2i+1``: ``D'_i = D_2i - E_i E_i^T - F_i-1^T F_i-1`` and
+    ``C'_i = -E_i F_i``. Returns the levels' ``(L, [E, F])`` and the last block's ``L``
+    (in the form of :func:`_chol2`).
     """
     n = d0.shape[0]
-    d1p = tf.concat([tf.zeros_like(d1[:1]), d1[:-1]], 0)  # H[i-1, i]
-    d2p = tf.concat([tf.zeros_like(d2[:2]), d2[:-2]], 0)  # H[i-2, i]
-    one = tf.ones_like(d0[0])
-    zero = tf.zeros_like(one)
+    half = 1 << (max(1, -(-n // 2)) - 1).bit_length()
 
-    def step(i, l0a, l0b, l1a, ya, yb, ta0, ta1, ta2, tay):
-        # a: row i-1, b: row i-2
-        l2 = d2p[i] / l0b
-        l1 = (d1p[i] - l2 * l1a) / l0a
-        l0 = tf.sqrt(tf.maximum(d0[i] - l1 * l1 - l2 * l2, 1e-300))
-        y = (rhs[i] - l2 * yb - l1 * ya) / l0
-        writes = (ta.write(i, v) for ta, v in zip((ta0, ta1, ta2, tay), (l0, l1, l2, y)))
-        return (i + 1, l0, l0a, l1, y, ya, *writes)
+    def padded(x, fill):
+        return tf.pad(x, [[0, 2 * half - n], [0, 0]], constant_values=fill)
 
-    tas = [tf.TensorArray(_F64, size=n, element_shape=one.shape) for _ in range(4)]
-    init = (tf.constant(0), one, one, zero, zero, zero, *tas)
-    res = tf.while_loop(lambda i, *_: i < n, step, init)
-    l0, l1, l2, y = (t.stack() for t in res[6:])
-    return (l0, l1, l2), y
+    tiny = 1e-30 * tf.reduce_max(tf.abs(d0), axis=0)
+    d0, d1, d2 = padded(d0, 1.0), padded(d1, 0.0), padded(d2, 0.0)
+    dd = tf.stack([d0[0::2], d1[0::2], d0[1::2]])
+    cc = tf.stack([d2[0::2], tf.zeros_like(d2[0::2]), d1[1::2], d2[1::2]])
+    levels = []
+    while dd.shape[1] > 1:
+        chol = _chol2(dd[:, 1::2], tiny)
+        p, q, r, s = tf.unstack(cc[:, 0::2])
+        e00, e01 = _lsolve(chol, p, q)  # rows of C_even L^{-T}
+        e10, e11 = _lsolve(chol, r, s)
+        p, q, r, s = tf.unstack(cc[:, 1::2])
+        f00, f10 = _lsolve(chol, p, r)  # columns of L^{-1} C_odd
+        f01, f11 = _lsolve(chol, q, s)
+        ef = tf.stack([e00, e01, e10, e11, f00, f01, f10, f11])
+        e00, e01, e10, e11, f00, f01, f10, f11 = tf.unstack(ef)
+        ee = tf.stack([e00 * e00 + e01 * e01, e00 * e10 + e01 * e11, e10 * e10 + e11 * e11])
+        ff = tf.stack([f00 * f00 + f10 * f10, f00 * f01 + f10 * f11, f01 * f01 + f11 * f11])
+        dd = dd[:, 0::2] - ee - _shift_down(ff)
+        cc = -tf.stack(
+            [
+                e00 * f00 + e01 * f10,
+                e00 * f01 + e01 * f11,
+                e10 * f00 + e11 * f10,
+                e10 * f01 + e11 * f11,
+            ]
+        )
+        levels.append((chol, ef))
+    return levels, _chol2(dd, tiny)
 
 
-def _penta_forward(factors, rhs):
-    """``L y = rhs`` with the factors of :func:`_penta_factor` (one sweep)."""
-    l0, l1, l2 = factors
-    n = l0.shape[0]
-    zero = tf.zeros_like(l0[0])
-
-    def fwd(i, ya, yb, ta):
-        y = (rhs[i] - l2[i] * yb - l1[i] * ya) / l0[i]
-        return i + 1, y, ya, ta.write(i, y)
-
-    ta = tf.TensorArray(_F64, size=n, element_shape=zero.shape)
-    return tf.while_loop(lambda i, *_: i < n, fwd, (tf.constant(0), zero, zero, ta))[3].stack()
+def _interleave(even, odd):  # [C, M, B] x 2 -> [C, 2M, B], even rows first
+    c, m, b = even.shape
+    return tf.reshape(tf.stack([even, odd], axis=2), [c, 2 * m, b])
 
 
-def _penta_backward(factors, y):
-    """``L^T x = y`` with the factors of :func:`_penta_factor` (one sweep)."""
-    l0, l1, l2 = factors
-    n = l0.shape[0]
-    zero = tf.zeros_like(l0[0])
-    l1n = tf.concat([l1[1:], tf.zeros_like(l1[:1])], 0)  # L[i+1, i]
-    l2n = tf.concat([l2[2:], tf.zeros_like(l2[:2])], 0)  # L[i+2, i]
-
-    def bwd(j, xa, xb, ta):
-        i = n - 1 - j
-        x = (y[i] - l1n[i] * xa - l2n[i] * xb) / l0[i]
-        return j + 1, x, xa, ta.write(i, x)
-
-    ta = tf.TensorArray(_F64, size=n, element_shape=zero.shape)
-    return tf.while_loop(lambda j, *_: j < n, bwd, (tf.constant(0), zero, zero, ta))[3].stack()
+def _penta_solve(factors, rhs):
+    """``H x = rhs`` with the factorisation of :func:`_penta_factor` (``rhs`` ``[n, B]``)."""
+    levels, root = factors
+    n = rhs.shape[0]
+    rhs = tf.pad(rhs, [[0, 2 ** (len(levels) + 1) - n], [0, 0]])
+    r = tf.stack([rhs[0::2], rhs[1::2]])
+    ys = []
+    for chol, ef in levels:
+        odd = r[:, 1::2]
+        y = tf.stack(_lsolve(chol, odd[0], odd[1]))
+        r = r[:, 0::2] - _mv(ef[:4], y) - _shift_down(_mtv(ef[4:], y))
+        ys.append(y)
+    x = _ltsolve(root, tf.stack(_lsolve(root, r[0], r[1])))
+    for (chol, ef), y in zip(reversed(levels), reversed(ys)):
+        t = y - _mtv(ef[:4], x) - _mv(ef[4:], _shift_up(x))
+        x = _interleave(x, _ltsolve(chol, t))
+    return tf.reshape(tf.transpose(x, [1, 0, 2]), [-1, rhs.shape[1]])[:n]
 
 
 def _block_starts(strict, in_support):
@@ -1043,28 +1118,34 @@ def _reduce_ties(lq, pt, strict, lo, up, in_support, pdot, size):
     bid = tf.where(in_support, bid, size)  # classes outside the support: a dropped segment
     n_blocks = tf.reduce_sum(tf.cast(start, tf.int32), axis=1)
     ids = bid + tf.range(batch)[:, None] * (size + 1)
-
-    def seg(v):
-        flat = tf.reshape(v, [-1])
-        out = tf.math.unsorted_segment_sum(flat, tf.reshape(ids, [-1]), batch * (size + 1))
-        return tf.reshape(out, [batch, size + 1])[:, :size]
-
-    sup = tf.cast(in_support, _F64)
-    w = seg(sup)
-    slq = seg(tf.where(in_support, lq, 0.0))
+    ends = tf.concat([strict, tf.zeros_like(strict[:, :1])], axis=1)  # pair (r, r+1) strict
+    pad0 = tf.zeros_like(pt[:, :1])
+    # All block sums in one scatter (XLA:CPU scatters update by update): sizes, sums of
+    # log q, the block's possibility, the shape bounds at its end, its antipignistic mass.
+    columns = [
+        tf.cast(in_support, _F64),
+        tf.where(in_support, lq, 0.0),
+        tf.where(start, pt, 0.0),
+        tf.where(ends, tf.concat([lo, pad0], 1), 0.0),
+        tf.where(ends, tf.concat([up, pad0], 1), 0.0),
+        tf.where(in_support, pdot, 0.0),
+    ]
+    sums = tf.math.unsorted_segment_sum(
+        tf.reshape(tf.stack(columns, -1), [-1, len(columns)]),
+        tf.reshape(ids, [-1]),
+        batch * (size + 1),
+    )
+    w, slq, pblock, lob, upb, mdot = tf.unstack(
+        tf.reshape(sums, [batch, size + 1, len(columns)])[:, :size], axis=-1
+    )
     jj = tf.range(size)[None, :]
     real = jj < n_blocks[:, None]
     w_safe = tf.where(real, w, 1.0)
     g = tf.where(real, slq / w_safe + tf.math.log(w_safe), 0.0)
-    pblock = seg(tf.where(start, pt, 0.0))
-    ends = tf.concat([strict, tf.zeros_like(strict[:, :1])], axis=1)  # pair (r, r+1) strict
-    pad0 = tf.zeros_like(pt[:, :1])
-    lob = seg(tf.where(ends, tf.concat([lo, pad0], 1), 0.0))[:, :-1]
-    upb = seg(tf.where(ends, tf.concat([up, pad0], 1), 0.0))[:, :-1]
+    lob, upb = lob[:, :-1], upb[:, :-1]
     var = jj[:, :-1] < (n_blocks - 1)[:, None]
     c = pblock[:, 1:]
     tm = tf.transpose
-    mdot = seg(tf.where(in_support, pdot, 0.0))
     return {
         "mdot": tm(mdot),
         "w": tm(w_safe),
@@ -1088,43 +1169,58 @@ def _ipm_dual_point(red, lam1, lam2, lam3):
     return _normalize_log(x)
 
 
+def _fold(op, x):
+    """Combine the slices of the leading (family) axis elementwise: XLA fuses this, while
+    a reduction over [families, chain] becomes unfused reduce-window passes on CPU."""
+    out = x[0]
+    for i in range(1, x.shape[0]):
+        out = op(out, x[i])
+    return out
+
+
 def _ipm_dual_certificate(red, xm, lams):
     """:func:`_ipm_certificate` of the dual point itself (log block masses ``xm``)."""
     m = tf.where(red["real"], tf.exp(xm), 0.0)
     tail = _rcumsum(m, exclusive=True)[:-1]
     v = m / red["w"]
     sh = v[:-1] - v[1:]
-    slacks = (red["c"] - tail, sh - red["lo"], red["up"] - sh)
+    slacks = tf.stack([red["c"] - tail, sh - red["lo"], red["up"] - sh])
     return _ipm_certificate(red, m, slacks, xm, lams)
 
 
 def _ipm_certificate(red, m, slacks, xm, lams):
     """Max violation and exact duality gap of the primal block masses ``m`` [K, B].
 
-    ``slacks`` are the constraint values at ``m`` (ceiling, lower, upper; >= 0 when
-    feasible), ``xm`` the log block masses of the dual point of ``lams``. The gap
-    ``KL(m || m(lam)) + sum_h lam_h slack_h(m)`` is the primal objective minus the dual
-    function, so it certifies ``m`` whatever produced ``lam`` (see ``_check``).
+    ``slacks`` [3, K-1, B] are the constraint values at ``m`` (ceiling, lower, upper; >= 0
+    when feasible), ``xm`` the log block masses of the dual point of ``lams`` [3, K-1, B].
+    The gap ``KL(m || m(lam)) + sum_h lam_h slack_h(m)`` is the primal objective minus the
+    dual function, so it certifies ``m`` whatever produced ``lam`` (see ``_check``).
     """
-    var = red["var"]
-    zero = tf.zeros_like(slacks[0])
-    viol = tf.maximum(tf.maximum(-slacks[0], -slacks[1]), -slacks[2])
-    big_v = tf.maximum(tf.reduce_max(tf.where(var, viol, zero), axis=0), 0.0)
-    comp = tf.where(var, sum(lam * y for lam, y in zip(lams, slacks)), zero)
+    var = red["var"][None]
+    big_v = tf.maximum(tf.reduce_max(_fold(tf.maximum, tf.where(var, -slacks, 0.0)), 0), 0.0)
+    comp = tf.reduce_sum(_fold(tf.add, tf.where(var, lams * slacks, 0.0)), axis=0)
     safe = tf.where(m > 0.0, m, 1.0)
-    gap = tf.reduce_sum(comp, axis=0) + _kl_rows(m, tf.math.log(safe), xm)
-    return big_v, gap
+    return big_v, comp + _kl_rows(m, tf.math.log(safe), xm)
 
 
-def _ipm_core(red, m0, active, tol, gap_tol, max_iter):
-    """Mehrotra predictor-corrector interior point on the tail masses ``U`` of the chain.
+# The certificate is evaluated only once some row's complementarity n_con * mu is within
+# this factor of gap_tol: before that the gap, which is at least about n_con * mu on a
+# feasible iterate, cannot pass (skipping it only delays a stop, never changes a result).
+_IPM_CERTIFY_FROM = 1e3
 
-    Time-major: ``m0`` [J, B] starting block masses (> 0 on real blocks), ``active`` [B],
-    ``tol`` / ``gap_tol`` the certificate's tolerances. Returns the best iterate by the
-    certificate score: ``U`` [J-1, B], ``(lam1, lam2, lam3)`` [J-1, B] (ceiling, lower and
-    upper shape multipliers), and the iteration count [B].
+
+def _ipm_body(red, tol, gap_tol):
+    """One Mehrotra predictor-corrector iteration on the tail masses ``U`` of the chain.
+
+    Time-major, batch last: ``red`` holds the block chain (see :func:`_reduce_ties`),
+    ``tol`` / ``gap_tol`` the certificate's tolerances. The three constraint families
+    (ceiling, lower and upper shape bounds) are stacked on a leading axis: slacks ``s`` and
+    multipliers ``lam`` are [3, J-1, B]. Returns the ``tf.while_loop`` body over the state
+    ``(it, u, s, lam, active, iters, best_score, best_u, best_lam)`` and ``start(m0)``,
+    the starting ``(u, s, lam)`` from block masses ``m0`` [J, B] (> 0 on real blocks).
     """
     var = red["var"]
+    var3 = var[None]
     real = red["real"]
     w = red["w"]
     iw = 1.0 / w
@@ -1135,6 +1231,9 @@ def _ipm_core(red, m0, active, tol, gap_tol, max_iter):
     b_c = tf.where(var, -(iw[:-1] + iw[1:]), 0.0)  # on U_j
     g_c = tf.where(var & var_next, iw[1:], 0.0)  # on U_{j+1}
     n_con = tf.maximum(3.0 * tf.reduce_sum(tf.cast(var, _F64), axis=0), 1.0)
+    cert_mu = _IPM_CERTIFY_FROM * gap_tol / n_con
+    inf = tf.constant(np.inf, _F64)
+    one = tf.constant(1.0, _F64)
 
     def shape_of(du):  # S du
         return a_c * _prev(du) + b_c * du + g_c * _next(du)
@@ -1148,29 +1247,27 @@ def _ipm_core(red, m0, active, tol, gap_tol, max_iter):
         return tf.where(real, ext_prev - ext_cur, 0.0)
 
     def constraints(u):
+        """Block masses and the stacked constraint values (slacks at ``u``)."""
         m = masses(u)
         v = m / w
         sh = v[:-1] - v[1:]
-        return m, red["c"] - u, sh - red["lo"], red["up"] - sh
-
-    u0 = _rcumsum(m0, exclusive=True)[:-1]
-    u0 = tf.where(var, u0, 0.0)
-    _, y1, y2, y3 = constraints(u0)
-    floor = tf.constant(1e-2, _F64)
-    s_init = [tf.where(var, tf.maximum(y, floor), 1.0) for y in (y1, y2, y3)]
-    l_init = [tf.where(var, tf.ones_like(zero), 0.0) for _ in range(3)]
-
-    inf = tf.constant(np.inf, _F64)
+        return m, tf.stack([red["c"] - u, sh - red["lo"], red["up"] - sh])
 
     def max_step(x, dx, mask):
         ratio = tf.where(mask & (dx < 0.0), -x / tf.where(dx < 0.0, dx, -1.0), inf)
-        return tf.reduce_min(ratio, axis=0)
+        return tf.reduce_min(ratio if x.shape.rank == 2 else _fold(tf.minimum, ratio), axis=0)
 
-    def body(it, u, s1, s2, s3, l1, l2, l3, active, iters, best_score, *best):
-        m, y1, y2, y3 = constraints(u)
-        ss, ll = (s1, s2, s3), (l1, l2, l3)
-        comp = tf.where(var, l1 * s1 + l2 * s2 + l3 * s3, 0.0)
-        mu = tf.reduce_sum(comp, axis=0) / n_con
+    def mean_comp(s, lam):
+        return tf.reduce_sum(_fold(tf.add, tf.where(var3, s * lam, 0.0)), axis=0) / n_con
+
+    def start(m0):
+        u0 = tf.where(var, _rcumsum(m0, exclusive=True)[:-1], 0.0)
+        s0 = tf.where(var3, tf.maximum(constraints(u0)[1], 1e-2), 1.0)
+        return u0, s0, tf.where(var3, tf.ones_like(s0), 0.0)
+
+    def body(it, u, s, lam, active, iters, best_score, best_u, best_lam):
+        m, y = constraints(u)
+        mu = mean_comp(s, lam)
         # The masses carry a barrier -t log m (t = mu / 10): entropy alone lets a Newton
         # step drive a small mass 100x down per iteration, after which it recovers by only
         # a factor ~|log m| per iteration.
@@ -1178,10 +1275,10 @@ def _ipm_core(red, m0, active, tol, gap_tol, max_iter):
         safe_m = tf.where(real & (m > 0.0), m, 1.0)
         ell = tf.where(real, tf.math.log(safe_m) - red["g"] - t_mass / safe_m, 0.0)
         grad = tf.where(var, ell[1:] - ell[:-1], 0.0)
-        r_d = tf.where(var, grad + l1 - shape_t(l2 - l3), 0.0)
-        rp = [tf.where(var, y - s, 0.0) for y, s in ((y1, s1), (y2, s2), (y3, s3))]
-        w1 = tf.where(var, l1 / s1, 0.0)
-        w2 = tf.where(var, l2 / s2 + l3 / s3, 0.0)
+        r_d = tf.where(var, grad + lam[0] - shape_t(lam[1] - lam[2]), 0.0)
+        rp = tf.where(var3, y - s, 0.0)
+        wl = lam / s  # 0 off the chain (s = 1, lam = 0 there)
+        w1, w2 = wl[0], wl[1] + wl[2]
         im = tf.where(real & (m > 0.0), (1.0 + t_mass / safe_m) / safe_m, 0.0)
         d0 = im[:-1] + im[1:] + w1 + _next(w2 * a_c * a_c) + w2 * b_c * b_c + _prev(w2 * g_c * g_c)
         d1 = -im[1:] + _next(w2 * a_c * b_c) + w2 * b_c * g_c
@@ -1189,114 +1286,154 @@ def _ipm_core(red, m0, active, tol, gap_tol, max_iter):
         d0 = tf.where(var, d0, 1.0)
         d1 = tf.where(var & var_next, d1, 0.0)
         d2 = tf.where(var & _next(var_next), d2, 0.0)
+        factors = _penta_factor(d0, d1, d2)
 
-        def newton_rhs(rc):
-            psi = [tf.where(var, (c + lam * r) / s, 0.0) for c, lam, r, s in zip(rc, ll, rp, ss)]
-            return tf.where(var, -r_d + psi[0] - shape_t(psi[1] - psi[2]), 0.0)
-
-        def direction(rc, y=None):
-            """Newton step for complementarity residuals ``rc`` (one per family); ``y`` is
-            the forward-substituted right-hand side when already known."""
-            if y is None:
-                y = _penta_forward(factors, newton_rhs(rc))
-            du = tf.where(var, _penta_backward(factors, y), 0.0)
+        def direction(rc):
+            """Newton step for the stacked complementarity residuals ``rc``."""
+            psi = tf.where(var3, (rc + lam * rp) / s, 0.0)
+            rhs = tf.where(var, -r_d + psi[0] - shape_t(psi[1] - psi[2]), 0.0)
+            du = tf.where(var, _penta_solve(factors, rhs), 0.0)
             dsh = shape_of(du)
-            ds = [tf.where(var, d + r, 0.0) for d, r in zip((-du, dsh, -dsh), rp)]
-            dl = [tf.where(var, -(c + lam * d) / s, 0.0) for c, lam, d, s in zip(rc, ll, ds, ss)]
+            ds = tf.where(var3, tf.stack([-du, dsh, -dsh]) + rp, 0.0)
+            dl = tf.where(var3, -(rc + lam * ds) / s, 0.0)
             return du, ds, dl
 
         # Mehrotra predictor-corrector: the affine step (no centring) measures how far the
         # complementarity can fall; sigma = (mu_aff / mu)^3 centres only as much as needed,
         # and the corrector adds the second-order term ds_aff * dl_aff. Same factors.
-        rc_a = [lam * s for lam, s in zip(ll, ss)]
-        factors, y_a = _penta_factor(d0, d1, d2, newton_rhs(rc_a))
-        _, ds_a, dl_a = direction(rc_a, y_a)
-        step_a = [max_step(s, d, var) for s, d in zip(ss, ds_a)]
-        step_a += [max_step(lam, d, var) for lam, d in zip(ll, dl_a)]
-        a_aff = tf.minimum(tf.constant(1.0, _F64), tf.reduce_min(tf.stack(step_a), axis=0))
-        mu_aff = (
-            tf.reduce_sum(
-                tf.where(
-                    var,
-                    sum(
-                        (s + a_aff * d) * (lam + a_aff * e)
-                        for s, d, lam, e in zip(ss, ds_a, ll, dl_a)
-                    ),
-                    0.0,
-                ),
-                axis=0,
-            )
-            / n_con
-        )
+        sl = tf.concat([s, lam], 0)
+        _, ds_a, dl_a = direction(lam * s)
+        a_aff = tf.minimum(one, max_step(sl, tf.concat([ds_a, dl_a], 0), var3))
+        mu_aff = mean_comp(s + a_aff * ds_a, lam + a_aff * dl_a)
         sigma = tf.clip_by_value((mu_aff / tf.where(mu > 0.0, mu, 1.0)) ** 3, _IPM_SIGMA_FLOOR, 1.0)
-        target = sigma * mu
-        du, ds, dl = direction(
-            [lam * s + d * e - target for lam, s, d, e in zip(ll, ss, ds_a, dl_a)]
-        )
-        dm = tf.where(
-            real,
-            tf.concat([tf.zeros_like(du[:1]), du], 0) - tf.concat([du, tf.zeros_like(du[:1])], 0),
-            0.0,
-        )
-        steps = [max_step(s, d, var) for s, d in zip(ss, ds)]
-        steps += [max_step(lam, d, var) for lam, d in zip(ll, dl)]
+        du, ds, dl = direction(lam * s + ds_a * dl_a - sigma * mu)
+        dm = tf.where(real, _prev(tf.concat([du, zero[:1]], 0)) - tf.concat([du, zero[:1]], 0), 0.0)
         alpha = tf.minimum(
-            tf.constant(1.0, _F64),
+            one,
             tf.minimum(
-                _IPM_STEP * tf.reduce_min(tf.stack(steps), axis=0),
+                _IPM_STEP * max_step(sl, tf.concat([ds, dl], 0), var3),
                 _IPM_MASS_STEP * max_step(m, dm, real),
             ),
         )
-        a = alpha[None, :]
-        nu_ = u + a * du
-        nss = [s + a * d for s, d in zip(ss, ds)]
-        nll = [lam + a * d for lam, d in zip(ll, dl)]
+        nu_ = u + alpha * du
+        ns, nl = s + alpha * ds, lam + alpha * dl
         # Rows whose step is not finite (exhausted float64 near the solution) stop here.
-        fin = tf.reduce_all(tf.math.is_finite(tf.concat([nu_] + nss + nll, 0)), axis=0)
-        fin &= tf.reduce_all((tf.concat(nss + nll, 0) > 0.0) | ~tf.concat([var] * 6, 0), axis=0)
+        nsl = tf.concat([ns, nl], 0)
+        ok = tf.math.is_finite(nsl) & ((nsl > 0.0) | ~var3)
+        fin = tf.reduce_all(tf.math.is_finite(nu_) & _fold(tf.logical_and, ok), axis=0)
         run = active & fin
-        sel = run[None, :]
-        u = tf.where(sel, nu_, u)
-        ss = [tf.where(sel, a_, b_) for a_, b_ in zip(nss, ss)]
-        ll = [tf.where(sel, a_, b_) for a_, b_ in zip(nll, ll)]
-        m, *slacks = constraints(u)
-        xm = _ipm_dual_point(red, *ll)
-        big_v, gap = _ipm_certificate(red, m, slacks, xm, ll)
-        score = tf.maximum(big_v / tol, tf.abs(gap) / gap_tol)
+        u = tf.where(run, nu_, u)
+        s, lam = tf.where(run, ns, s), tf.where(run, nl, lam)
+
+        def certify():
+            m, y = constraints(u)
+            xm = _ipm_dual_point(red, *tf.unstack(lam))
+            big_v, gap = _ipm_certificate(red, m, y, xm, lam)
+            score = tf.maximum(big_v / tol, tf.abs(gap) / gap_tol)
+
+            def dual_certified():
+                v_d, gap_d = _ipm_dual_certificate(red, xm, lam)
+                return (v_d <= tol) & (tf.abs(gap_d) <= gap_tol)
+
+            dual_ok = tf.cond(
+                tf.reduce_any(run & (score <= _IPM_SHARPEN)),
+                dual_certified,
+                lambda: tf.zeros_like(run),
+            )
+            return score, dual_ok
+
+        score, dual_ok = tf.cond(
+            tf.reduce_any(run & (mean_comp(s, lam) <= cert_mu)),
+            certify,
+            lambda: (tf.fill(tf.shape(run), inf), tf.zeros_like(run)),
+        )
         # The certificate bounds the error only like sqrt(gap) (KL is quadratic near p*),
         # so once certified the iteration goes on to the float64 floor: it stops when the
         # primal is _IPM_SHARPEN below the tolerances and the dual point (returned when it
         # certifies) is certified too, or when the score stops halving 100x below them
         # (the margin covers the rounding between this reduced-chain certificate and the
-        # caller's one on the original constraints).
-        v_d, gap_d = _ipm_dual_certificate(red, xm, ll)
-        dual_ok = (v_d <= tol) & (tf.abs(gap_d) <= gap_tol)
+        # caller's one on the original constraints). Until a row has a finite score its
+        # best iterate is its latest.
         stalled = score >= 0.5 * best_score
         done = (dual_ok & (score <= _IPM_SHARPEN)) | (stalled & (score <= 0.01))
-        better = run & ((score < best_score) | done)
-        best = [tf.where(better[None, :], a_, b_) for a_, b_ in zip([u, *ll], best)]
+        better = run & ((score < best_score) | done | (best_score == inf))
+        best_u = tf.where(better, u, best_u)
+        best_lam = tf.where(better, lam, best_lam)
         best_score = tf.where(better, score, best_score)
         iters = iters + tf.cast(run, tf.int32)
-        return (it + 1, u, *ss, *ll, run & ~done, iters, best_score, *best)
+        return it + 1, u, s, lam, run & ~done, iters, best_score, best_u, best_lam
 
-    batch = tf.shape(active)[0]
-    init = (
+    return body, start
+
+
+_IPM_CHAIN = ("w", "g", "c", "lo", "up", "real", "var")
+# Rows finish after 10 to 20 iterations and an iteration costs about in proportion to the
+# batch: once at most a quarter of the rows are active, they go on in a batch a quarter as
+# wide (one more compiled copy of the iteration).
+_IPM_COMPACT_MIN_BATCH = 32
+_IPM_COMPACT_FACTOR = 4
+
+
+def _ipm_core(red, m0, active, tol, gap_tol, max_iter):
+    """The interior point from block masses ``m0`` [J, B] for the ``active`` rows [B].
+
+    Returns the best iterate by the certificate score: ``U`` [J-1, B],
+    ``(lam1, lam2, lam3)`` [J-1, B] (ceiling, lower and upper shape multipliers), and the
+    iteration count [B].
+    """
+    chain = {key: red[key] for key in _IPM_CHAIN}
+    body, start = _ipm_body(chain, tol, gap_tol)
+    u0, s0, l0 = start(m0)
+    batch = active.shape[0]
+    sizes = [batch]
+    if batch is not None and batch >= _IPM_COMPACT_MIN_BATCH:
+        sizes.append(batch // _IPM_COMPACT_FACTOR)
+    state = (
         tf.constant(0),
         u0,
-        *s_init,
-        *l_init,
+        s0,
+        l0,
         active,
-        tf.zeros([batch], tf.int32),
-        tf.fill([batch], tf.constant(np.inf, _F64)),
+        tf.zeros_like(active, tf.int32),
+        tf.fill(tf.shape(active), tf.constant(np.inf, _F64)),
         u0,
-        *[tf.zeros_like(zero)] * 3,
+        tf.zeros_like(s0),
     )
+    state = _ipm_stages(chain, state, sizes, tol, gap_tol, max_iter, body)
+    return state[7], tuple(tf.unstack(state[8])), state[5]
 
-    def cond(it, *state):
-        return (it < max_iter) & tf.reduce_any(state[7])
 
-    res = tf.while_loop(cond, body, init)
-    return res[11], (res[12], res[13], res[14]), res[9]
+def _ipm_stages(chain, state, sizes, tol, gap_tol, max_iter, body=None):
+    """Iterate until at most ``sizes[1]`` rows are active, then go on with those rows only
+    (gathered to a batch of ``sizes[1]``, scattered back after)."""
+    if body is None:
+        body, _ = _ipm_body(chain, tol, gap_tol)
+    nxt = sizes[1] if len(sizes) > 1 else 0
+
+    def cond(it, u, s, lam, active, *_):
+        return (it < max_iter) & (tf.reduce_sum(tf.cast(active, tf.int32)) > nxt)
+
+    state = tf.while_loop(cond, body, state)
+    if len(sizes) == 1:
+        return state
+    _, idx = tf.math.top_k(tf.cast(state[4], tf.int32), k=nxt, sorted=True)
+
+    def take(t):
+        return tf.gather(t, idx, axis=t.shape.rank - 1)
+
+    def put(full, part):
+        rank = full.shape.rank
+        perm = [rank - 1, *range(rank - 1)]
+        out = tf.tensor_scatter_nd_update(
+            tf.transpose(full, perm), idx[:, None], tf.transpose(part, perm)
+        )
+        return tf.transpose(out, [*range(1, rank), 0])
+
+    sub_chain = {key: take(val) for key, val in chain.items()}
+    sub = _ipm_stages(
+        sub_chain, (state[0], *map(take, state[1:])), sizes[1:], tol, gap_tol, max_iter
+    )
+    return (sub[0], *(put(full, part) for full, part in zip(state[1:], sub[1:])))
 
 
 def _two_block(red):
@@ -1375,42 +1512,44 @@ def _ipm_solve_blocks(lq, pt, strict, lo, up, in_support, run, tol, gap_tol, max
     ext = tf.concat([tf.ones_like(u[:1]), u, tf.zeros_like(u[:1])], 0)
     xm_primal = tf.math.log(tf.where(red["real"], ext[:-1] - ext[1:], 1.0))
     xm_dual = _ipm_dual_point(red, lam1, lam2, lam3)
-    bid = red["bid"]
 
-    def per_class(xm):
-        x = tf.gather(tf.transpose(xm - tf.math.log(red["w"])), bid, batch_dims=1)
-        return tf.transpose(tf.where(in_support, x, tf.constant(-np.inf, _F64)))
+    # Back to classes with one gather of a [B, blocks, 10] table (XLA:CPU gathers index by
+    # index). Multipliers in the original indexing: boundary r of block j carries block j's
+    # values; inside a tie block, nu_r = mu_r (lower minus upper) solves the stationarity
+    # of the tied coordinates:
+    # mu_i - mu_{i-1} = (block mean of log q) - log q_i + (nu_j - nu_{j-1})/w_j.
+    def batch_major(x):  # [size or size-1, B] -> [B, size]
+        x = tf.transpose(x)
+        return tf.concat([x, tf.zeros_like(pt[:, : size - x.shape[1]])], 1)
 
-    # Multipliers in the original indexing: boundary r of block j carries block j's values;
-    # inside a tie block, nu_r = mu_r (lower minus upper) solves the stationarity of the
-    # tied coordinates: mu_i - mu_{i-1} = (block mean of log q) - log q_i + (nu_j - nu_{j-1})/w_j.
-    def to_orig(lam):
-        full = tf.concat([tf.transpose(lam), tf.zeros_like(pt[:, :1])], 1)  # [B, K]
-        return tf.gather(full, bid[:, :-1], batch_dims=1)
-
-    lp = tf.where(strict, to_orig(lam1), 0.0)
-    nu_blk = tf.concat([tf.transpose(lam2 - lam3), tf.zeros_like(pt[:, :1])], 1)  # [B, K]
-    nu_prev = tf.concat([tf.zeros_like(pt[:, :1]), nu_blk[:, :-1]], 1)
-    w_cls = tf.gather(tf.transpose(red["w"]), bid, batch_dims=1)
-    mean_lq = tf.gather(tf.transpose(red["g"] - tf.math.log(red["w"])), bid, batch_dims=1)
+    log_w = tf.math.log(red["w"])
+    w_b = tf.transpose(red["w"])
+    nu_b = batch_major(lam2 - lam3)
+    table = [batch_major(t) for t in (xm_primal - log_w, xm_dual - log_w, red["w"])]
+    table.append(batch_major(red["g"] - log_w))  # block mean of log q
+    table += [nu_b, tf.concat([tf.zeros_like(nu_b[:, :1]), nu_b[:, :-1]], 1)]
+    table.append(_cumsum_rows(w_b) - w_b)  # first sorted class of the block
+    table += [batch_major(t) for t in (lam1, lam2, lam3)]
+    per_cls = tf.gather(tf.stack(table, -1), red["bid"], batch_dims=1)
+    x_primal, x_dual, w_cls, mean_lq, nu, nu_prev, first, l1c, l2c, l3c = tf.unstack(
+        per_cls, axis=-1
+    )
     step = tf.where(
-        in_support,
-        mean_lq
-        - tf.where(in_support, lq, 0.0)
-        + (tf.gather(nu_blk, bid, batch_dims=1) - tf.gather(nu_prev, bid, batch_dims=1)) / w_cls,
-        0.0,
+        in_support, mean_lq - tf.where(in_support, lq, 0.0) + (nu - nu_prev) / w_cls, 0.0
     )
     csum = _cumsum_rows(step)
-    w_start = _cumsum_rows(tf.transpose(red["w"])) - tf.transpose(red["w"])  # block starts
-    start_idx = tf.cast(tf.gather(w_start, bid, batch_dims=1), tf.int32)
-    base = tf.gather(csum - step, start_idx, batch_dims=1)  # sum before the block start
-    mu = tf.gather(nu_prev, bid, batch_dims=1) + csum - base  # [B, K]
-    mu = tf.where(strict, to_orig(lam2 - lam3), mu[:, :-1])
+    base = tf.gather(csum - step, tf.cast(first, tf.int32), batch_dims=1)  # before the block
+    mu = tf.where(strict, nu[:, :-1], (nu_prev + csum - base)[:, :-1])
     mu = tf.where(in_support[:, 1:], mu, 0.0)
-    ll = tf.where(strict, to_orig(lam2), tf.maximum(mu, 0.0))
-    lu = tf.where(strict, to_orig(lam3), tf.maximum(-mu, 0.0))
+    lp = tf.where(strict, l1c[:, :-1], 0.0)
+    ll = tf.where(strict, l2c[:, :-1], tf.maximum(mu, 0.0))
+    lu = tf.where(strict, l3c[:, :-1], tf.maximum(-mu, 0.0))
     lam = tf.stack([tf.transpose(lp), tf.transpose(ll), tf.transpose(lu)], 0)
-    return per_class(xm_primal), per_class(xm_dual), lam, iters
+
+    def per_class(x):
+        return tf.transpose(tf.where(in_support, x, tf.constant(-np.inf, _F64)))
+
+    return per_class(x_primal), per_class(x_dual), lam, iters
 
 
 _IPM_JIT = tf.function(_ipm_solve, jit_compile=True, autograph=False)
@@ -1456,7 +1595,6 @@ def _project_2d(
         }
         return p, info
     order = cons.order
-    inverse = tf.argsort(order, axis=-1, stable=True)
     pt = cons.sorted_possibility
     in_support = pt > 0.0
     lq = tf.gather(lq_full, order, batch_dims=1)
@@ -1563,7 +1701,7 @@ def _project_2d(
         converged = v <= tol
     else:
         converged = (v <= tol) & (tf.abs(gap) <= gap_tol)
-    p = tf.gather(p_sorted, inverse, batch_dims=1)
+    p = _unsort(p_sorted, order)
     info = {
         "iterations": tf.stop_gradient(iterations),
         "cycles": tf.stop_gradient(cycles),
