@@ -1000,7 +1000,8 @@ def _chol2(d, tiny):
     l10 = b * il00
     schur = c - l10 * l10
     il11 = tf.where(schur > tiny, tf.math.rsqrt(tf.maximum(schur, tiny)), 0.0)
-    return tf.stack([il00, l10, il11])
+    dropped = tf.reduce_any((a <= tiny) | (schur <= tiny), axis=0)
+    return tf.stack([il00, l10, il11]), dropped
 
 
 def _lsolve(chol, v0, v1):  # L^{-1} (v0, v1)
@@ -1034,8 +1035,8 @@ def _penta_factor(d0, d1, d2):
     ``C_{k-1}^T X_{k-1} + D_k X_k + C_k X_{k+1} = R_k``. One level factors the odd blocks,
     ``D_2i+1 = L L^T``, and keeps the even ones with ``E_i = C_2i L^{-T}``,
     ``F_i = L^{-1} C_2i+1``: ``D'_i = D_2i - E_i E_i^T - F_i-1^T F_i-1`` and
-    ``C'_i = -E_i F_i``. Returns the levels' ``(L, [E, F])`` and the last block's ``L``
-    (in the form of :func:`_chol2`).
+    ``C'_i = -E_i F_i``. Returns the factors (the levels' ``(L, [E, F])`` and the last
+    block's ``L``, in the form of :func:`_chol2`) and, per row, whether a pivot was dropped.
     """
     n = d0.shape[0]
     half = 1 << (max(1, -(-n // 2)) - 1).bit_length()
@@ -1048,8 +1049,10 @@ def _penta_factor(d0, d1, d2):
     dd = tf.stack([d0[0::2], d1[0::2], d0[1::2]])
     cc = tf.stack([d2[0::2], tf.zeros_like(d2[0::2]), d1[1::2], d2[1::2]])
     levels = []
+    dropped = tf.zeros_like(tiny, tf.bool)
     while dd.shape[1] > 1:
-        chol = _chol2(dd[:, 1::2], tiny)
+        chol, drop = _chol2(dd[:, 1::2], tiny)
+        dropped |= drop
         p, q, r, s = tf.unstack(cc[:, 0::2])
         e00, e01 = _lsolve(chol, p, q)  # rows of C_even L^{-T}
         e10, e11 = _lsolve(chol, r, s)
@@ -1070,7 +1073,8 @@ def _penta_factor(d0, d1, d2):
             ]
         )
         levels.append((chol, ef))
-    return levels, _chol2(dd, tiny)
+    root, drop = _chol2(dd, tiny)
+    return (levels, root), dropped | drop
 
 
 def _interleave(even, odd):  # [C, M, B] x 2 -> [C, 2M, B], even rows first
@@ -1253,9 +1257,13 @@ def _ipm_body(red, tol, gap_tol):
         sh = v[:-1] - v[1:]
         return m, tf.stack([red["c"] - u, sh - red["lo"], red["up"] - sh])
 
-    def max_step(x, dx, mask):
-        ratio = tf.where(mask & (dx < 0.0), -x / tf.where(dx < 0.0, dx, -1.0), inf)
-        return tf.reduce_min(ratio if x.shape.rank == 2 else _fold(tf.minimum, ratio), axis=0)
+    def max_step(mask, *pairs):
+        """Longest step along each ``dx`` keeping each ``x > 0`` (per row), over pairs."""
+        ratio = None
+        for x, dx in pairs:
+            r = tf.where(mask & (dx < 0.0), -x / tf.where(dx < 0.0, dx, -1.0), inf)
+            ratio = r if ratio is None else tf.minimum(ratio, r)
+        return tf.reduce_min(ratio if ratio.shape.rank == 2 else _fold(tf.minimum, ratio), 0)
 
     def mean_comp(s, lam):
         return tf.reduce_sum(_fold(tf.add, tf.where(var3, s * lam, 0.0)), axis=0) / n_con
@@ -1286,7 +1294,7 @@ def _ipm_body(red, tol, gap_tol):
         d0 = tf.where(var, d0, 1.0)
         d1 = tf.where(var & var_next, d1, 0.0)
         d2 = tf.where(var & _next(var_next), d2, 0.0)
-        factors = _penta_factor(d0, d1, d2)
+        factors, dropped = _penta_factor(d0, d1, d2)
 
         def direction(rc):
             """Newton step for the stacked complementarity residuals ``rc``."""
@@ -1301,9 +1309,8 @@ def _ipm_body(red, tol, gap_tol):
         # Mehrotra predictor-corrector: the affine step (no centring) measures how far the
         # complementarity can fall; sigma = (mu_aff / mu)^3 centres only as much as needed,
         # and the corrector adds the second-order term ds_aff * dl_aff. Same factors.
-        sl = tf.concat([s, lam], 0)
         _, ds_a, dl_a = direction(lam * s)
-        a_aff = tf.minimum(one, max_step(sl, tf.concat([ds_a, dl_a], 0), var3))
+        a_aff = tf.minimum(one, max_step(var3, (s, ds_a), (lam, dl_a)))
         mu_aff = mean_comp(s + a_aff * ds_a, lam + a_aff * dl_a)
         sigma = tf.clip_by_value((mu_aff / tf.where(mu > 0.0, mu, 1.0)) ** 3, _IPM_SIGMA_FLOOR, 1.0)
         du, ds, dl = direction(lam * s + ds_a * dl_a - sigma * mu)
@@ -1311,17 +1318,19 @@ def _ipm_body(red, tol, gap_tol):
         alpha = tf.minimum(
             one,
             tf.minimum(
-                _IPM_STEP * max_step(sl, tf.concat([ds, dl], 0), var3),
-                _IPM_MASS_STEP * max_step(m, dm, real),
+                _IPM_STEP * max_step(var3, (s, ds), (lam, dl)),
+                _IPM_MASS_STEP * max_step(real, (m, dm)),
             ),
         )
         nu_ = u + alpha * du
         ns, nl = s + alpha * ds, lam + alpha * dl
         # Rows whose step is not finite (exhausted float64 near the solution) stop here.
-        nsl = tf.concat([ns, nl], 0)
-        ok = tf.math.is_finite(nsl) & ((nsl > 0.0) | ~var3)
+        ok = tf.math.is_finite(ns) & tf.math.is_finite(nl) & (((ns > 0.0) & (nl > 0.0)) | ~var3)
         fin = tf.reduce_all(tf.math.is_finite(nu_) & _fold(tf.logical_and, ok), axis=0)
-        run = active & fin
+        # A dropped pivot means float64 is exhausted in the Newton matrix: a row already
+        # certified stops there (its best iterate stands), others go on with that
+        # component of the step set to 0.
+        run = active & fin & ~(dropped & (best_score <= 1.0))
         u = tf.where(run, nu_, u)
         s, lam = tf.where(run, ns, s), tf.where(run, nl, lam)
 
