@@ -1059,7 +1059,8 @@ def _penta_factor(d0, d1, d2):
         p, q, r, s = tf.unstack(cc[:, 1::2])
         f00, f10 = _lsolve(chol, p, r)  # columns of L^{-1} C_odd
         f01, f11 = _lsolve(chol, q, s)
-        ef = tf.stack([e00, e01, e10, e11, f00, f01, f10, f11])
+        ef = tf.stack([e00, e01, e10, e11, f00, f01, f10, f11])  # kept for the solves
+        # The products below read the stored E, F (XLA would otherwise recompute them).
         e00, e01, e10, e11, f00, f01, f10, f11 = tf.unstack(ef)
         ee = tf.stack([e00 * e00 + e01 * e01, e00 * e10 + e01 * e11, e10 * e10 + e11 * e11])
         ff = tf.stack([f00 * f00 + f10 * f10, f00 * f01 + f10 * f11, f01 * f01 + f11 * f11])
@@ -1314,7 +1315,8 @@ def _ipm_body(red, tol, gap_tol):
         mu_aff = mean_comp(s + a_aff * ds_a, lam + a_aff * dl_a)
         sigma = tf.clip_by_value((mu_aff / tf.where(mu > 0.0, mu, 1.0)) ** 3, _IPM_SIGMA_FLOOR, 1.0)
         du, ds, dl = direction(lam * s + ds_a * dl_a - sigma * mu)
-        dm = tf.where(real, _prev(tf.concat([du, zero[:1]], 0)) - tf.concat([du, zero[:1]], 0), 0.0)
+        du_ext = tf.concat([du, zero[:1]], 0)  # dU_{J-1} = 0
+        dm = tf.where(real, _prev(du_ext) - du_ext, 0.0)  # dm_j = dU_{j-1} - dU_j
         alpha = tf.minimum(
             one,
             tf.minimum(
