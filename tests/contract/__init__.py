@@ -66,6 +66,7 @@ class Modes:
         self.static = static
         self._graph = tf.function(lambda *a: fn(*a, **static), autograph=False)
         self._xla = tf.function(lambda *a: fn(*a, **static), jit_compile=True, autograph=False)
+        self._grad_fns = {}  # (mode, wrt) -> the traced gradient function, reused
 
     def __call__(self, mode, *args):
         args = [_to_tensor(a) for a in args]
@@ -80,18 +81,24 @@ class Modes:
     def with_gradient(self, mode, args, wrt=(0,)):
         """``(outputs, gradients)`` of a fixed random weighting of the float outputs."""
         args = [_to_tensor(a) for a in args]
+        wrt = tuple(wrt)
+        key = (mode, wrt)
+        if key not in self._grad_fns:
 
-        def run(*a):
-            watched = [a[i] for i in wrt]
-            with tf.GradientTape() as tape:
-                tape.watch(watched)
-                out = self.fn(*a, **self.static)
-                total = weighted_output_sum(out)
-            return out, tape.gradient(total, watched)
+            def run(*a):
+                watched = [a[i] for i in wrt]
+                with tf.GradientTape() as tape:
+                    tape.watch(watched)
+                    out = self.fn(*a, **self.static)
+                    total = weighted_output_sum(out)
+                return out, tape.gradient(total, watched)
 
-        if mode == "eager":
-            return run(*args)
-        return tf.function(run, jit_compile=(mode == "xla"), autograph=False)(*args)
+            self._grad_fns[key] = (
+                run
+                if mode == "eager"
+                else tf.function(run, jit_compile=(mode == "xla"), autograph=False)
+            )
+        return self._grad_fns[key](*args)
 
 
 def _first_float(out):
