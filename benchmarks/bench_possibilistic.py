@@ -1,6 +1,6 @@
 """Possibilistic KL projection: training-step timings and the paper's projection benchmark.
 
-Two parts:
+Three parts:
 
 * ``cases(quick)`` (for ``python benchmarks/run.py --only possibilistic``): forward+backward
   of the projection loss (certified rule, float64 Dykstra inside) against softmax
@@ -12,12 +12,18 @@ Two parts:
   mean violation beside the paper's values, and seconds per projection amortised over the
   batch of 100 beside the paper's C++ times (target: >= 20x faster at 1e-4 and 1e-6). Also
   prints the XLA compile time for K = 100.
+* ``python benchmarks/bench_possibilistic.py --issue11 [steps|paper] [--fresh]``: issue 11's
+  training steps (interior point, forward+backward, beside softmax CE of the same shape; with
+  ``--fresh`` each row in its own Python process, as a training run of one shape sees it) and
+  the paper's n = 100 benchmark, interior point vs certified Dykstra.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
+import subprocess
 import sys
 import time
 import warnings
@@ -235,18 +241,21 @@ def _step_time(fn, z, pi, repeats):
     return min(times)
 
 
-def issue11_steps(repeats=7):
+_ISSUE11_CASES = (
+    (3, 256, "votes"),
+    (20, 128, "staircase"),
+    (256, 256, "ids"),
+    (256, 256, "graded"),
+    (64, 256, "graded"),
+    (1000, 64, "graded"),
+    (10000, 64, "graded"),
+)
+
+
+def _issue11_inputs():
+    """The issue-11 cases in order, drawn from one ``default_rng(0)`` stream."""
     rng = np.random.default_rng(0)
-    rows = []
-    for k, batch, kind in (
-        (3, 256, "votes"),
-        (20, 128, "staircase"),
-        (256, 256, "ids"),
-        (256, 256, "graded"),
-        (64, 256, "graded"),
-        (1000, 64, "graded"),
-        (10000, 64, "graded"),
-    ):
+    for k, batch, kind in _ISSUE11_CASES:
         z = tf.constant(3.0 * rng.normal(size=(batch, k)), tf.float32)
         if kind == "ids":
             pi = np.eye(k)[rng.integers(k, size=batch)]
@@ -257,29 +266,35 @@ def issue11_steps(repeats=7):
             pi = staircase_possibility(rng, batch, k)
         else:
             pi = _graded(rng, batch, k)
-        pi = tf.constant(pi, tf.float32)
-        _, info = ops.possibilistic_projection(z, pi)
-        certified = float(np.mean(info["converged"].numpy()))
-        t_ours = _step_time(lambda a, b: ops.possibilistic_projection_loss(a, b)[0], z, pi, repeats)
-        t_ce = _step_time(softmax_ce, z, pi, max(repeats, 10))
-        rows.append(
-            (
-                k,
-                batch,
-                kind,
-                t_ours,
-                t_ce,
-                certified,
-                float(np.mean(info["iterations"].numpy())),
-                float(np.max(info["cycles"].numpy())),
-            )
-        )
-        print(
-            f"| {k} | {batch} | {kind} | {t_ours * 1e3:.1f} ms | {t_ours / t_ce:.0f}x | "
-            f"{certified:.3f} | {rows[-1][6]:.1f} | {rows[-1][7]:.0f} |",
-            flush=True,
-        )
-    return rows
+        yield k, batch, kind, z, tf.constant(pi, tf.float32)
+
+
+def issue11_row(index, repeats=7):
+    """Time case ``index`` of ``_ISSUE11_CASES`` against softmax CE; print its table row."""
+    k, batch, kind, z, pi = next(itertools.islice(_issue11_inputs(), index, None))
+    _, info = ops.possibilistic_projection(z, pi)
+    certified = float(np.mean(info["converged"].numpy()))
+    t_ours = _step_time(lambda a, b: ops.possibilistic_projection_loss(a, b)[0], z, pi, repeats)
+    t_ce = _step_time(softmax_ce, z, pi, max(repeats, 10))
+    iters = float(np.mean(info["iterations"].numpy()))
+    cycles = float(np.max(info["cycles"].numpy()))
+    print(
+        f"| {k} | {batch} | {kind} | {t_ours * 1e3:.1f} ms | {t_ours / t_ce:.0f}x | "
+        f"{certified:.3f} | {iters:.1f} | {cycles:.0f} |",
+        flush=True,
+    )
+
+
+def issue11_steps(repeats=7, fresh=False):
+    """All issue-11 rows, in this process or (``fresh``) each in a new Python process, as
+    a training run of one shape would see it (later rows of one process run slower)."""
+    for index in range(len(_ISSUE11_CASES)):
+        if not fresh:
+            issue11_row(index, repeats)
+            continue
+        cmd = [sys.executable, os.path.abspath(__file__), "--issue11-row", str(index)]
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        print(out.strip().splitlines()[-1], flush=True)
 
 
 def issue11_paper(taus=(1e-4, 1e-6, 1e-8)):
@@ -323,14 +338,23 @@ def main(argv=None):
         choices=("all", "steps", "paper"),
         help="interior point vs Dykstra: training steps and/or paper n=100 rows",
     )
+    parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="with --issue11: time each training-step row in a new Python process",
+    )
+    parser.add_argument("--issue11-row", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.issue11_row is not None:
+        issue11_row(args.issue11_row)
+        return
     if args.issue11:
         if args.issue11 in ("all", "steps"):
             print(
                 "| K | batch | labels | step (ours) | / softmax CE | certified | mean IPM iters | "
                 "max finish cycles |\n|---|---|---|---|---|---|---|---|"
             )
-            issue11_steps()
+            issue11_steps(fresh=args.fresh)
         if args.issue11 in ("all", "paper"):
             print(
                 "\n| tau (n=100, certified, no cap) | s/projection ours (certified) | Dykstra "
