@@ -79,7 +79,10 @@ class Modes:
         raise ValueError(f"unknown mode {mode!r}")
 
     def with_gradient(self, mode, args, wrt=(0,)):
-        """``(outputs, gradients)`` of a fixed random weighting of the float outputs."""
+        """``(outputs, gradients)`` of a fixed random weighting of the float outputs.
+
+        The traced function is kept per ``(mode, wrt)``, like the graph and XLA programs.
+        """
         args = [_to_tensor(a) for a in args]
         wrt = tuple(wrt)
         key = (mode, wrt)
