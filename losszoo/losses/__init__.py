@@ -8,4 +8,5 @@ from losszoo.losses.possibilistic import (
     VoteKLLoss,
 )
 from losszoo.losses.rankmax import RankmaxLoss
+from losszoo.losses.softmax import SoftmaxCrossEntropyLoss
 from losszoo.losses.sparsemax import SparsemaxLoss

@@ -1,0 +1,384 @@
+"""The Keras 3 retrieval task: in-batch and sampled negatives, logQ, hard negatives, any loss."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+from keras import ops
+
+from losszoo.ops._common import check_number
+from losszoo.registry import _core as registry
+from losszoo.retrieval._checks import check_shape, checked, checked_ids, nan_where
+from losszoo.retrieval.sampling import CandidateSampler
+
+
+def _is_batch_risk(cls) -> bool:
+    return callable(getattr(cls, "per_example_losses", None))
+
+
+def resolve_loss(loss, loss_config=None, reduction="sum"):
+    """A Keras 3 loss object from a registry name, a serialized dict or a loss/callable.
+
+    A name is looked up with :func:`losszoo.get_class` and built with ``loss_config`` and
+    ``reduction``. A batch risk (the DRO losses) given by name is built over
+    ``"softmax_cross_entropy"`` on the scores unless ``loss_config`` names a ``base_loss``
+    (their own default, sparse cross-entropy on probabilities, does not fit scores); batch
+    risks ignore ``reduction``.
+    """
+    if isinstance(loss, str):
+        cls = registry.get_class(loss, "loss")
+        config = dict(loss_config or {})
+        if _is_batch_risk(cls):
+            config.setdefault("base_loss", "softmax_cross_entropy")
+        config.setdefault("reduction", reduction)
+        return cls(**config)
+    if loss_config:
+        raise ValueError("`loss_config` applies only when `loss` is a registered name.")
+    if isinstance(loss, dict):
+        return keras.losses.deserialize(loss)
+    if callable(loss):
+        return loss
+    raise TypeError(
+        f"`loss` must be a registered loss name, a Keras loss or a callable; got {loss!r}."
+    )
+
+
+@keras.saving.register_keras_serializable(package="losszoo")
+class Retrieval(keras.layers.Layer):
+    """Retrieval task: scores queries against candidates and returns a losszoo loss.
+
+    The Keras 3 counterpart of ``tfrs.tasks.Retrieval`` (same argument names where they mean
+    the same thing), usable inside a model's ``compute_loss`` or ``call``. For ``B`` queries
+    ``u_i``, ``C >= B`` in-batch candidates ``v_j`` (query ``i``'s positive is candidate ``i``;
+    the others are its negatives) and, optionally, ``S`` extra negatives ``w_s`` drawn from
+    the catalogue by ``sampler`` (*mixed negative sampling*), the logits of row ``i`` are
+
+        z_ij = u_i . v_j / T - log q_j                          (in-batch column j)
+        z_is = u_i . w_s / T - log(S p(s) / C)                  (sampled column s)
+
+    then ``-inf`` for accidental hits (a column holding row ``i``'s own item, other than its
+    positive) and where ``score_mask`` is false; with ``num_hard_negatives = n`` only the
+    positive and the ``n`` highest other logits of each row are kept. The loss is
+    ``loss(y_true = positive column, y_pred = z, sample_weight)``.
+
+    The logQ terms: ``q_j`` is ``candidate_sampling_probability`` (the probability that an
+    in-batch candidate is item ``j``, as in TFRS; no correction when it is not given), and
+    ``p(s)`` the sampler's exact per-draw probability (:mod:`losszoo.retrieval.sampling`).
+    Both are each column's expected count among the candidates (``C q_j``, ``S p(s)``)
+    divided by ``C``, a per-row constant that no loss sees (every losszoo loss is
+    invariant to adding a constant to a row). With ``in_batch_negatives=False`` (plain
+    sampled softmax) row ``i`` holds its positive and the ``S`` sampled columns, all
+    corrected by ``log p`` of their item under the sampler, as TensorFlow's
+    ``sampled_softmax_loss`` does.
+
+    Losses (``loss``): any registered loss name (``losszoo.names("loss")``; plugins
+    included) or a Keras loss. ``"softmax_cross_entropy"`` (default) is TFRS' loss;
+    ``"rankmax"``, ``"sparsemax"`` and the DRO risks (``"cvar"``, ``"kl_dro_batch_lse"``,
+    ``"kl_dro_sumexp"``, ``"safe_kl_dro"``, built over softmax cross-entropy) work as they
+    are; the possibilistic losses need a static class axis and do not fit. ``-inf`` means
+    "not a candidate" for all of them.
+
+    Temperature ``T`` (scores divided by ``T`` before the logQ term): for softmax it sets
+    how peaked the distribution is (smaller ``T``: harder negatives dominate the
+    gradient); for rankmax, ``T`` is exactly the margin scaled, ``rankmax(z/T, margin=m) =
+    rankmax(z, margin=T m)``; for sparsemax a smaller ``T`` makes the projection sparser
+    (fewer negatives get a gradient at all) and larger ``T`` spreads it. With SUM
+    reduction it also scales the gradient, so ``T`` and the learning rate interact.
+
+    Learning rates (MovieLens 100K, TFRS' basic-retrieval recipe: Adagrad, batch 8192,
+    3 epochs, embedding 32, in-batch negatives, SUM reduction; ``benchmarks/
+    bench_retrieval.py``, ``BENCHMARKS.md``): softmax at Adagrad 0.1 (TFRS' setting);
+    rankmax and sparsemax also train at 0.1 but their measured best is at a larger rate
+    (see BENCHMARKS.md for the grid). The batch risks are on the scale of a mean whatever
+    ``reduction`` says: multiply the rate by about the batch size.
+
+    Fail loud: a ``candidate_sampling_probability`` outside ``(0, 1]`` (NaN included), an id
+    below 0 or outside the sampler's catalogue, a ``score_mask`` or argument of the wrong
+    shape raise naming the argument, eagerly and in graphs (``losszoo.set_validation(False)``
+    skips the value checks); under XLA the affected columns, hence the loss, are NaN.
+
+    Args:
+      loss: registered loss name, serialized loss dict, or a Keras loss / callable
+        ``(y_true, y_pred, sample_weight=None) -> scalar``.
+      loss_config: constructor arguments when ``loss`` is a name, e.g. ``{"k": 2}``.
+      temperature: ``T > 0`` dividing the scores; ``None`` for 1.
+      remove_accidental_hits: mask accidental hits with ``-inf`` (needs ``candidate_ids``).
+      num_hard_negatives: keep only the positive and the ``n`` hardest negatives per row.
+      sampler: a :class:`~losszoo.retrieval.sampling.CandidateSampler` (or its serialized
+        dict) drawing ``num_sampled_negatives`` extra negatives per batch, shared by the
+        batch's queries; ``call`` then needs ``candidate_model``.
+      num_sampled_negatives: ``S``, the number of ids drawn per batch.
+      in_batch_negatives: ``False`` drops the other in-batch candidates: plain sampled
+        softmax (needs a sampler and ``candidate_ids``).
+      sampled_logq_correction: subtract ``log(S p / C)`` from the sampled columns (default).
+      metrics: :class:`~losszoo.retrieval.metrics.CatalogueTopK` metric(s) updated with the
+        queries and ``candidate_ids[:B]`` when ``compute_metrics`` (not in the config).
+      reduction: reduction of a loss given by name; ``"sum"`` (default) as TFRS' loss.
+      seed: seed of the sampler's ``keras.random.SeedGenerator``.
+      name: layer name.
+
+    Example:
+      >>> task = Retrieval(loss="rankmax", remove_accidental_hits=True,
+      ...                  sampler=UnigramSampler(counts), num_sampled_negatives=256)
+      >>> class TwoTower(keras.Model):
+      ...     def compute_loss(self, x, y=None, y_pred=None, sample_weight=None,
+      ...                      training=True):
+      ...         return task(self.users(x["user"]), self.items(x["item"]),
+      ...                     candidate_ids=x["item"], candidate_model=self.items,
+      ...                     candidate_sampling_probability=x["q"]) + sum(self.losses)
+    """
+
+    def __init__(
+        self,
+        loss="softmax_cross_entropy",
+        loss_config: dict | None = None,
+        temperature: float | None = None,
+        remove_accidental_hits: bool = False,
+        num_hard_negatives: int | None = None,
+        sampler=None,
+        num_sampled_negatives: int = 0,
+        in_batch_negatives: bool = True,
+        sampled_logq_correction: bool = True,
+        metrics=None,
+        reduction="sum",
+        seed: int | None = None,
+        name: str | None = None,
+        **kwargs,
+    ):
+        super().__init__(name=name, **kwargs)
+        for flag, value in (
+            ("remove_accidental_hits", remove_accidental_hits),
+            ("in_batch_negatives", in_batch_negatives),
+            ("sampled_logq_correction", sampled_logq_correction),
+        ):
+            if not isinstance(value, bool):
+                raise TypeError(f"`{flag}` must be a bool, got {value!r}.")
+        self.loss_spec = loss if isinstance(loss, str) else None
+        self.loss_config = dict(loss_config or {})
+        self.reduction = reduction
+        self.loss = resolve_loss(loss, loss_config, reduction)
+        self.temperature = check_number(
+            temperature, "temperature", low=0, low_open=True, allow_none=True
+        )
+        self.remove_accidental_hits = remove_accidental_hits
+        self.num_hard_negatives = check_number(
+            num_hard_negatives, "num_hard_negatives", low=1, integer=True, allow_none=True
+        )
+        if isinstance(sampler, dict):
+            sampler = keras.saving.deserialize_keras_object(sampler)
+        if sampler is not None and not isinstance(sampler, CandidateSampler):
+            raise TypeError(f"`sampler` must be a CandidateSampler or None, got {sampler!r}.")
+        self.sampler = sampler
+        self.num_sampled_negatives = check_number(
+            num_sampled_negatives, "num_sampled_negatives", low=0, integer=True
+        )
+        if (sampler is None) != (self.num_sampled_negatives == 0):
+            raise ValueError(
+                "`sampler` and `num_sampled_negatives` go together: give a sampler and a "
+                f"positive count, or neither; got sampler={sampler!r}, "
+                f"num_sampled_negatives={num_sampled_negatives!r}."
+            )
+        if not in_batch_negatives and sampler is None:
+            raise ValueError("`in_batch_negatives=False` needs a `sampler` (sampled softmax).")
+        self.in_batch_negatives = in_batch_negatives
+        self.sampled_logq_correction = sampled_logq_correction
+        if metrics is None:
+            metrics = []
+        self.task_metrics = list(metrics) if isinstance(metrics, (list, tuple)) else [metrics]
+        self.seed = seed
+        self.seed_generator = keras.random.SeedGenerator(seed) if sampler is not None else None
+
+    # ------------------------------------------------------------------ logits
+
+    def logits_and_labels(
+        self,
+        query_embeddings,
+        candidate_embeddings,
+        candidate_sampling_probability=None,
+        candidate_ids=None,
+        score_mask=None,
+        candidate_model=None,
+    ):
+        """The logits the loss sees and each row's positive column (see the class doc).
+
+        Returns:
+          ``(logits, labels)``: float ``[B, columns]`` and int32 ``[B]``. Columns: the ``C``
+          in-batch candidates then the ``S`` sampled ones (``1 + S`` without in-batch
+          negatives); ``1 + n`` with hard-negative mining, the positive first.
+        """
+        q = ops.convert_to_tensor(query_embeddings)
+        c = ops.convert_to_tensor(candidate_embeddings)
+        if len(q.shape) != 2:
+            raise ValueError(f"`query_embeddings` must be [B, D]; got shape {tuple(q.shape)}.")
+        c = check_shape(c, (None, q.shape[-1]), "candidate_embeddings", " ([C, D])")
+        dtype = q.dtype
+        num_q, num_c = ops.shape(q)[0], ops.shape(c)[0]
+        if isinstance(num_q, int) and isinstance(num_c, int) and num_c < num_q:
+            raise ValueError(
+                f"`candidate_embeddings` must have at least as many rows as "
+                f"`query_embeddings` (row i is query i's positive); got {num_c} < {num_q}."
+            )
+        scale = 1.0 if self.temperature is None else 1.0 / self.temperature
+        num_items = None if self.sampler is None else self.sampler.num_items
+        ids = bad_ids = None
+        if candidate_ids is not None:
+            ids, bad_ids = checked_ids(candidate_ids, "candidate_ids", num_items)
+            ids = check_shape(ids, (num_c,), "candidate_ids", " ([C], one per candidate)")
+        needs_ids = self.remove_accidental_hits or (
+            not self.in_batch_negatives and self.sampled_logq_correction
+        )
+        if needs_ids and ids is None:
+            raise ValueError(
+                "`candidate_ids` is required with remove_accidental_hits=True or "
+                "in_batch_negatives=False."
+            )
+        rows = ops.arange(num_q, dtype="int32")
+        if self.in_batch_negatives:
+            logits = ops.matmul(q, ops.transpose(c)) * ops.cast(scale, dtype)
+            column_bad = None
+            if candidate_sampling_probability is not None:
+                p = ops.cast(ops.convert_to_tensor(candidate_sampling_probability), dtype)
+                p = check_shape(p, (num_c,), "candidate_sampling_probability", " ([C])")
+                # Spelt as a negation so that NaN counts as bad.
+                column_bad = ops.logical_not(ops.logical_and(p > 0, p <= 1))
+                p = checked(p, column_bad, "candidate_sampling_probability", "must lie in (0, 1]")
+                logits = logits - ops.log(ops.where(column_bad, 1.0, p))[None, :]
+            if bad_ids is not None:
+                column_bad = bad_ids if column_bad is None else ops.logical_or(column_bad, bad_ids)
+            if column_bad is not None:
+                logits = nan_where(column_bad[None, :], logits)
+            if self.remove_accidental_hits:
+                hit = ops.equal(ids[None, :], ids[:num_q, None])
+                own = ops.equal(ops.arange(num_c, dtype="int32")[None, :], rows[:, None])
+                logits = ops.where(
+                    ops.logical_and(hit, ops.logical_not(own)), ops.cast(-np.inf, dtype), logits
+                )
+            if score_mask is not None:
+                mask = ops.convert_to_tensor(score_mask)
+                if mask.dtype != "bool":
+                    raise TypeError(f"`score_mask` must be boolean, got dtype {mask.dtype}.")
+                mask = check_shape(mask, (num_q, num_c), "score_mask", " ([B, C])")
+                logits = ops.where(mask, logits, ops.cast(-np.inf, dtype))
+            labels = rows
+        else:
+            if candidate_sampling_probability is not None or score_mask is not None:
+                raise ValueError(
+                    "`candidate_sampling_probability` and `score_mask` concern in-batch "
+                    "columns; with in_batch_negatives=False the positive is corrected by the "
+                    "sampler's probability."
+                )
+            positive = ops.sum(q * c[:num_q], axis=1, keepdims=True) * ops.cast(scale, dtype)
+            if self.sampled_logq_correction:
+                positive = positive - ops.log(self.sampler.probability(ids[:num_q]))[:, None]
+            if bad_ids is not None:
+                positive = nan_where(bad_ids[:num_q, None], positive)
+            logits = positive
+            labels = ops.zeros_like(rows)
+        if self.sampler is not None:
+            logits = ops.concatenate(
+                [logits, self._sampled_logits(q, ids, candidate_model, num_c, scale)], axis=1
+            )
+        if self.num_hard_negatives is not None:
+            logits = self._hard_negatives(logits, labels)
+            labels = ops.zeros_like(labels)
+        return logits, labels
+
+    def _sampled_logits(self, q, ids, candidate_model, num_c, scale):
+        if candidate_model is None:
+            raise ValueError(
+                "`candidate_model` (a callable mapping int ids [S] to embeddings [S, D]) is "
+                "required when the task has a sampler."
+            )
+        num = self.num_sampled_negatives
+        sampled = self.sampler.sample(num, seed=self.seed_generator)
+        w = ops.convert_to_tensor(candidate_model(sampled))
+        w = check_shape(w, (num, q.shape[-1]), "candidate_model(ids)", " ([S, D])")
+        logits = ops.matmul(q, ops.transpose(ops.cast(w, q.dtype))) * ops.cast(scale, q.dtype)
+        if self.sampled_logq_correction:
+            p = ops.cast(self.sampler.probability(sampled), q.dtype)
+            if self.in_batch_negatives:
+                p = p * ops.cast(num, q.dtype) / ops.cast(num_c, q.dtype)
+            logits = logits - ops.log(p)[None, :]
+        if self.remove_accidental_hits:
+            hit = ops.equal(sampled[None, :], ids[: ops.shape(q)[0], None])
+            logits = ops.where(hit, ops.cast(-np.inf, q.dtype), logits)
+        return logits
+
+    def _hard_negatives(self, logits, labels):
+        """``[positive, n highest other logits]`` per row (ties: the lower column first)."""
+        n = self.num_hard_negatives
+        columns = ops.arange(ops.shape(logits)[1], dtype="int32")
+        is_positive = ops.equal(columns[None, :], labels[:, None])
+        positive = ops.sum(ops.where(is_positive, logits, 0.0), axis=1, keepdims=True)
+        positive = nan_where(ops.any(ops.isnan(logits), axis=1, keepdims=True), positive)
+        negatives = ops.where(is_positive, ops.cast(-np.inf, logits.dtype), logits)
+        # n padding columns of -inf ("not a candidate") make k = n valid for any width.
+        padding = ops.full((ops.shape(logits)[0], n), -np.inf, dtype=logits.dtype)
+        top, _ = ops.top_k(ops.concatenate([negatives, padding], axis=1), n, sorted=True)
+        return ops.concatenate([positive, top], axis=1)
+
+    # ------------------------------------------------------------------ call
+
+    def call(
+        self,
+        query_embeddings,
+        candidate_embeddings,
+        sample_weight=None,
+        candidate_sampling_probability=None,
+        candidate_ids=None,
+        score_mask=None,
+        candidate_model=None,
+        compute_metrics: bool = True,
+    ):
+        """The loss of one batch (a scalar); updates ``metrics`` when ``compute_metrics``.
+
+        Args:
+          query_embeddings: ``[B, D]``.
+          candidate_embeddings: ``[C, D]``, ``C >= B``; row ``i`` is query ``i``'s positive.
+          sample_weight: ``[B]`` per-query weights, passed to the loss.
+          candidate_sampling_probability: ``[C]`` in ``(0, 1]``: logQ of in-batch columns.
+          candidate_ids: ``[C]`` integer ids (accidental hits, sampled softmax, metrics).
+          score_mask: ``[B, C]`` bool; false sets the in-batch logit to ``-inf``.
+          candidate_model: callable mapping int32 ids ``[S]`` to embeddings ``[S, D]``
+            (required with a sampler).
+          compute_metrics: update ``metrics`` (needs ``candidate_ids``).
+        """
+        logits, labels = self.logits_and_labels(
+            query_embeddings,
+            candidate_embeddings,
+            candidate_sampling_probability=candidate_sampling_probability,
+            candidate_ids=candidate_ids,
+            score_mask=score_mask,
+            candidate_model=candidate_model,
+        )
+        loss = self.loss(labels, logits, sample_weight=sample_weight)
+        if compute_metrics and self.task_metrics:
+            if candidate_ids is None:
+                raise ValueError("`candidate_ids` is required to update the task's metrics.")
+            true = ops.convert_to_tensor(candidate_ids)[: ops.shape(query_embeddings)[0]]
+            for metric in self.task_metrics:
+                metric.update_state(query_embeddings, true, sample_weight=sample_weight)
+        return loss
+
+    def compute_output_shape(self, *args, **kwargs):
+        return ()
+
+    def get_config(self):
+        loss = self.loss_spec
+        if loss is None:
+            loss = keras.losses.serialize(self.loss)
+        sampler = self.sampler
+        return {
+            **super().get_config(),
+            "loss": loss,
+            "loss_config": self.loss_config if self.loss_spec is not None else None,
+            "temperature": self.temperature,
+            "remove_accidental_hits": self.remove_accidental_hits,
+            "num_hard_negatives": self.num_hard_negatives,
+            "sampler": None if sampler is None else keras.saving.serialize_keras_object(sampler),
+            "num_sampled_negatives": self.num_sampled_negatives,
+            "in_batch_negatives": self.in_batch_negatives,
+            "sampled_logq_correction": self.sampled_logq_correction,
+            "reduction": self.reduction,
+            "seed": self.seed,
+        }
