@@ -1,7 +1,10 @@
 """losszoo: output heads and training losses beyond the softmax, for TensorFlow / Keras 3.
 
-Importing losszoo registers every loss and head by name, so that
-``model.compile(loss="sparsemax")`` works in Keras 3 (and in tf_keras when installed).
+Importing losszoo registers every loss, head and metric by name, so that
+``model.compile(loss="sparsemax")`` works in Keras 3 (and in tf_keras when installed), and
+loads the installed plugins (entry-point group ``losszoo.plugins``), whose names then work in
+``compile`` and ``keras.models.load_model`` too. A plugin that fails to load is skipped with a
+``RuntimeWarning`` naming it; the import of losszoo goes on.
 
 Subpackages:
   ops: pure TensorFlow kernels with hand-derived gradients (no Keras).
@@ -10,26 +13,21 @@ Subpackages:
   calibration: post-hoc calibrators (fit_calibrator), calibration metrics, reliability plots.
   metrics: Keras metrics (e.g. the exact full-data KL-DRO risk).
   registry: names -> classes, Keras string lookup, entry-point plugins.
+  datasets: data loaders of the examples (MovieLens 100K); imported on first access.
+
+The command line (``losszoo``, ``python -m losszoo``) imports this package only to reach
+:mod:`losszoo.__main__`: there the loading above is deferred to the first attribute access,
+so ``losszoo --help`` answers without starting TensorFlow.
 """
 
-from losszoo._backend import require_tensorflow_backend
-
-require_tensorflow_backend()
-
-from losszoo import (  # noqa: E402
-    calibration,  # noqa: E402  (needs heads)
-    heads,
-    losses,
-    metrics,
-    ops,  # noqa: E402
-)
-from losszoo.ops._common import set_validation, validation, validation_enabled  # noqa: E402
-from losszoo.registry import entries, get, get_class, names, register, tf_keras_loss  # noqa: E402
+import importlib
+import sys
 
 __version__ = "0.1.0"
 
 __all__ = [
     "calibration",
+    "datasets",
     "entries",
     "get",
     "get_class",
@@ -44,3 +42,62 @@ __all__ = [
     "validation",
     "validation_enabled",
 ]
+
+
+def _launched_by_cli() -> bool:
+    """True while ``python -m losszoo`` or the ``losszoo`` script imports this package."""
+    argv = getattr(sys, "orig_argv", [])
+    if sys.argv[:1] == ["-m"]:  # runpy sets argv[0] to "-m" while it locates the module
+        return any(
+            a == "-mlosszoo" or argv[i : i + 2] == ["-m", "losszoo"] for i, a in enumerate(argv)
+        )
+    main = sys.modules.get("__main__")
+    script = getattr(main, "__file__", None) or ""
+    return bool(sys.argv) and script == sys.argv[0] and script.rsplit("/", 1)[-1] == "losszoo"
+
+
+_loading = False
+
+
+def _load() -> None:
+    """Import the subpackages (registering every name with Keras) and the plugins."""
+    global _loading  # noqa: PLW0603
+    from losszoo._backend import require_tensorflow_backend
+
+    require_tensorflow_backend()
+    _loading = True  # while set, __getattr__ lets the imports below find the subpackages
+    try:
+        _import_names()
+    finally:
+        _loading = False
+
+
+def _import_names() -> None:
+    global calibration, entries, get, get_class, heads, losses, metrics, names, ops  # noqa: PLW0603
+    global register, set_validation, tf_keras_loss, validation, validation_enabled  # noqa: PLW0603
+    from losszoo import calibration, heads, losses, metrics, ops  # calibration needs heads
+    from losszoo.ops._common import set_validation, validation, validation_enabled
+    from losszoo.registry import (
+        entries,
+        get,
+        get_class,
+        load_plugins,
+        names,
+        register,
+        tf_keras_loss,
+    )
+
+    load_plugins()
+
+
+def __getattr__(name: str):
+    if name == "datasets":  # light, but not needed by most programs: imported on first use
+        return importlib.import_module("losszoo.datasets")
+    if name in __all__ and not _loading:  # only reached when the command line deferred it
+        _load()
+        return globals()[name]
+    raise AttributeError(f"module 'losszoo' has no attribute {name!r}")
+
+
+if not _launched_by_cli():
+    _load()

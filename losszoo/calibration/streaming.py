@@ -8,9 +8,9 @@ supported (they would change the bin weights; pass ``sample_weight=None``).
 Fail loud (README, "Bad input"): labels outside ``[0, K)``, fractional or NaN labels, malformed
 one-hot rows and probabilities with NaN/Inf, negative entries or rows not summing to 1 raise
 (``ValueError`` eagerly, an assertion error inside ``tf.function``) naming ``y_true`` /
-``y_pred``; ``n_bins``, ``resolution``, ``num_classes`` must be positive integers. Under XLA
-(``jit_compile=True``), where assertions vanish, such a row makes the accumulated state and so
-``result()`` NaN until ``reset_state()``. Checks can be switched off with
+``y_pred``; ``n_bins``, ``resolution`` and a given ``num_classes`` must be positive integers.
+Under XLA (``jit_compile=True``), where assertions vanish, such a row makes the accumulated
+state and so ``result()`` NaN until ``reset_state()``. Checks can be switched off with
 ``losszoo.set_validation(False)``; the NaN poisoning stays.
 """
 
@@ -267,18 +267,39 @@ class AdaptiveECE(_BinnedTopLabel):
 class ClasswiseECE(keras.metrics.Metric):
     """Streaming classwise ECE over ``num_classes`` classes and ``n_bins`` equal-width bins.
 
+    Args:
+      num_classes: the number of classes ``K``; ``None`` (default, what
+        ``compile(metrics=["classwise_ece"])`` uses) reads it from the static last axis of
+        ``y_pred`` at the first ``update_state`` (as Keras' ``F1Score`` does); later batches
+        must have the same ``K``. ``result()`` is 0 before any update.
+      n_bins: equal-width bins per class.
+      name, dtype: as for any Keras metric.
+
     Example:
-      >>> m = losszoo.calibration.ClasswiseECE(num_classes=2)
+      >>> m = losszoo.calibration.ClasswiseECE()
       >>> m.update_state([0, 1], [[0.9, 0.1], [0.8, 0.2]])
-      >>> round(float(m.result()), 4)
-      0.45
+      >>> round(float(m.result()), 4), m.num_classes
+      (0.45, 2)
     """
 
-    def __init__(self, num_classes: int, n_bins: int = 15, name: str = "classwise_ece", **kwargs):
+    def __init__(
+        self,
+        num_classes: int | None = None,
+        n_bins: int = 15,
+        name: str = "classwise_ece",
+        **kwargs,
+    ):
         super().__init__(name=name, **kwargs)
-        self.num_classes = check_number(num_classes, "num_classes", low=1, integer=True)
+        self.num_classes = check_number(
+            num_classes, "num_classes", low=1, integer=True, allow_none=True
+        )
         self.n_bins = check_number(n_bins, "n_bins", low=1, integer=True)
-        shape = (self.num_classes * self.n_bins,)
+        if self.num_classes is not None:
+            self._build_state(self.num_classes)
+
+    def _build_state(self, num_classes):
+        self.num_classes = num_classes
+        shape = (num_classes * self.n_bins,)
         self.counts = self.add_variable(shape=shape, initializer="zeros", name="counts")
         self.prob_sum = self.add_variable(shape=shape, initializer="zeros", name="prob_sum")
         self.hit_sum = self.add_variable(shape=shape, initializer="zeros", name="hit_sum")
@@ -286,6 +307,13 @@ class ClasswiseECE(keras.metrics.Metric):
     def update_state(self, y_true, y_pred, sample_weight=None):
         if sample_weight is not None:
             raise ValueError("ClasswiseECE does not support sample weights.")
+        if self.num_classes is None:
+            k = tf.convert_to_tensor(y_pred).shape[-1]
+            if k is None:
+                raise ValueError(
+                    "`y_pred` must have a static number of classes (or pass `num_classes`)."
+                )
+            self._build_state(k)
         labels, probs, bad = _labels_probs(y_true, y_pred, self.num_classes)
         probs = nan_where(bad[:, None], probs)
         k, m = self.num_classes, self.n_bins
@@ -299,11 +327,13 @@ class ClasswiseECE(keras.metrics.Metric):
         self.hit_sum.assign_add(tf.math.unsorted_segment_sum(tf.reshape(hits, [-1]), seg, k * m))
 
     def result(self):
+        if self.num_classes is None:
+            return tf.constant(0.0, self.dtype)
         n = tf.maximum(tf.reduce_sum(self.counts) / self.num_classes, 1.0)
         return tf.reduce_sum(tf.abs(self.hit_sum - self.prob_sum)) / n / self.num_classes
 
     def reset_state(self):
-        for v in (self.counts, self.prob_sum, self.hit_sum):
+        for v in self.variables:
             v.assign(tf.zeros_like(v))
 
     def get_config(self):

@@ -15,8 +15,10 @@ Registering does three things:
    and, when ``tf_keras`` is installed, of Keras 2 (see :mod:`losszoo.registry._keras`).
 
 Third-party packages add entries through the entry-point group ``losszoo.plugins``: each
-entry point names a module (or a callable) whose import registers classes. Plugins are
-discovered on the first lookup; one that fails to load is skipped with a warning naming it.
+entry point names a module (or a callable) whose import registers classes. ``import losszoo``
+loads every installed plugin (so a plugin's name works in ``compile`` and ``load_model`` right
+away); one that fails to load is skipped with a ``RuntimeWarning`` naming it, and the import
+of losszoo goes on.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib.metadata
+import sys
 import threading
 import warnings
 from collections.abc import Callable
@@ -131,6 +134,11 @@ def register(
 
 
 def _resolve(name: str, kind: str) -> Entry:
+    if not isinstance(name, str):
+        raise TypeError(
+            f"`name` must be a registered name (a string such as 'sparsemax'), got "
+            f"{name!r} ({type(name).__name__})."
+        )
     if kind not in KINDS:
         raise ValueError(f"`kind` must be one of {KINDS}, got {kind!r}.")
     load_plugins()
@@ -150,6 +158,8 @@ def get_class(name: str, kind: str = "loss") -> type:
     """Return the class registered as ``name`` (or an alias) for ``kind``.
 
     Raises:
+      TypeError: ``name`` is not a string.
+      ValueError: ``kind`` is not one of :data:`KINDS`.
       KeyError: the name is unknown; the message lists close matches.
     """
     return _resolve(name, kind).cls
@@ -162,6 +172,9 @@ def get(name: str, kind: str = "loss", **config: Any):
       name: a registered name or alias, e.g. ``"sparsemax"``.
       kind: ``"loss"`` (default), ``"head"`` or ``"metric"``.
       **config: constructor arguments.
+
+    Raises:
+      TypeError, ValueError, KeyError: as :func:`get_class`.
 
     Example:
       >>> loss = losszoo.get("sparsemax", reduction="sum")
@@ -185,12 +198,15 @@ def names(kind: str | None = None) -> list[str]:
 
 
 def load_plugins(force: bool = False) -> None:
-    """Import every entry point of the group ``losszoo.plugins`` (once).
+    """Import every entry point of the group ``losszoo.plugins`` (once; ``import losszoo``
+    calls this).
 
     An entry point may name a module (importing it registers its classes) or a callable
     (called with no arguments). A plugin that raises while loading, including one that
     tries to register a taken name, is skipped with a ``RuntimeWarning`` that names it;
     whatever it registered before failing is removed, so the registry stays consistent.
+    A plugin whose module is being imported right now (it imported losszoo, e.g. the user
+    wrote ``import my_plugin``) is left for the next lookup, when its import has finished.
     """
     global _plugins_loaded, _current_source
     with _lock:
@@ -201,6 +217,10 @@ def load_plugins(force: bool = False) -> None:
             dist = getattr(ep, "dist", None)
             label = f"{ep.name} ({ep.value}" + (f", from {dist.name}" if dist else "") + ")"
             if any(e.source == label for e in _entries.values()):
+                continue
+            module = sys.modules.get(ep.module)
+            if getattr(getattr(module, "__spec__", None), "_initializing", False):
+                _plugins_loaded = False  # its import is still running: load it next time
                 continue
             before = set(_entries)
             _current_source = label

@@ -15,6 +15,12 @@ alias (``"rankmax"``) maps to a loss *function*, as tf_keras' own snake-case nam
 ``compile_from_config`` resolves the saved string to the custom object itself and calls it
 as ``fn(y_true, y_pred)``; a class would be instantiated with the tensors as arguments.
 
+Metrics: in tf_keras a registered metric name, alias or class name maps to a tf_keras
+``Metric`` adapter class (see :func:`_tf_keras_metric_adapter`) that holds the Keras 3
+metric and forwards ``update_state`` / ``result`` / ``reset_state`` to it, so
+``compile(metrics=["ece"])`` streams the same values in tf_keras as in Keras 3 (tf_keras
+instantiates a class given by name with no arguments, hence the defaults must work).
+
 TensorFlow Recommenders 0.7 uses tf_keras, so this is what makes
 ``tfrs.tasks.Retrieval(loss=losszoo.tf_keras_loss("rankmax"))`` and ``tf.keras`` models work.
 Both need ``TF_USE_LEGACY_KERAS=1`` in the environment before TensorFlow is imported (TFRS
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import sys
 from typing import Any
 
 import tensorflow as tf
@@ -57,28 +64,54 @@ def _keys(entry) -> tuple[str, ...]:
 
 
 def install(entry) -> None:
-    """Expose one registry entry to the string lookups of Keras 3 and tf_keras."""
-    table = _keras3_table(entry.kind)
-    if table is not None:
-        for key in _keys(entry):
-            table.setdefault(key, entry.cls)
-    if entry.kind == "loss" and tf_keras_available():
-        custom = _tf_keras().utils.get_custom_objects()
-        for key, obj in _tf_keras_objects(entry).items():
-            custom.setdefault(key, obj)
+    """Expose one registry entry to the string lookups of Keras 3 and tf_keras.
+
+    Names the libraries already have (Keras' own ``"Accuracy"``, say) keep their meaning.
+    """
+    for table, objects in _tables(entry):
+        for key, obj in objects.items():
+            table.setdefault(key, obj)
 
 
 def uninstall(entry) -> None:
     """Undo :func:`install` (used when a plugin fails half-way)."""
+    for table, objects in _tables(entry):
+        for key, obj in objects.items():
+            if table.get(key) is obj:
+                del table[key]
+
+
+def _tables(entry) -> list[tuple[dict, dict]]:
+    """``(lookup table, {key: object})`` pairs through which Keras 3 and tf_keras resolve the
+    entry's names (none for heads)."""
     table = _keras3_table(entry.kind)
-    for key in _keys(entry):
-        if table is not None and table.get(key) is entry.cls:
-            del table[key]
-    if entry.kind == "loss" and tf_keras_available():
-        custom = _tf_keras().utils.get_custom_objects()
-        for key, obj in _tf_keras_objects(entry).items():
-            if custom.get(key) is obj:
-                del custom[key]
+    if table is None:
+        return []
+    pairs = [(table, dict.fromkeys(_keys(entry), entry.cls))]
+    if tf_keras_available():
+        objects = _tf_keras_objects(entry)
+        if entry.kind == "loss":
+            own = vars(_tf_keras().losses)  # never shadow tf_keras' own loss names
+            custom = _tf_keras().utils.get_custom_objects()
+            pairs.append((custom, {k: v for k, v in objects.items() if k not in own}))
+        else:
+            pairs.append((_tf_keras_metrics_table(), objects))
+    return pairs
+
+
+def _tf_keras_metrics_table() -> dict:
+    # tf_keras.metrics.get(name) returns a *global custom object* as it is (a class would be
+    # wrapped as a metric function), but instantiates a class it finds among the globals of
+    # tf_keras.src.metrics; so metric names go there (pinned by the tf_keras metric tests).
+    _tf_keras()
+    module = sys.modules.get("tf_keras.src.metrics")
+    if module is None or not callable(getattr(module, "deserialize", None)):
+        raise ImportError(
+            "losszoo cannot find tf_keras.src.metrics in this tf_keras version (losszoo metric "
+            "names would not work in tf_keras' compile()). Please report this together with "
+            "your tf_keras version."
+        )
+    return vars(module)
 
 
 @functools.cache
@@ -99,7 +132,10 @@ def _is_batch_risk(cls: type) -> bool:
 
 
 def _tf_keras_objects(entry) -> dict:
-    """What tf_keras' custom objects hold for one entry: name -> function, class -> adapter."""
+    """What tf_keras' custom objects hold for one entry: for a loss, name -> function and
+    class name -> adapter class; for a metric, every key -> the metric adapter class."""
+    if entry.kind == "metric":
+        return dict.fromkeys(_keys(entry), _tf_keras_metric_adapter(entry.cls))
     adapter = _tf_keras_adapter(entry.cls)
     function = _tf_keras_function(entry.cls, entry.name)
     objects = {key: function for key in (entry.name, *entry.aliases)}
@@ -184,6 +220,48 @@ def _tf_keras_adapter(keras3_loss_cls: type) -> type:
     )
     package = keras3_loss_cls.__module__.split(".")[0]
     return tf_keras.utils.register_keras_serializable(package=package)(Adapter)
+
+
+@functools.cache
+def _tf_keras_metric_adapter(keras3_metric_cls: type) -> type:
+    """A tf_keras ``Metric`` subclass streaming the values of a Keras 3 metric.
+
+    It takes the Keras 3 class's arguments, builds the Keras 3 metric and forwards
+    ``update_state``, ``result`` and ``reset_state`` to it (the state lives in the Keras 3
+    metric's variables, which are ``tf.Variable`` objects under the TensorFlow backend).
+    """
+    tf_keras = _tf_keras()
+
+    class MetricAdapter(tf_keras.metrics.Metric):
+        def __init__(self, name=None, dtype=None, **config: Any):
+            names = {} if name is None else {"name": name}
+            metric = keras3_metric_cls(
+                **names, **({} if dtype is None else {"dtype": dtype}), **config
+            )
+            super().__init__(name=metric.name, dtype=dtype)
+            self._losszoo_config = dict(config)
+            self.losszoo_metric = metric
+
+        def update_state(self, y_true, y_pred, sample_weight=None):
+            return self.losszoo_metric.update_state(y_true, y_pred, sample_weight=sample_weight)
+
+        def result(self):
+            return self.losszoo_metric.result()
+
+        def reset_state(self):
+            self.losszoo_metric.reset_state()
+
+        def get_config(self):
+            return {**super().get_config(), **self._losszoo_config}
+
+    MetricAdapter.__name__ = MetricAdapter.__qualname__ = keras3_metric_cls.__name__
+    MetricAdapter.__module__ = keras3_metric_cls.__module__
+    MetricAdapter.__doc__ = (
+        f"tf_keras (Keras 2) version of :class:`{keras3_metric_cls.__module__}."
+        f"{keras3_metric_cls.__name__}`; same arguments."
+    )
+    package = keras3_metric_cls.__module__.split(".")[0]
+    return tf_keras.utils.register_keras_serializable(package=package)(MetricAdapter)
 
 
 def tf_keras_loss(loss, **config: Any):

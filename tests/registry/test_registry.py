@@ -5,6 +5,7 @@ import sys
 import textwrap
 
 import keras
+import numpy as np
 import pytest
 
 import losszoo
@@ -146,3 +147,137 @@ def test_import_under_another_backend_fails_clearly():
     assert result.returncode != 0
     assert "ImportError" in result.stderr
     assert "KERAS_BACKEND=tensorflow" in result.stderr
+
+
+def test_get_and_get_class_reject_a_name_that_is_not_a_string():
+    for call in (losszoo.get_class, losszoo.get):
+        with pytest.raises(TypeError, match=r"`name` must be a registered name.*got 3 \(int\)"):
+            call(3)
+        with pytest.raises(TypeError, match="`name`"):
+            call(["sparsemax"], kind="loss")
+
+
+PLUGIN_DIRECT = """
+import keras
+import losszoo
+
+
+def setup():
+    @losszoo.register("plugin_direct_mae", kind="loss")
+    class PluginDirectMAE(keras.losses.Loss):
+        def call(self, y_true, y_pred):
+            return keras.ops.mean(keras.ops.abs(y_true - y_pred), axis=-1)
+"""
+
+
+def _floats(out, keys):
+    lines = (line.split(" ", 1) for line in out.splitlines() if " " in line)
+    return {key: float(value) for key, value in lines if key in keys}
+
+
+def _run(script, tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={**__import__("os").environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(tmp_path)},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout, result.stderr
+
+
+def test_plugins_load_at_import_for_compile_and_load_model(tmp_path):
+    # issue 19 item 13: a plugin's name must resolve right after `import losszoo`, with no
+    # losszoo lookup first, in compile (Keras 3 and tf_keras) and in load_model.
+    make_distribution(tmp_path, "good-plugin", "lz_good_plugin", PLUGIN_GOOD)
+    make_distribution(tmp_path, "broken-plugin", "lz_broken_plugin", PLUGIN_BROKEN)
+    (tmp_path / "lz_direct_plugin.py").write_text(textwrap.dedent(PLUGIN_DIRECT))
+    info = tmp_path / "direct-plugin-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: direct-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        "[losszoo.plugins]\ndirect-plugin = lz_direct_plugin:setup\n"
+    )
+    out, err = _run(
+        """
+        import sys, warnings
+        warnings.simplefilter("always")
+        import numpy as np, keras, losszoo
+        print("LAZY_DATASETS", "losszoo.datasets" not in sys.modules)
+        print("DATASETS", losszoo.datasets.load_100k.__name__)
+        x = np.random.default_rng(0).normal(size=(32, 3)).astype("float32")
+        y = np.sign(x[:, :1])
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile("sgd", loss="plugin_hinge")
+        model.fit(x, y, batch_size=32, verbose=0)
+        print("EVAL", repr(model.evaluate(x, y, batch_size=32, verbose=0)))
+        print("WANT", repr(float(np.maximum(0, 1 - y * model.predict(x, verbose=0)).mean())))
+        model.save("hinge.keras")
+        import tf_keras
+        m2 = tf_keras.Sequential([tf_keras.Input((3,)), tf_keras.layers.Dense(1)])
+        m2.compile("sgd", loss="plugin_hinge")
+        print("TFK", repr(m2.evaluate(x, y, batch_size=32, verbose=0)))
+        print("TFK_WANT", repr(float(np.maximum(0, 1 - y * m2.predict(x, verbose=0)).mean())))
+        """,
+        tmp_path,
+    )
+    assert "LAZY_DATASETS True" in out and "DATASETS load_100k" in out
+    values = _floats(out, ("EVAL", "WANT", "TFK", "TFK_WANT"))
+    np.testing.assert_allclose(values["EVAL"], values["WANT"], rtol=1e-5)
+    np.testing.assert_allclose(values["TFK"], values["TFK_WANT"], rtol=1e-5)
+    # a broken plugin warns at import, naming itself, and the import goes on
+    assert "losszoo plugin broken-plugin" in err and "not installed" in err
+    assert "RuntimeWarning" in err
+    # A fresh process: load_model straight after the import. The plugin module imported
+    # first (it imports losszoo itself) is loaded once its import has finished, not
+    # reported as broken.
+    out, err = _run(
+        """
+        import warnings
+        warnings.simplefilter("always")
+        import lz_direct_plugin
+        import numpy as np, keras, losszoo
+        x = np.random.default_rng(0).normal(size=(32, 3)).astype("float32")
+        y = np.sign(x[:, :1])
+        model = keras.models.load_model("hinge.keras")
+        print("LOADED", type(model.loss).__name__)
+        print("EVAL", repr(model.evaluate(x, y, batch_size=32, verbose=0)))
+        print("WANT", repr(float(np.maximum(0, 1 - y * model.predict(x, verbose=0)).mean())))
+        print("NAMES", losszoo.names("loss"))
+        """,
+        tmp_path,
+    )
+    values = _floats(out, ("EVAL", "WANT"))
+    np.testing.assert_allclose(values["EVAL"], values["WANT"], rtol=1e-5)
+    names = eval(out.split("NAMES ")[1].splitlines()[0])
+    assert {"plugin_hinge", "plugin_direct_mae"} <= set(names)
+    assert "direct-plugin" not in err
+
+
+def _import_losszoo(env_changes, tmp_path):
+    env = {k: v for k, v in __import__("os").environ.items() if k != "KERAS_BACKEND"}
+    env.update(env_changes)
+    return subprocess.run(
+        [sys.executable, "-c", "import losszoo"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+    )
+
+
+def test_backend_error_says_where_the_setting_came_from(tmp_path):
+    (tmp_path / "keras.json").write_text('{"backend": "numpy"}')
+    result = _import_losszoo({"KERAS_HOME": str(tmp_path)}, tmp_path)
+    assert result.returncode != 0
+    message = result.stderr.strip().splitlines()[-1]
+    assert message.startswith("ImportError")
+    assert f"{tmp_path / 'keras.json'} sets \"backend\": 'numpy'" in message
+    assert "environment variable" not in message
+    result = _import_losszoo({"KERAS_HOME": str(tmp_path), "KERAS_BACKEND": "numpy"}, tmp_path)
+    message = result.stderr.strip().splitlines()[-1]
+    assert "the environment variable KERAS_BACKEND is 'numpy'" in message
+    assert "keras.json" in message  # the remedy names both places
