@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from losszoo.calibration.metrics import _bin_index, _prep, ece
+from losszoo.calibration.metrics import _bin_index, _n_bins, _prep, ece
 
 
 def reliability_curve(probs, labels, n_bins: int = 15):
     """Per-bin ``(mean confidence, accuracy, count)`` arrays of the top-label prediction over
     ``n_bins`` right-closed equal-width bins (NaN for empty bins).
+
+    Raises:
+      ValueError / TypeError: naming ``n_bins`` when it is not a positive integer, or naming
+        ``probs`` / ``labels`` as :func:`losszoo.calibration.ece` does.
 
     Example:
       >>> probs = np.array([[0.9, 0.1], [0.6, 0.4], [0.8, 0.2], [0.3, 0.7]])
@@ -19,6 +23,7 @@ def reliability_curve(probs, labels, n_bins: int = 15):
       >>> print(conf[1].round(3), acc[1])
       0.75 0.75
     """
+    n_bins = _n_bins(n_bins)
     probs, labels = _prep(probs, labels)
     conf = probs.max(-1)
     correct = (probs.argmax(-1) == labels).astype(np.float64)
@@ -54,6 +59,7 @@ def reliability_diagram(
 
     Raises:
       ImportError: matplotlib is not installed (``pip install 'losszoo[examples]'``).
+      ValueError / TypeError: as :func:`reliability_curve` (``n_bins``, ``probs``, ``labels``).
 
     Example:
       >>> probs = np.array([[0.9, 0.1], [0.6, 0.4], [0.8, 0.2], [0.3, 0.7]])
@@ -61,6 +67,7 @@ def reliability_diagram(
       >>> fig.axes[0].get_title()
       'model: ECE 0.3000'
     """
+    n_bins = _n_bins(n_bins)
     try:
         import matplotlib
     except ImportError as err:  # ModuleNotFoundError included

@@ -13,7 +13,9 @@ tried in order by :func:`load_100k`:
 Layouts: GroupLens (``u.data`` tab-separated ``user item rating timestamp``; ``u.item``
 ``|``-separated, latin-1, 19 genre flags) and RecBole atomic files (``ml-100k.inter``,
 ``ml-100k.item`` with typed headers such as ``item_id:token``). Ids are kept as in the files
-(1-based); :class:`MovieLens100K` also gives 0-based contiguous indices.
+(1-based); :class:`MovieLens100K` also gives 0-based contiguous indices. The readers check
+every rating file (ids positive integers, ratings integers from 1 to 5, timestamps
+non-negative integers) and raise a ``ValueError`` naming the file and the column otherwise.
 """
 
 from __future__ import annotations
@@ -102,10 +104,51 @@ class MovieLens100K:
 # --------------------------------------------------------------------------- readers
 
 
+#: column -> (smallest, largest) allowed integer; ratings of the 100K set are 1 to 5 stars.
+_COLUMN_RANGES = {
+    "user_id": (1, None),
+    "item_id": (1, None),
+    "rating": (1, 5),
+    "timestamp": (0, None),
+}
+
+
+def _integers(path: Path, column: str, values) -> np.ndarray:
+    """``values`` (strings or numbers) as int64, or a ValueError naming the file and column
+    when one is not an integer in the column's range (:data:`_COLUMN_RANGES`)."""
+    low, high = _COLUMN_RANGES[column]
+    allowed = f"integers from {low} to {high}" if high else f"integers >= {low}"
+    try:
+        v = np.asarray(values, np.float64).reshape(-1)
+    except ValueError as err:
+        raise ValueError(f"{path}: column {column!r} must hold {allowed}: {err}.") from None
+    with np.errstate(invalid="ignore"):
+        bad = ~np.isfinite(v) | (v != np.round(v)) | (v < low) | (v > (high or np.inf))
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ValueError(
+            f"{path}: column {column!r} must hold {allowed}; data row {i + 1} holds "
+            f"{v[i]:g} ({int(bad.sum())} bad row(s))."
+        )
+    return v.astype(np.int64)
+
+
+def _ratings(path: Path, table) -> dict:
+    """The user_id, item_id, rating, timestamp columns of ``table`` ([N, 4]), checked."""
+    table = np.asarray(table, dtype=object).reshape(-1, 4)
+    return {
+        column: _integers(path, column, table[:, j])
+        for j, column in enumerate(("user_id", "item_id", "rating", "timestamp"))
+    }
+
+
 def _read_grouplens(folder: Path) -> MovieLens100K:
-    data = np.loadtxt(folder / "u.data", dtype=np.int64, ndmin=2)
-    if data.shape[1] != 4:
-        raise ValueError(f"{folder / 'u.data'}: expected 4 tab-separated columns.")
+    path = folder / "u.data"
+    rows = [line.split() for line in path.read_text(errors="replace").splitlines()]
+    rows = [row for row in rows if row]
+    if any(len(row) != 4 for row in rows):
+        raise ValueError(f"{path}: expected 4 tab-separated columns.")
+    columns = _ratings(path, rows)
     item_ids, titles, genres = [], [], []
     text = (folder / "u.item").read_bytes().decode("latin-1")
     for line in text.splitlines():
@@ -113,15 +156,15 @@ def _read_grouplens(folder: Path) -> MovieLens100K:
             continue
         parts = line.split("|")
         flags = parts[-len(GENRES) :]
-        item_ids.append(int(parts[0]))
+        item_ids.append(parts[0])
         titles.append(parts[1])
         genres.append(tuple(g for g, f in zip(GENRES, flags) if f.strip() == "1"))
     return MovieLens100K(
-        user=data[:, 0],
-        item=data[:, 1],
-        rating=data[:, 2].astype(np.float32),
-        timestamp=data[:, 3],
-        item_ids=np.asarray(item_ids, np.int64),
+        user=columns["user_id"],
+        item=columns["item_id"],
+        rating=columns["rating"].astype(np.float32),
+        timestamp=columns["timestamp"],
+        item_ids=_integers(folder / "u.item", "item_id", item_ids),
         titles=titles,
         genres=genres,
         source=str(folder),
@@ -136,31 +179,27 @@ def _atomic_table(path: Path):
 
 
 def _read_recbole(folder: Path) -> MovieLens100K:
-    header, rows = _atomic_table(folder / "ml-100k.inter")
+    path = folder / "ml-100k.inter"
+    header, rows = _atomic_table(path)
     col = {name: i for i, name in enumerate(header)}
     for name in ("user_id", "item_id", "rating", "timestamp"):
         if name not in col:
-            raise ValueError(f"{folder / 'ml-100k.inter'}: missing column {name!r} in header.")
-    table = np.asarray(
-        [
-            [r[col["user_id"]], r[col["item_id"]], r[col["rating"]], r[col["timestamp"]]]
-            for r in rows
-        ],
-        dtype=np.float64,
-    ).reshape(-1, 4)
+            raise ValueError(f"{path}: missing column {name!r} in header.")
+    order = [col[name] for name in ("user_id", "item_id", "rating", "timestamp")]
+    columns = _ratings(path, [[r[i] for i in order] for r in rows])
     header, rows = _atomic_table(folder / "ml-100k.item")
     col = {name: i for i, name in enumerate(header)}
-    item_ids = np.asarray([int(r[col["item_id"]]) for r in rows], np.int64)
+    item_ids = _integers(folder / "ml-100k.item", "item_id", [r[col["item_id"]] for r in rows])
     titles = [r[col["movie_title"]] if "movie_title" in col else "" for r in rows]
     genres = [
         tuple(r[col["class"]].split()) if "class" in col and len(r) > col["class"] else ()
         for r in rows
     ]
     return MovieLens100K(
-        user=table[:, 0].astype(np.int64),
-        item=table[:, 1].astype(np.int64),
-        rating=table[:, 2].astype(np.float32),
-        timestamp=table[:, 3].astype(np.int64),
+        user=columns["user_id"],
+        item=columns["item_id"],
+        rating=columns["rating"].astype(np.float32),
+        timestamp=columns["timestamp"],
         item_ids=item_ids,
         titles=titles,
         genres=genres,
@@ -262,8 +301,10 @@ def _from_recbole_wheel(target: Path, timeout: float = 300.0) -> None:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         wheels = list(Path(tmp).glob("recbole-*.whl"))
         if proc.returncode != 0 or not wheels:
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no wheel"]
-            raise RuntimeError(f"`{' '.join(cmd[2:])}` failed: {tail[0]}")
+            # pip's last lines say why (e.g. the connection error before "No matching ...")
+            lines = [x for x in (proc.stderr or proc.stdout).splitlines() if x.strip()]
+            reason = " | ".join(x.strip() for x in lines[-3:]) or "no wheel was downloaded"
+            raise RuntimeError(f"`{' '.join(cmd[2:])}` failed (exit {proc.returncode}): {reason}")
         with zipfile.ZipFile(wheels[0]) as archive:
             _extract_members(
                 archive, RECBOLE_PREFIX, target, ("ml-100k.inter", "ml-100k.item", "ml-100k.user")
@@ -288,7 +329,9 @@ def load_100k(data_dir=None, download: bool = True, verbose: bool = False) -> Mo
       FileNotFoundError: ``data_dir`` is given but holds no readable copy (the cache and the
         downloads are then *not* tried: a typo must not silently load other data), or, with
         ``data_dir=None``, no source worked; the message lists every source tried and why.
-      ValueError: a corrupt ``ml-100k.zip`` or malformed files in ``data_dir``, naming the file.
+      ValueError: a corrupt ``ml-100k.zip`` or malformed files in ``data_dir`` (including ids
+        that are not positive integers and ratings that are not integers from 1 to 5), naming
+        the file and the column.
       TypeError: ``data_dir`` is not a path, or ``download`` / ``verbose`` is not a bool.
     """
     if data_dir is not None and not isinstance(data_dir, (str, os.PathLike)):
@@ -315,6 +358,8 @@ def load_100k(data_dir=None, download: bool = True, verbose: bool = False) -> Mo
         return _report(read_folder(cached), verbose)
     except (OSError, ValueError) as err:
         failures.append(f"cache {cached} (set ${CACHE_ENV} to move it): {err}")
+        if verbose:
+            print(f"MovieLens 100K: not in the {failures[-1]}", flush=True)
     if download:
         for label, fetch in (
             ("GroupLens download " + GROUPLENS_URL, _from_grouplens),
@@ -327,6 +372,8 @@ def load_100k(data_dir=None, download: bool = True, verbose: bool = False) -> Mo
                 return _report(read_folder(cached), verbose)
             except Exception as err:  # noqa: BLE001 - every failure is reported below
                 failures.append(f"{label}: {type(err).__name__}: {err}")
+                if verbose:
+                    print(f"MovieLens 100K: failed: {failures[-1]}", flush=True)
     else:
         failures.append("downloads disabled (download=False)")
     raise FileNotFoundError(

@@ -51,3 +51,29 @@ def test_missing_matplotlib_gives_install_hint(monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     with pytest.raises(ImportError, match=r"pip install 'losszoo\[examples\]'"):
         C.reliability_diagram({"a": p}, y)
+
+
+@pytest.mark.parametrize("n_bins", [0, -3, 2.5, True, "15"])
+def test_n_bins_must_be_a_positive_integer(n_bins):
+    # issue 19: reliability_curve(n_bins=0) returned one bin; every n_bins is checked alike
+    p, y = _probs(np.random.default_rng(2), 20, 3, 1.0)
+    for fn in (C.reliability_curve, C.ece, C.classwise_ece, C.adaptive_ece):
+        with pytest.raises((ValueError, TypeError), match="n_bins"):
+            fn(p, y, n_bins=n_bins)
+    with pytest.raises((ValueError, TypeError), match="n_bins"):
+        C.reliability_diagram({"a": p}, y, n_bins=n_bins)
+    for cls in (C.ExpectedCalibrationError, C.AdaptiveECE, C.ClasswiseECE):
+        with pytest.raises((ValueError, TypeError), match="n_bins"):
+            cls(n_bins=n_bins)
+
+
+def test_reliability_curve_counts_match_brute_force_binning():
+    p, y = _probs(np.random.default_rng(4), 60, 3, 2.0)
+    conf, acc, count = C.reliability_curve(p, y, n_bins=4)
+    top = p.max(1)
+    for m in range(4):  # right-closed bins ((m)/4, (m+1)/4], 0 in the first
+        sel = (top > m / 4) & (top <= (m + 1) / 4)
+        assert count[m] == sel.sum()
+        if sel.any():
+            np.testing.assert_allclose(conf[m], top[sel].mean(), rtol=1e-12)
+            np.testing.assert_allclose(acc[m], (p[sel].argmax(1) == y[sel]).mean(), rtol=1e-12)

@@ -58,6 +58,9 @@ def check(data):
     np.testing.assert_array_equal(i, [0, 1, 0, 2, 2])
 
 
+_REAL_RECBOLE = movielens._from_recbole_wheel
+
+
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv(movielens.CACHE_ENV, str(tmp_path / "cache"))
@@ -318,3 +321,70 @@ def test_ranking_metrics_minus_inf_ranks_last():
     got = movielens.ranking_metrics(scores, heldout, ks=(1, 3), ap_k=3)
     assert got["Accuracy"] == 0.0 and got["R@3"] == 1.0
     assert got["AP@3"] == pytest.approx(1 / 3)
+
+
+# --------------------------------------------------------------------------- issue 19
+
+
+@pytest.mark.parametrize("writer", [write_grouplens, write_recbole])
+@pytest.mark.parametrize(
+    "row, column",
+    [
+        ((1, 10, 99, 881250949), "rating"),
+        ((1, 10, -4, 881250949), "rating"),
+        ((1, 10, 0, 881250949), "rating"),
+        ((1, 10, 3.5, 881250949), "rating"),
+        ((-1, 10, 4, 881250949), "user_id"),
+        ((0, 10, 4, 881250949), "user_id"),
+        ((1, -10, 4, 881250949), "item_id"),
+    ],
+)
+def test_out_of_range_ratings_and_ids_are_rejected(tmp_path, monkeypatch, writer, row, column):
+    monkeypatch.setitem(globals(), "RATINGS", [*RATINGS[:2], row, *RATINGS[2:]])
+    writer(tmp_path / "data")
+    name = "u.data" if writer is write_grouplens else "ml-100k.inter"
+    with pytest.raises(ValueError, match=rf"{name}: column '{column}' must hold integers") as err:
+        load_100k(tmp_path / "data", download=False)
+    assert "data row 3" in str(err.value)
+
+
+def test_bad_item_metadata_ids_are_rejected(tmp_path, monkeypatch):
+    monkeypatch.setitem(globals(), "ITEMS", [*ITEMS, (-3, "Bad (1999)", ())])
+    write_grouplens(tmp_path / "data")
+    with pytest.raises(ValueError, match=r"u\.item: column 'item_id' must hold integers >= 1"):
+        load_100k(tmp_path / "data", download=False)
+
+
+def test_verbose_log_says_why_each_source_failed(tmp_path, monkeypatch, capsys):
+    def grouplens(target):
+        raise OSError("[Errno -3] Temporary failure in name resolution")
+
+    def recbole(target):
+        write_recbole(target)
+
+    monkeypatch.setattr(movielens, "_from_grouplens", grouplens)
+    monkeypatch.setattr(movielens, "_from_recbole_wheel", recbole)
+    check(load_100k(verbose=True))
+    out = capsys.readouterr().out
+    failed = [line for line in out.splitlines() if "failed" in line]
+    assert len(failed) == 1 and "GroupLens" in failed[0]
+    assert "OSError: [Errno -3] Temporary failure in name resolution" in failed[0]
+    assert "not in the cache" in out and "5 ratings from" in out
+
+
+def test_pip_failure_reason_keeps_the_lines_that_say_why(tmp_path, monkeypatch):
+    monkeypatch.setattr(movielens, "_from_recbole_wheel", _REAL_RECBOLE)
+    stderr = (
+        "WARNING: Retrying ... NewConnectionError: Failed to establish a new connection\n"
+        "ERROR: Could not find a version that satisfies the requirement recbole==1.2.1\n"
+        "ERROR: No matching distribution found for recbole==1.2.1\n"
+    )
+
+    def fake_run(cmd, **kwargs):
+        return movielens.subprocess.CompletedProcess(cmd, 1, "", stderr)
+
+    monkeypatch.setattr(movielens.subprocess, "run", fake_run)
+    with pytest.raises(RuntimeError) as err:
+        movielens._from_recbole_wheel(tmp_path / "out")
+    text = str(err.value)
+    assert "exit 1" in text and "NewConnectionError" in text and "No matching distribution" in text
