@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import weakref
+
 import keras
 import numpy as np
 import tensorflow as tf
 
+from losszoo._logits import attached_logits
 from losszoo.heads.calibration import (
     LogitBounding,
     ProbabilityBounding,
@@ -48,24 +51,101 @@ def _needs_features(layer):
     return getattr(layer, "bound_fn", None) == "linear"
 
 
+class LogitsNotAttached(ValueError):
+    """The model's output is a softmax/sigmoid whose logits are not attached to it."""
+
+    MESSAGE = (
+        "the model ends in a softmax or sigmoid whose logits are not attached to its output, "
+        "so its probabilities cannot be calibrated as logits. End the model in the logits "
+        "(drop the softmax), or pass the validation logits instead."
+    )
+
+
+@keras.saving.register_keras_serializable(package="losszoo")
+class AttachedLogits(keras.layers.Layer):
+    """The logits behind a model's output: identity on logits.
+
+    On probabilities that carry their logits (Keras' softmax or sigmoid, which attach
+    ``_keras_logits``, or a losszoo head's ``_losszoo_logits``; see
+    :func:`losszoo._logits.attached_logits`) it returns those logits. On the output of a
+    softmax or sigmoid op without them it raises :class:`LogitsNotAttached` (calibrating
+    probabilities as if they were logits gives badly calibrated models, silently).
+    """
+
+    def call(self, inputs):
+        logits = attached_logits(inputs)
+        if logits is not None:
+            return logits
+        op = getattr(inputs, "op", None)  # graph tensors only; eager ones carry no op
+        if op is not None and op.type in ("Softmax", "Sigmoid"):
+            raise LogitsNotAttached(LogitsNotAttached.MESSAGE)
+        return inputs
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+
+class _Trainer:
+    """A twin of a calibrator, its optimiser and their traced training step.
+
+    Kept per configuration (:data:`_TRAINERS`) and reset to its initial state before each
+    fit, so calling :func:`fit_calibrator` again reuses the traced step: a fresh
+    ``tf.function`` per call retraces every time and TensorFlow warns about it.
+    """
+
+    def __init__(self, calibrator, sample, learning_rate, epsilon):
+        self.layer = type(calibrator).from_config(calibrator.get_config())
+        self.layer(sample)  # build
+        variables = self.layer.trainable_variables
+        self.optimizer = keras.optimizers.Adam(learning_rate=learning_rate, epsilon=epsilon)
+        self.optimizer.build(variables)
+        self.state = list(self.layer.weights) + list(self.optimizer.variables)
+        self.initial = [np.array(v.numpy()) for v in self.state]
+        with_features = isinstance(sample, list)
+
+        @tf.function(reduce_retracing=True)
+        def step(xb, zb, yb):
+            with tf.GradientTape() as tape:
+                p = self.layer([xb, zb] if with_features else xb)
+                py = tf.gather(p, yb, batch_dims=1)
+                loss = -tf.reduce_mean(tf.math.log(tf.maximum(py, 1e-30)))
+            grads = tape.gradient(loss, variables)
+            self.optimizer.apply_gradients(zip(grads, variables))
+            return loss
+
+        self.step = step
+
+    def reset(self):
+        for variable, value in zip(self.state, self.initial):
+            variable.assign(value)
+
+
+_TRAINERS: dict = {}
+_MAX_TRAINERS = 16
+
+
+def _trainer(calibrator, sample, learning_rate, epsilon):
+    """The cached :class:`_Trainer` for this configuration (reset), or a new one."""
+    config = {k: v for k, v in calibrator.get_config().items() if k != "name"}
+    shapes = tuple(np.shape(t)[1:] for t in (sample if isinstance(sample, list) else [sample]))
+    key = (type(calibrator), repr(sorted(config.items())), shapes, learning_rate, epsilon)
+    trainer = _TRAINERS.pop(key, None)
+    if trainer is None:
+        trainer = _Trainer(calibrator, sample, learning_rate, epsilon)
+    else:
+        trainer.reset()
+    _TRAINERS[key] = trainer  # most recently used last
+    while len(_TRAINERS) > _MAX_TRAINERS:
+        _TRAINERS.pop(next(iter(_TRAINERS)))
+    return trainer
+
+
 def _train(
     calibrator, logits, feats, labels, epochs, batch_size, learning_rate, epsilon, seed, verbose
 ):
-    calibrator([logits[:2], feats[:2]] if feats is not None else logits[:2])  # build
-    variables = calibrator.trainable_variables
-    opt = keras.optimizers.Adam(learning_rate=learning_rate, epsilon=epsilon)
-    opt.build(variables)
-
-    @tf.function(reduce_retracing=True)
-    def step(xb, zb, yb):
-        with tf.GradientTape() as tape:
-            p = calibrator([xb, zb] if feats is not None else xb)
-            py = tf.gather(p, yb, batch_dims=1)
-            loss = -tf.reduce_mean(tf.math.log(tf.maximum(py, 1e-30)))
-        grads = tape.gradient(loss, variables)
-        opt.apply_gradients(zip(grads, variables))
-        return loss
-
+    """Fit ``calibrator`` (built here) on the cached logits; returns the per-epoch NLL."""
+    sample = [logits[:2], feats[:2]] if feats is not None else logits[:2]
+    trainer = _trainer(calibrator, sample, learning_rate, epsilon)
     rng = np.random.default_rng(seed)
     n = len(labels)
     zdummy = np.zeros((n, 1), np.float32) if feats is None else feats
@@ -75,11 +155,34 @@ def _train(
         total = 0.0
         for start in range(0, n, batch_size):
             sel = order[start : start + batch_size]
-            total += float(step(logits[sel], zdummy[sel], labels[sel])) * len(sel)
+            total += float(trainer.step(logits[sel], zdummy[sel], labels[sel])) * len(sel)
         history.append(total / n)
         if verbose and (epoch + 1) % max(1, epochs // 10) == 0:
             print(f"  calibration epoch {epoch + 1}/{epochs}: NLL {history[-1]:.4f}")
+    calibrator(sample)  # build
+    calibrator.set_weights(trainer.layer.get_weights())
     return history
+
+
+# Logits (and features) extractors per base model, so that fitting several calibrators on one
+# model reuses the extractor's traced predict function.
+_EXTRACTORS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _extractor(base, needs, features_layer):
+    """``(extractor model, logits tensor, features tensor or None)`` for ``base``."""
+    key = (needs, features_layer)
+    cached = _EXTRACTORS.setdefault(base, {})
+    if key not in cached:
+        logits_t = AttachedLogits(name="attached_logits")(base.outputs[0])
+        feats_t = None
+        if needs:
+            feats_t = (
+                base.get_layer(features_layer).output if features_layer else base.layers[-1].input
+            )
+        extractor = keras.Model(base.inputs, [logits_t, feats_t] if needs else logits_t)
+        cached[key] = (extractor, logits_t, feats_t)
+    return cached[key]
 
 
 def fit_calibrator(
@@ -108,8 +211,11 @@ def fit_calibrator(
     steps to relax); LB pre-activations 0 (the spec's recommendation).
 
     Args:
-      model_or_logits: a Keras model whose output is *logits*, or an array of validation logits
-        ``[N, K]``.
+      model_or_logits: a Keras model whose output is *logits*, or carries them: a model that
+        ends in Keras' softmax or sigmoid (``Dense(K, activation="softmax")``, which attaches
+        its logits as ``_keras_logits``) or in a losszoo head that attaches them is calibrated
+        on those logits (:class:`AttachedLogits`), and the calibrated model maps its inputs
+        to the calibrated probabilities. Or an array of validation logits ``[N, K]``.
       x_val: the model's validation inputs; with logits given, the validation features ``z``
         ``[N, d]`` (needed by the linear variants) or None.
       y_val: integer labels ``[N]``.
@@ -127,7 +233,9 @@ def fit_calibrator(
         logits (``model_or_logits``, also when computed by the model), labels that are not
         integer ids in ``[0, K)`` (``y_val``), NaN/Inf features (``x_val``), mismatched lengths,
         bad ``epochs`` / ``batch_size`` / ``learning_rate`` / ``epsilon`` / ``seed``, unknown
-        ``method``. Fitting runs eagerly on the host (no XLA case).
+        ``method``, a model whose output is a softmax/sigmoid op with no logits attached
+        (``model_or_logits``: its probabilities cannot be calibrated as logits). Fitting runs
+        on the host (no XLA case); repeated calls reuse their traced functions.
 
     Returns:
       A Keras model: the frozen base followed by the calibrator (inputs: the base's inputs), or,
@@ -170,14 +278,11 @@ def fit_calibrator(
         raise ValueError("`y_val` is empty: nothing to fit on.")
     if isinstance(model_or_logits, keras.Model):
         base = model_or_logits
-        logits_t = base.outputs[0]
-        feats_t = None
-        if needs:
-            feats_t = (
-                base.get_layer(features_layer).output if features_layer else base.layers[-1].input
-            )
-        extractor = keras.Model(base.inputs, [logits_t, feats_t] if needs else logits_t)
-        out = extractor.predict(x_val, batch_size=512, verbose=0)
+        extractor, logits_t, feats_t = _extractor(base, needs, features_layer)
+        try:
+            out = extractor.predict(x_val, batch_size=512, verbose=0)
+        except LogitsNotAttached:  # Keras wraps the message; state it plainly
+            raise ValueError(f"`model_or_logits`: {LogitsNotAttached.MESSAGE}") from None
         logits, feats = (out[0], out[1]) if needs else (out, None)
     else:
         logits = np.asarray(model_or_logits, np.float32)

@@ -94,6 +94,12 @@ class BCSoftmax(keras.layers.Layer):
             raise ValueError("`lower` must be <= `upper` (rule lower <= upper).")
 
     def build(self, input_shape):
+        rank = len(input_shape)
+        if not -rank <= self.axis < rank:
+            raise ValueError(
+                f"`logits` of rank {rank} (shape {tuple(input_shape)}) has no class axis "
+                f"`axis`={self.axis}."
+            )
         k = input_shape[self.axis]
         if k is None:
             raise ValueError("BCSoftmax needs a static number of classes.")

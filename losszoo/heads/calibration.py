@@ -25,6 +25,7 @@ from losszoo import ops
 from losszoo.ops._common import (
     check_choice,
     check_number,
+    check_static_rank,
     nan_where,
     static_value,
     validation_enabled,
@@ -87,19 +88,26 @@ def _split(inputs):
         logits, feats = inputs
     else:
         logits, feats = inputs, None
-    logits = check_logits(tf.cast(logits, tf.float32))
+    logits = tf.cast(logits, tf.float32)
+    check_static_rank(logits, 1, "logits")
+    logits = check_logits(logits)
     feats = None if feats is None else tf.cast(feats, tf.float32)
     return logits, feats
 
 
 def _shapes(input_shape):
+    """``(logits shape, features shape or None)``; rank-0 logits raise ValueError."""
     if (
         isinstance(input_shape, (list, tuple))
         and input_shape
         and isinstance(input_shape[0], (list, tuple))
     ):
-        return tuple(input_shape[0]), tuple(input_shape[1])
-    return tuple(input_shape), None
+        logits_shape, feat_shape = tuple(input_shape[0]), tuple(input_shape[1])
+    else:
+        logits_shape, feat_shape = tuple(input_shape), None
+    if not logits_shape:
+        raise ValueError("`logits` must have rank >= 1 (classes on the last axis), got rank 0.")
+    return logits_shape, feat_shape
 
 
 class _Calibrator(keras.layers.Layer):
@@ -180,6 +188,7 @@ class TemperatureScaling(_Calibrator):
     """
 
     def build(self, input_shape):
+        _shapes(input_shape)
         self._build_temperature()
 
     def call(self, inputs):
@@ -360,11 +369,13 @@ class LogitBounding(_Calibrator):
         lo = self._eval(self._c, feats)
         hi = lo + tf.nn.softplus(self._eval(self._C, feats))
         if self.bound_fn == "constant":
-            # the norm of the unmasked logits (-inf classes are masked, not infinitely large)
-            live = tf.math.is_finite(logits)
-            sq = tf.where(live, tf.square(tf.where(live, logits, 0.0)), 0.0)
-            norm = tf.sqrt(tf.reduce_sum(sq, -1, keepdims=True))
-            return norm * tf.tanh(lo), norm * tf.tanh(hi)
+            # The norm of the unmasked logits (-inf classes are masked, not infinitely large),
+            # as scale * ||logits / scale|| with scale = max |logit|: squares of 1e30 overflow.
+            live = tf.where(tf.math.is_finite(logits), logits, 0.0)
+            scale = tf.stop_gradient(tf.reduce_max(tf.abs(live), -1, keepdims=True))
+            scale = tf.where(scale > 0, scale, 1.0)
+            unit = tf.sqrt(tf.reduce_sum(tf.square(live / scale), -1, keepdims=True))
+            return scale * (unit * tf.tanh(lo)), scale * (unit * tf.tanh(hi))
         return lo, hi
 
     def call(self, inputs):

@@ -216,3 +216,60 @@ def target_distribution(y_true, y_pred, normalize: bool = True, name: str = "y_t
     if normalize:
         q = tf.math.divide_no_nan(q, total)
     return nan_where(bad[..., None], q), has_target
+
+
+def check_sample_weight(sample_weight, y_pred, name: str = "sample_weight"):
+    """Reject ``sample_weight`` that does not fit the per-example losses of ``y_pred``.
+
+    The losses have ``y_pred``'s shape without its class axis. ``sample_weight`` must
+    broadcast to that shape after Keras' own alignment (a trailing 1 dropped, or one added
+    when the losses end in 1), without growing it; e.g. ``[B]``, ``[B, 1]`` or a scalar for
+    ``[B]`` losses. Static sizes are checked at once (eagerly and at trace time, raising
+    ``ValueError`` naming ``name``); sizes known only at run time get a graph assertion
+    (skipped with ``losszoo.set_validation(False)``; under XLA shapes are static).
+
+    Returns:
+      ``sample_weight`` (a tensor, with the assertion attached when one was needed), or None.
+    """
+    if sample_weight is None:
+        return None
+    sample_weight = tf.convert_to_tensor(sample_weight)
+    scores = y_pred if isinstance(y_pred, tf.Tensor) else tf.convert_to_tensor(y_pred)
+    weights, losses = sample_weight.shape, scores.shape[:-1]
+    if weights.rank is None or losses.rank is None:
+        return sample_weight
+    w_dims, l_dims = list(range(weights.rank)), list(range(losses.rank))
+    if weights.rank == losses.rank + 1 and weights[-1] == 1:
+        w_dims = w_dims[:-1]
+    elif losses.rank == weights.rank + 1 and losses[-1] == 1:
+        l_dims = l_dims[:-1]
+    message = (
+        f"`{name}` of shape {weights} does not fit the per-example losses of shape "
+        f"{losses} (`y_pred`'s shape {scores.shape} without the class axis)"
+    )
+    if len(w_dims) > len(l_dims):
+        raise ValueError(message + ".")
+    pairs = list(zip(reversed(w_dims), reversed(l_dims)))
+    dynamic = []
+    for i, j in pairs:
+        w, n = weights[i], losses[j]
+        if w is None or n is None:
+            dynamic.append((i, j))
+        elif w not in (1, n):
+            raise ValueError(f"{message}: size {w} where the losses have {n}.")
+    if not dynamic or not validation_enabled():
+        return sample_weight
+    w_shape, l_shape = tf.shape(sample_weight), tf.shape(scores)
+    fits = tf.reduce_all([(w_shape[i] == 1) | (w_shape[i] == l_shape[j]) for i, j in dynamic])
+    shapes = [message + "; got shapes", w_shape, "and", l_shape[:-1]]
+    with tf.control_dependencies([tf.debugging.Assert(fits, shapes)]):
+        return tf.identity(sample_weight)
+
+
+class SampleWeightCheck:
+    """Mixin for ``keras.losses.Loss`` subclasses: checks ``sample_weight`` by
+    :func:`check_sample_weight` before Keras applies it (put it first in the bases)."""
+
+    def __call__(self, y_true, y_pred, sample_weight=None):
+        sample_weight = check_sample_weight(sample_weight, y_pred)
+        return super().__call__(y_true, y_pred, sample_weight=sample_weight)

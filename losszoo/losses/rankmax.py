@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import keras
-import tensorflow as tf
 
-from losszoo.losses._targets import is_sparse
+from losszoo._logits import attached_logits
+from losszoo.losses._targets import SampleWeightCheck, is_sparse
 from losszoo.ops import _rankmax as rankmax_ops
-from losszoo.ops._common import check_choice, to_compute_dtype
+from losszoo.ops._common import check_choice, check_static_rank, to_compute_dtype
 from losszoo.ops._rankmax import LABEL_FORMATS
 from losszoo.registry import register
 
@@ -18,7 +18,7 @@ from losszoo.registry import register
     aliases=("rankmax_loss",),
     description="Rankmax loss (Kong et al. 2020): adaptive-alpha projection onto the (n,k)-simplex",
 )
-class RankmaxLoss(keras.losses.Loss):
+class RankmaxLoss(SampleWeightCheck, keras.losses.Loss):
     """Rankmax loss on scores: cross-entropy of the adaptive (n, k)-simplex projection.
 
     For scores ``z`` over n candidates and a positive ``y``, with threshold
@@ -30,7 +30,9 @@ class RankmaxLoss(keras.losses.Loss):
     summed over the positives of each example. For ``k = 1`` (the default) this is
     ``log sum_i (z_i - z_y + margin)_+ - log margin``: zero once ``y`` beats every other
     score by the margin, and O(n) without sorting. Train on raw scores; at inference rank
-    by the scores (every such projection preserves their order).
+    by the scores (every such projection preserves their order). Logits attached to
+    ``y_pred`` (a model ending in Keras' softmax, see :func:`losszoo._logits.attached_logits`)
+    are used instead of the probabilities.
 
     Targets (``label_format="auto"``, the rule Keras users expect; Keras 3 casts ``y_true`` to
     float, so the rule looks at shapes, never at the dtype): ids ``[B]`` or ``[B, 1]`` (as
@@ -39,16 +41,21 @@ class RankmaxLoss(keras.losses.Loss):
     (also when a size is unknown, e.g. TFRS's ``tf.eye(B)`` in-batch labels) is dense
     non-negative weights (one-hot, multi-hot, identity): each positive's loss is multiplied by
     its weight. So integer and float one-hot labels give the same loss. Force a reading with
-    ``label_format="ids"`` or ``"dense"`` (e.g. ``[B, n]`` padded id lists). Examples without
-    a positive get loss 0. ``n`` may be dynamic (in-batch retrieval with an unknown batch
-    size). Computed in float32 (or float64) even under a mixed-precision policy. Use
-    :func:`losszoo.tf_keras_loss` ("rankmax") for tf_keras / TensorFlow Recommenders.
+    ``label_format="ids"`` or ``"dense"`` (e.g. ``[B, n]`` padded id lists). A
+    ``tf.RaggedTensor`` (positive ids per row, natural for retrieval) is read as padded ids; a
+    ``tf.SparseTensor`` is densified (absent entries: -1 padding for ids, 0 for dense
+    weights). Examples without a positive get loss 0. A rank-1 ``y_pred`` is one example
+    (``y_true`` a scalar id); a rank-0 one raises ``ValueError``. ``n`` may be dynamic
+    (in-batch retrieval with an unknown batch size). Computed in float32 (or float64) even
+    under a mixed-precision policy. Use :func:`losszoo.tf_keras_loss` ("rankmax") for
+    tf_keras / TensorFlow Recommenders.
 
     Bad input (fail-loud contract): ids outside ``[0, n)`` (other than -1 padding), NaN or
     non-whole ids, negative / NaN / inf dense targets and NaN scores raise naming ``y_true``
     or ``scores`` (eagerly and in graphs; skipped with ``losszoo.set_validation(False)``).
     Under XLA: assertions vanish and those examples' loss is NaN (never a clamped id). A
-    positive masked with a ``-inf`` score gives loss ``+inf``.
+    positive masked with a ``-inf`` score gives loss ``+inf``. ``sample_weight`` that does not
+    fit ``y_pred``'s batch shape raises ``ValueError`` naming it.
 
     Args:
       k: the projection's mass (``1 <= k < n``); the paper's k for top-k retrieval. k = 1 is
@@ -90,17 +97,14 @@ class RankmaxLoss(keras.losses.Loss):
         self.label_format = check_choice(label_format, "label_format", LABEL_FORMATS)
 
     def call(self, y_true, y_pred):
-        y_pred, _ = to_compute_dtype(y_pred, "y_pred")
-        y_true = tf.convert_to_tensor(y_true)
-        label_format = self.label_format
+        logits = attached_logits(y_pred)
+        y_pred, _ = to_compute_dtype(y_pred if logits is None else logits, "y_pred")
+        check_static_rank(y_pred, 1, "y_pred")
+        y_true, label_format = rankmax_ops._labels_and_format(y_true, self.label_format, "y_true")
         if label_format == "auto":
-            m, n = y_true.shape[-1], y_pred.shape[-1]
-            padded = (
-                y_true.shape.rank == y_pred.shape.rank
-                and m is not None
-                and n is not None
-                and m != n
-            )
+            same_rank = y_true.shape.rank == y_pred.shape.rank
+            m, n = y_true.shape[-1] if same_rank else None, y_pred.shape[-1]
+            padded = same_rank and m is not None and n is not None and m != n
             label_format = "ids" if is_sparse(y_true, y_pred) or padded else "dense"
         return rankmax_ops._loss(
             y_true,

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import keras
+import tensorflow as tf
 
-from losszoo import ops
 from losszoo._logits import attached_logits
-from losszoo.losses._targets import target_distribution
-from losszoo.ops._common import to_compute_dtype
+from losszoo.losses._targets import SampleWeightCheck, target_distribution
+from losszoo.ops import _sparsemax
+from losszoo.ops._common import check_static_rank, dense_labels, to_compute_dtype
 from losszoo.registry import register
 
 
@@ -17,7 +18,7 @@ from losszoo.registry import register
     aliases=("sparsemax_loss",),
     description="Sparsemax loss (Martins & Astudillo 2016): gradient sparsemax(z) - q",
 )
-class SparsemaxLoss(keras.losses.Loss):
+class SparsemaxLoss(SampleWeightCheck, keras.losses.Loss):
     """Sparsemax loss on logits, the sparse analogue of softmax cross-entropy.
 
     For logits ``z``, ``p = sparsemax(z)`` with threshold ``tau``, and a target
@@ -31,28 +32,35 @@ class SparsemaxLoss(keras.losses.Loss):
 
     Targets are read the way Keras users expect: integer class ids of shape ``[B]`` or
     ``[B, 1]`` as in ``SparseCategoricalCrossentropy``, or dense targets ``[B, K]`` (one-hot,
-    soft, or multi-hot) as in ``CategoricalCrossentropy``. Dense rows are divided by their
-    sum when ``normalize_labels`` is true, so a multi-hot row means "uniform over these
-    classes"; a row with no target at all gets loss 0. ``K`` may be dynamic (in-batch
+    soft, or multi-hot, also as a ``tf.SparseTensor``) as in ``CategoricalCrossentropy``.
+    Dense rows are divided by their sum when ``normalize_labels`` is true, so a multi-hot row
+    means "uniform over these classes"; a row with no target at all gets loss 0. With
+    ``normalize_labels=False`` the other rows must already sum to 1 (see
+    :func:`losszoo.ops.sparsemax_loss`). A ``tf.RaggedTensor`` raises ``TypeError``.
+    ``sample_weight`` must match the batch shape of ``y_pred`` (or broadcast to it as Keras
+    allows); otherwise a ``ValueError`` names it. ``K`` may be dynamic (in-batch
     retrieval with ids and an unknown batch size). The loss is computed in float32 (or
     float64) even under a mixed-precision policy.
 
     Bad input (fail-loud contract): class ids outside ``[0, K)``, NaN or non-whole ids,
-    NaN/inf or negative dense targets raise naming ``y_true`` eagerly and in graphs (skipped
+    NaN/inf or negative dense targets (or, unnormalised, rows not summing to 1) raise naming
+    ``y_true`` eagerly and in graphs (skipped
     with ``losszoo.set_validation(False)``). Under XLA: those rows' loss (and gradient) is
     NaN, never a clamped id. A row of scores holding a NaN or ``+inf`` (or only ``-inf``) has
     a NaN loss in every mode; a true class masked with ``-inf`` gives ``+inf``.
 
-    The loss is defined on scores. ``y_pred`` is taken as logits, except when it is the
-    output of a :class:`losszoo.heads.Sparsemax` head: the head attaches its logits to its
-    output, and the loss uses them. So a model ending in the head can be compiled with
-    ``loss="sparsemax"`` and still predicts probabilities.
+    The loss is defined on scores. ``y_pred`` is taken as logits, except when it carries
+    attached logits (:func:`losszoo._logits.attached_logits`): the output of a
+    :class:`losszoo.heads.Sparsemax` head, or of Keras' own softmax or sigmoid (e.g.
+    ``Dense(K, activation="softmax")``, which attaches ``_keras_logits`` as Keras'
+    cross-entropies expect). The loss then uses those logits, so a model ending in such a head
+    can be compiled with ``loss="sparsemax"`` and still predicts probabilities.
 
     Args:
-      from_logits: ``None`` (default): use the logits a Sparsemax head attached to ``y_pred``
-        when present, else treat ``y_pred`` as logits. ``True``: same. ``False``: require
-        the head's logits and raise if ``y_pred`` carries none (guards against silently
-        treating probabilities as scores).
+      from_logits: ``None`` (default): use the logits attached to ``y_pred`` when present,
+        else treat ``y_pred`` as logits. ``True``: same. ``False``: require attached logits
+        and raise if ``y_pred`` carries none (guards against silently treating probabilities
+        as scores).
       normalize_labels: divide dense targets by their row sum (a no-op for one-hot/soft).
       reduction: Keras reduction, e.g. ``"sum_over_batch_size"`` (default), ``"sum"``,
         ``"mean"`` or ``None``.
@@ -86,13 +94,20 @@ class SparsemaxLoss(keras.losses.Loss):
         logits = attached_logits(y_pred)
         if logits is None and self.from_logits is False:
             raise ValueError(
-                "SparsemaxLoss(from_logits=False) needs `y_pred` to be the output of a "
-                "losszoo Sparsemax head (which carries its logits); this `y_pred` has no "
-                "logits attached. Pass logits with from_logits=True instead."
+                "SparsemaxLoss(from_logits=False) needs `y_pred` to carry its logits (the "
+                "output of a losszoo Sparsemax head or of Keras' softmax); this `y_pred` has "
+                "none attached. Pass logits with from_logits=True instead."
             )
         y_pred, _ = to_compute_dtype(y_pred if logits is None else logits, "y_pred")
+        check_static_rank(y_pred, 1, "y_pred")
+        y_true = dense_labels(y_true, "y_true")
         q, has_target = target_distribution(y_true, y_pred, self.normalize_labels)
-        return ops.sparsemax_loss(q, y_pred) * has_target
+        # A row without a target gets loss 0; the kernel needs a distribution there, so it
+        # sees the uniform one over the row's top scores (finite loss, then times 0).
+        top = tf.cast(tf.equal(y_pred, tf.reduce_max(y_pred, -1, keepdims=True)), q.dtype)
+        stand_in = top / tf.reduce_sum(top, -1, keepdims=True)
+        q = tf.where(tf.equal(has_target, 0.0)[..., None], stand_in, q)
+        return _sparsemax._loss(q, y_pred, labels_name="y_true") * has_target
 
     def get_config(self):
         return {

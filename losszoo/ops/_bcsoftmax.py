@@ -528,6 +528,17 @@ _SOLVERS = {"newton": _solve_newton, "sort": _solve_sort, "bisect": _solve_bisec
 # --------------------------------------------------------------------------------------------
 
 
+def _broadcasts_to(shape, target) -> bool:
+    """Whether ``shape`` broadcasts to ``target`` (statically; unknown sizes pass)."""
+    if shape.rank is None or target.rank is None:
+        return True
+    if shape.rank > target.rank:
+        return False
+    return all(
+        d is None or t is None or d in (1, t) for d, t in zip(reversed(shape), reversed(target))
+    )
+
+
 def _static_known_shape(shape):
     return [1 if d is None else d for d in shape]
 
@@ -955,8 +966,6 @@ def bcsoftmax(
             raise ValueError("`logits` must have a static size along the class axis.")
         if k == 0:
             raise ValueError("`logits` must have at least one class.")
-        if validate:
-            _validate_static(x, lower, upper, temperature, axis, k)
 
         def conv(t, name):
             if t is None:
@@ -972,12 +981,11 @@ def bcsoftmax(
                     f"`{name}` (rank {t.shape.rank}) must not have a higher rank than "
                     f"`logits` ({rank})."
                 )
-            try:
-                tf.broadcast_static_shape(t.shape, x.shape)
-            except ValueError as err:
+            if not _broadcasts_to(t.shape, x.shape):
                 raise ValueError(
-                    f"`{name}` with shape {t.shape} does not broadcast to `logits` {x.shape}."
-                ) from err
+                    f"`{name}` with shape {t.shape} does not broadcast to `logits` {x.shape} "
+                    "(each axis must have the logits' size or 1)."
+                )
             return t
 
         a = conv(lower, "lower")
@@ -989,6 +997,7 @@ def bcsoftmax(
             if pos >= 0 and tau.shape[pos] not in (1, None):
                 raise ValueError("`temperature` must have size 1 along the class axis.")
         if validate:
+            _validate_static(x, a, b, tau, axis, k)
             x = _graph_checks(x, a, b, tau, axis, k)
         y = _bcsoftmax_impl(x, a, b, tau, axis, method, clip)
         return tf.cast(y, dtype)

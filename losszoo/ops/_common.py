@@ -216,6 +216,29 @@ def check_not_nan(x, name: str):
         return tf.identity(x)
 
 
+def dense_labels(labels, name: str, *, sparse_fill=0, ragged_fill=None):
+    """``labels`` as a dense tensor: the label forms that mean something, else a TypeError.
+
+    A ``tf.SparseTensor`` is densified with ``sparse_fill`` in its absent entries (0 for
+    multi-hot / dense targets, -1 for padded id lists). A ``tf.RaggedTensor`` (e.g. a list of
+    positive ids per row) is padded with ``ragged_fill``; callers that have no padded form pass
+    ``None`` and ragged labels raise ``TypeError`` naming ``name``. Anything else goes through
+    ``tf.convert_to_tensor``.
+    """
+    if isinstance(labels, tf.SparseTensor):
+        fill = tf.cast(sparse_fill, labels.dtype)
+        return tf.sparse.to_dense(tf.sparse.reorder(labels), default_value=fill)
+    if isinstance(labels, tf.RaggedTensor):
+        if ragged_fill is None:
+            raise TypeError(
+                f"`{name}` must be a dense tensor or a tf.SparseTensor (multi-hot or dense "
+                "targets), got a tf.RaggedTensor: convert it with `.to_tensor()` or build the "
+                "targets it stands for."
+            )
+        return labels.to_tensor(default_value=tf.cast(ragged_fill, labels.dtype))
+    return tf.convert_to_tensor(labels)
+
+
 def move_axis_last(x: tf.Tensor, axis: int):
     """Transpose ``axis`` of ``x`` to the end. Returns ``(x_t, undo)`` with ``undo(y)``."""
     rank = x.shape.rank

@@ -42,8 +42,11 @@ with ``tf.cond``. ``"auto"``
 (default): floating labels of the scores' shape are dense, labels one rank lower are ids,
 integer labels ``[..., M]`` with a static ``M != n`` are padded ids; integer labels ``[..., n]``
 (or with an unknown last axis) are ambiguous (a one-hot row or n padded ids?) and are
-rejected: pass ``label_format``. Rows without a positive (all ids -1, or all-zero dense
-labels) contribute loss 0 and gradient 0.
+rejected: pass ``label_format``. ``rankmax`` (the projection) reads labels by the same rule
+and rejects dense ones. A ``tf.RaggedTensor`` (positive ids per row) is read as ids padded
+with -1; a ``tf.SparseTensor`` is densified, its absent entries -1 for ids, 0 for dense
+weights. Rows without a positive (all ids -1, or all-zero dense labels) contribute loss 0 and
+gradient 0.
 
 Numerics: every difference is taken against the anchor ``m = min(z_y, z_[k])`` before the
 margin is added (``z_i - mu_y = (z_i - m) + eta``), so offsets and scales of 1e8 keep the
@@ -70,6 +73,7 @@ import tensorflow as tf
 from losszoo.ops._common import (
     check_choice,
     check_not_nan,
+    dense_labels,
     nan_where,
     static_value,
     to_compute_dtype,
@@ -225,8 +229,41 @@ def _check_dense_labels(labels, z, name="labels"):
     return w, invalid
 
 
+def _labels_and_format(labels, label_format, name):
+    """``labels`` as a tensor and the format it forces (``label_format`` otherwise).
+
+    A ``tf.RaggedTensor`` is a list of positive ids per row: padded with -1 (to at least one
+    column, so rows may all be empty) and read as ids; ``label_format="dense"`` cannot read
+    it (TypeError). A ``tf.SparseTensor`` stays sparse until the format is resolved (see
+    :func:`_densify`).
+    """
+    check_choice(label_format, "label_format", LABEL_FORMATS)
+    if isinstance(labels, tf.RaggedTensor):
+        if label_format == "dense":
+            raise TypeError(
+                f"`{name}` is a tf.RaggedTensor (lists of positive ids per row), which "
+                "label_format='dense' cannot read: use label_format='ids' or 'auto'."
+            )
+        ids = dense_labels(labels, name, ragged_fill=-1)
+        short = tf.maximum(1 - tf.shape(ids)[-1], 0)
+        pad = tf.concat([tf.zeros([ids.shape.rank - 1, 2], tf.int32), [[0, short]]], 0)
+        return tf.pad(ids, pad, constant_values=-1), "ids"
+    if isinstance(labels, tf.SparseTensor):
+        return labels, label_format
+    return tf.convert_to_tensor(labels), label_format
+
+
+def _densify(labels, label_format, name):
+    """A ``tf.SparseTensor``'s absent entries are padding (-1) for ids, weight 0 for dense."""
+    return dense_labels(labels, name, sparse_fill=-1 if label_format == "ids" else 0)
+
+
 def _resolve_format(labels, z, label_format, name):
-    """The label rule of ``label_format="auto"`` (see the module docstring)."""
+    """The label rule of ``label_format="auto"`` (see the module docstring).
+
+    Shared by :func:`rankmax_loss` and :func:`rankmax`, so both read (or reject) the same
+    labels the same way.
+    """
     check_choice(label_format, "label_format", LABEL_FORMATS)
     if label_format != "auto":
         return label_format
@@ -599,8 +636,9 @@ def _loss(labels, scores, k, margin, max_positives, label_format, name, score_na
     z = _check_k_against(z, k, n)
     lead = tf.shape(z)[:-1]
     z2 = tf.reshape(z, [-1, n])
-    labels = tf.convert_to_tensor(labels)
+    labels, label_format = _labels_and_format(labels, label_format, name)
     label_format = _resolve_format(labels, z, label_format, name)
+    labels = _densify(labels, label_format, name)
     if label_format == "ids":
         ids, w, _, invalid = _ids_to_positives(labels, z, n, name)
         loss = _rankmax_loss_ids(z2, ids, w, k, eta)
@@ -652,7 +690,9 @@ def rankmax_loss(
         a fast O(M n) path runs (for 1: the ids kernel on the read-off index); otherwise, and
         always when ``None``, one merged sort per row handles any number of positives
         (O(n log n), slow under XLA on CPU). Both branches are compiled (``tf.cond``).
-      label_format: ``"auto"`` (default), ``"ids"`` or ``"dense"``. Auto: floating labels of
+      label_format: ``"auto"`` (default), ``"ids"`` or ``"dense"``. A ``tf.RaggedTensor`` of
+        positive ids per row is read as ids (-1 pads); a ``tf.SparseTensor`` is densified
+        (absent entries -1 for ids, 0 for dense). Auto: floating labels of
         the scores' shape are dense; labels one rank lower are ids; integer ``[..., M]`` with
         a static ``M != n`` are padded ids; integer ``[..., n]`` (or an unknown last axis) is
         ambiguous and raises, so ``np.eye(3, dtype=int)`` needs ``label_format="dense"``.
@@ -724,7 +764,7 @@ def _rankmax_projection_ids(z, ids, w, k, eta):
     return f(z)
 
 
-def rankmax(scores, labels, k: int = 1, margin: float = 1.0):
+def rankmax(scores, labels, k: int = 1, margin: float = 1.0, label_format: str = "auto"):
     """Rankmax projection ``min(1, alpha_y (z - mu_y)_+)`` of the scores, for each positive.
 
     ``mu_y = min(z_y, z_[k]) - margin`` and ``alpha_y`` makes the projection sum to k.
@@ -733,9 +773,15 @@ def rankmax(scores, labels, k: int = 1, margin: float = 1.0):
       scores: ``[..., n]`` logits; ``-inf`` masks a candidate (projection 0).
       labels: ids (integer or whole-number floats), shape ``scores.shape[:-1]`` (one positive
         per row; output ``[..., n]``) or ``scores.shape[:-1] + [M]`` (output ``[..., M, n]``,
-        one projection per positive; ``-1`` pads and gives a zero row).
+        one projection per positive; ``-1`` pads and gives a zero row). A ``tf.RaggedTensor``
+        of ids per row is padded with -1 (to the longest row); a ``tf.SparseTensor``'s
+        absent entries are -1. Read by the same rule as :func:`rankmax_loss`: integer labels
+        ``[..., n]`` (one-hot rows or n ids?) are ambiguous and raise unless
+        ``label_format="ids"``; floating labels of the scores' rank are dense weights, which
+        have no projection (TypeError: use ``rankmax_loss``).
       k: static int, ``1 <= k < n``. Each projection lies in [0, 1] and sums to k.
       margin: ``eta > 0`` (paper: 1).
+      label_format: ``"auto"`` (default) or ``"ids"`` (``"dense"`` raises TypeError).
 
     Returns:
       The projection(s), dtype of ``scores``. The positive is always in the support; the
@@ -745,8 +791,8 @@ def rankmax(scores, labels, k: int = 1, margin: float = 1.0):
 
     Raises:
       ValueError: (or TypeError) naming the argument: NaN scores, ids outside ``[0, n)`` other
-        than -1, non-whole or NaN ids, bad ``k`` / ``margin`` (value checks are skipped with
-        ``losszoo.set_validation(False)``).
+        than -1, non-whole or NaN ids, ambiguous or dense labels, bad ``k`` / ``margin`` /
+        ``label_format`` (value checks are skipped with ``losszoo.set_validation(False)``).
 
     Under XLA: assertions vanish; rows with NaN scores or invalid ids come back all NaN.
 
@@ -757,19 +803,14 @@ def rankmax(scores, labels, k: int = 1, margin: float = 1.0):
     z, dtype, n = _prepare_scores(scores)
     k, eta = _check_k_margin(k, margin, _static(n))
     z = _check_k_against(z, k, n)
-    labels = tf.convert_to_tensor(labels)
-    if not (labels.dtype.is_integer or labels.dtype.is_floating):
-        raise TypeError(f"`labels` of `rankmax` must be ids, got dtype {labels.dtype.name}.")
-    if (
-        labels.shape.rank == z.shape.rank
-        and labels.shape[-1] is not None
-        and labels.shape[-1] == z.shape[-1]
-        and labels.dtype.is_floating
-    ):
+    labels, label_format = _labels_and_format(labels, label_format, "labels")
+    if _resolve_format(labels, z, label_format, "labels") == "dense":
         raise TypeError(
             "`labels` of `rankmax` must be integer ids (one projection per positive); got "
-            "floating labels of the scores' shape. Use rankmax_loss for dense multi-hot labels."
+            f"{labels.dtype.name} labels of the scores' rank, which read as dense weights. Use "
+            "rankmax_loss for dense multi-hot labels, or label_format='ids' for lists of ids."
         )
+    labels = _densify(labels, "ids", "labels")
     ids, w, multi, invalid = _ids_to_positives(labels, z, n)
     z2 = tf.reshape(z, [-1, n])
     p = _rankmax_projection_ids(z2, ids, w, k, eta)

@@ -34,8 +34,9 @@ Fail-loud contract (README, "Bad input"): a row holding a NaN or ``+inf`` score,
 XLA alike, and the other rows are unaffected (folded into the threshold's Newton passes).
 Sparsemax is
 shift-invariant: offsets of 1e8 give the same output up to float32 rounding of the inputs.
-``sparsemax_loss`` also rejects NaN/inf or negative ``labels`` eagerly and in graphs
-(skipped with ``losszoo.set_validation(False)``); under XLA such a row's loss is NaN.
+``sparsemax_loss`` also rejects NaN/inf or negative ``labels`` and label rows that do not sum
+to 1 eagerly and in graphs (skipped with ``losszoo.set_validation(False)``); under XLA such a
+row's loss and gradient are NaN.
 ``axis`` must be an integer.
 """
 
@@ -48,7 +49,9 @@ from losszoo.ops._common import (
     check_finite,
     check_number,
     check_static_rank,
+    dense_labels,
     move_axis_last,
+    nan_where,
     static_value,
     to_compute_dtype,
     validation_enabled,
@@ -171,40 +174,72 @@ def sparsemax(logits, axis: int = -1, name: str | None = None) -> tf.Tensor:
         return tf.cast(undo(_sparsemax_last_axis(z)), dtype)
 
 
-def _check_labels(q):
-    """Targets must be finite and >= 0 (eagerly / graph assertion; skippable)."""
-    q = check_finite(q, "labels")
+# Machine epsilon per floating dtype (np.finfo does not know bfloat16).
+_EPS = {tf.float16: 2.0**-10, tf.bfloat16: 2.0**-7, tf.float32: 2.0**-23, tf.float64: 2.0**-52}
+
+
+def _sum_tolerance(label_dtype, dtype) -> float:
+    """How far a target row's sum may stray from 1: sqrt(eps) of the coarser of the labels'
+    own dtype and the compute dtype (3.5e-4 in float32; one-hot rows are exact)."""
+    eps = _EPS[dtype]
+    if label_dtype in _EPS:
+        eps = max(eps, _EPS[label_dtype])
+    return float(np.sqrt(eps))
+
+
+def _check_labels(q, tol: float, name: str):
+    """Targets must be finite, >= 0 and sum to 1 per row within ``tol`` (eagerly or with a
+    graph assertion, naming ``name``; skippable)."""
+    q = check_finite(q, name)
     if not validation_enabled():
         return q
-    message = "`labels` must be non-negative (target distributions)."
+    negative = f"`{name}` must be non-negative (target distributions)."
+    unnormalised = f"`{name}` rows must sum to 1 (target distributions; tolerance {tol:.1e})."
     value = static_value(q)
     if value is not None:
         if value.size and value.min() < 0:
-            raise ValueError(f"{message[:-1]}; got a minimum of {value.min()}.")
+            raise ValueError(f"{negative[:-1]}; got a minimum of {value.min()}.")
+        sums = value.sum(-1)
+        if sums.size and np.any(np.abs(sums - 1.0) > tol):
+            worst = sums.reshape(-1)[np.argmax(np.abs(sums - 1.0))]
+            raise ValueError(f"{unnormalised[:-2]}); got a row summing to {worst}.")
         return q
-    with tf.control_dependencies([tf.debugging.assert_non_negative(q, message=message)]):
+    checks = [
+        tf.debugging.assert_non_negative(q, message=negative),
+        tf.debugging.Assert(
+            tf.reduce_all(tf.abs(tf.reduce_sum(q, -1) - 1.0) <= tol), [unnormalised]
+        ),
+    ]
+    with tf.control_dependencies(checks):
         return tf.identity(q)
 
 
-@tf.custom_gradient
-def _sparsemax_loss_last_axis(q, z):
-    z = _shifted(z)
-    tau = _threshold(z)
-    p = tf.nn.relu(z - tau)
-    # <z - tau, q> over the classes that carry target mass; written with where() so that
-    # a -inf score with q = 0 contributes 0 rather than NaN.
-    margin = tf.where(q > 0, (z - tau) * q, tf.zeros_like(q))
-    # Negative, NaN or infinite targets poison the row: the XLA half of the label check,
-    # folded into the sum.
-    bad = tf.math.is_nan(q) | (q < 0) | tf.equal(q, np.inf)  # not ~(q >= 0): see _targets
-    square = tf.where(bad, tf.fill(tf.shape(q), tf.constant(np.nan, q.dtype)), q * q)
-    loss = 0.5 * tf.reduce_sum(p * p + square, -1) - tf.reduce_sum(margin, -1)
-    loss = tf.nn.relu(loss)  # L >= 0 exactly; removes round-off below zero.
+def _sparsemax_loss_last_axis(q, z, tol: float):
+    """The loss on the last axis; ``q`` is a constant (no gradient)."""
 
-    def grad(upstream):
-        return None, tf.cast(upstream, p.dtype)[..., None] * (p - q)
+    @tf.custom_gradient
+    def f(z):
+        z = _shifted(z)
+        tau = _threshold(z)
+        p = tf.nn.relu(z - tau)
+        # <z - tau, q> over the classes that carry target mass; written with where() so that
+        # a -inf score with q = 0 contributes 0 rather than NaN.
+        margin = tf.where(q > 0, (z - tau) * q, tf.zeros_like(q))
+        # Negative, NaN or infinite targets, or a row not summing to 1, poison the row: the
+        # XLA half of the label check, folded into the sums.
+        bad = tf.math.is_nan(q) | (q < 0) | tf.equal(q, np.inf)  # not ~(q >= 0): see _targets
+        square = tf.where(bad, tf.fill(tf.shape(q), tf.constant(np.nan, q.dtype)), q * q)
+        loss = 0.5 * tf.reduce_sum(p * p + square, -1) - tf.reduce_sum(margin, -1)
+        loss = tf.nn.relu(loss)  # L >= 0 exactly; removes round-off below zero.
+        loss = nan_where(tf.abs(tf.reduce_sum(q, -1) - 1.0) > tol, loss)
 
-    return loss, grad
+        def grad(upstream):
+            g = tf.cast(upstream, p.dtype)[..., None] * (p - q)
+            return nan_where(tf.math.is_nan(loss)[..., None], g)
+
+        return loss, grad
+
+    return f(z)
 
 
 def sparsemax_loss(labels, logits, axis: int = -1, name: str | None = None) -> tf.Tensor:
@@ -216,8 +251,10 @@ def sparsemax_loss(labels, logits, axis: int = -1, name: str | None = None) -> t
 
     Args:
       labels: target distributions ``q`` with the shape of ``logits``: one-hot, soft, or a
-        normalised multi-label vector. Rows must be non-negative and sum to 1 (the loss is
-        shift-invariant in the logits only then).
+        normalised multi-label vector, dense or a ``tf.SparseTensor`` (absent entries are 0).
+        Rows must be non-negative and sum to 1 within ``sqrt(eps)`` of the coarser of the
+        labels' and the compute dtype (3.5e-4 in float32); the loss is shift-invariant in the
+        logits only then.
       logits: float tensor of rank >= 1.
       axis: the class axis.
       name: optional name scope.
@@ -225,20 +262,33 @@ def sparsemax_loss(labels, logits, axis: int = -1, name: str | None = None) -> t
     Returns:
       The loss per example: ``logits``' shape without ``axis``, in ``logits``' dtype.
 
+    Raises:
+      ValueError: naming ``labels`` (eagerly; a graph assertion in ``tf.function``) for NaN,
+        inf or negative targets or rows that do not sum to 1 (skipped with
+        ``losszoo.set_validation(False)``; under XLA those rows' loss and gradient are NaN).
+        TypeError for ``tf.RaggedTensor`` labels.
+
     Example:
       >>> losszoo.ops.sparsemax_loss([[0.0, 1.0]], [[0.0, 2.0]]).numpy()
       array([0.], dtype=float32)
     """
     with tf.name_scope(name or "sparsemax_loss"):
-        z, dtype, _ = _prepare(logits, axis, "logits")
-        q = tf.cast(tf.convert_to_tensor(labels), z.dtype)
-        if q.shape.rank is not None and z.shape.rank is not None:
-            q_last, _ = move_axis_last(q, axis) if q.shape.rank == z.shape.rank else (q, None)
-            if not q_last.shape.is_compatible_with(z.shape):
-                raise ValueError(
-                    f"`labels` must have the shape of `logits` {list(z.shape)} (class axis "
-                    f"last), got {list(q.shape)}."
-                )
-            q = q_last
-        q = _check_labels(q)
-        return tf.cast(_sparsemax_loss_last_axis(q, z), dtype)
+        return _loss(labels, logits, axis, "labels")
+
+
+def _loss(labels, logits, axis: int = -1, labels_name: str = "labels") -> tf.Tensor:
+    """:func:`sparsemax_loss` with the labels' argument name for messages (``y_true``)."""
+    z, dtype, _ = _prepare(logits, axis, "logits")
+    labels = dense_labels(labels, labels_name)
+    q = tf.cast(labels, z.dtype)
+    if q.shape.rank is not None and z.shape.rank is not None:
+        q_last, _ = move_axis_last(q, axis) if q.shape.rank == z.shape.rank else (q, None)
+        if not q_last.shape.is_compatible_with(z.shape):
+            raise ValueError(
+                f"`{labels_name}` must have the shape of `logits` {list(z.shape)} (class axis "
+                f"last), got {list(q.shape)}."
+            )
+        q = q_last
+    tol = _sum_tolerance(labels.dtype, z.dtype)
+    q = _check_labels(q, tol, labels_name)
+    return tf.cast(_sparsemax_loss_last_axis(q, z, tol), dtype)

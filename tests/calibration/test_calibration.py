@@ -1,9 +1,12 @@
 """Tests for losszoo.calibration: metrics (functions vs streaming vs oracle), fit_calibrator,
 reliability diagrams."""
 
+import logging
+
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import losszoo
 from losszoo import calibration as C
@@ -150,3 +153,69 @@ def test_reliability_diagram_writes_png(tmp_path):
     path = tmp_path / "rd.png"
     C.reliability_diagram({"a": p, "b": p**2 / (p**2).sum(1, keepdims=True)}, y, path=path)
     assert path.stat().st_size > 1000
+
+
+def _softmax_model(k=10):
+    """A model whose logits are its inputs, ending in Keras' softmax (Dense + activation)."""
+    model = keras.Sequential([keras.Input((k,)), keras.layers.Dense(k, activation="softmax")])
+    model.set_weights([np.eye(k, dtype=np.float32), np.zeros(k, np.float32)])
+    return model
+
+
+def test_fit_calibrator_on_a_softmax_model_calibrates_its_logits(tmp_path):
+    # Issue 19 item 8: the softmax probabilities were calibrated as if they were logits (ECE
+    # 0.039 before "calibration", 0.607 after). Keras' softmax attaches its logits; they are
+    # used, and the result is the same as calibrating the logits themselves.
+    rng = np.random.default_rng(5)
+    xv, yv = _overconfident(rng, 3000)
+    xt, yt = _overconfident(rng, 3000)
+    kwargs = dict(epochs=40, learning_rate=1e-2, batch_size=256)
+    model = C.fit_calibrator(_softmax_model(), xv, yv, "ts", **kwargs)
+    on_logits = C.fit_calibrator(xv, None, yv, "ts", **kwargs)
+    tau = float(model.layers[-1].tau())
+    assert tau == pytest.approx(float(on_logits.layers[-1].tau()), rel=1e-6)
+    assert tau == pytest.approx(2.0, rel=0.05)
+    p = model.predict(xt, verbose=0)
+    e = np.exp(xt / tau - (xt / tau).max(1, keepdims=True))
+    np.testing.assert_allclose(p, e / e.sum(1, keepdims=True), atol=1e-6)
+    uncal = np.exp(xt) / np.exp(xt).sum(1, keepdims=True)
+    assert C.ece(p, yt) < 0.5 * C.ece(uncal, yt)
+    path = str(tmp_path / "calibrated_softmax.keras")
+    model.save(path)
+    np.testing.assert_allclose(keras.saving.load_model(path).predict(xt, verbose=0), p, atol=1e-6)
+
+
+def test_fit_calibrator_rejects_a_softmax_without_logits():
+    k = 4
+    model = keras.Sequential(
+        [keras.Input((k,)), keras.layers.Dense(k), keras.layers.Lambda(lambda t: tf.nn.softmax(t))]
+    )
+    x = np.random.default_rng(6).normal(size=(20, k)).astype(np.float32)
+    with pytest.raises(ValueError, match="`model_or_logits`: .*softmax or sigmoid whose logits"):
+        C.fit_calibrator(model, x, np.arange(20) % k, "ts", epochs=1)
+
+
+def test_repeated_fit_calibrator_does_not_retrace():
+    # Issue 19 item 17: every call built a new tf.function (and predict function), and TF
+    # warned "triggered tf.function retracing" after a few calls.
+    rng = np.random.default_rng(7)
+    x, y = _overconfident(rng, 300, k=4)
+    base = _softmax_model(k=4)
+    messages = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logger = tf.get_logger()
+    logger.addHandler(handler)
+    try:
+        for _ in range(4):
+            for method in ("ts", "pb-c"):
+                C.fit_calibrator(base, x, y, method, epochs=2, batch_size=128)
+                C.fit_calibrator(x, None, y, method, epochs=2, batch_size=128)
+    finally:
+        logger.removeHandler(handler)
+    assert not [m for m in messages if "retracing" in m], messages
+    # reused trainers start from scratch: the same fit twice gives the same calibrator
+    a = C.fit_calibrator(x, None, y, "pb-c", epochs=3).layers[-1].get_weights()
+    b = C.fit_calibrator(x, None, y, "pb-c", epochs=3).layers[-1].get_weights()
+    for wa, wb in zip(a, b):
+        np.testing.assert_array_equal(wa, wb)

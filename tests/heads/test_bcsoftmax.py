@@ -118,3 +118,9 @@ def test_mirrored_matches_single():
     assert_mirrored_matches_single(
         _build(lower=0.02, upper=0.8, learn_bounds=True), x, y, "sparse_categorical_crossentropy"
     )
+
+
+def test_rank_0_logits_raise_naming_logits():
+    # Issue 19 item 7: an IndexError in build() before.
+    with pytest.raises(ValueError, match="`logits` of rank 0"):
+        BCSoftmax()(np.float32(2.0))

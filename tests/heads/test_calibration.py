@@ -117,3 +117,32 @@ def test_pb_mixed_precision_and_mirrored():
     y = rng.randint(0, 4, 64)
     assert_mixed_precision(_calibrated_model, x, y, "sparse_categorical_crossentropy")
     assert_mirrored_matches_single(_calibrated_model, x, y, "sparse_categorical_crossentropy")
+
+
+def _np_softmax(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+@pytest.mark.parametrize("scale", [1e30, 1e-30, 1.0])
+def test_logit_bounding_constant_at_extreme_scales_matches_numpy(scale):
+    # Issue 19 item 4: the squared norm overflowed at 1e30 and the row came out all NaN.
+    x = (np.array([[1.0, 0.0, -1.0], [3.0, -2.0, 0.5], [0.0, 0.0, 0.0]]) * scale).astype("f4")
+    lb = LogitBounding(init_lower=-0.4, init_upper=0.3, temperature=1.5)
+    x64 = x.astype(np.float64)
+    norm = np.sqrt(np.sum(x64**2, -1, keepdims=True))
+    c, cap = norm * np.tanh(-0.4), norm * np.tanh(-0.4 + np.log1p(np.exp(0.3)))
+    want = _np_softmax(np.clip(x64, c, cap) / 1.5)
+    got = lb(x).numpy()
+    assert np.all(np.isfinite(got))
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    lo, hi = (t.numpy() for t in lb.bound_values(x))
+    np.testing.assert_allclose(lo, c, rtol=1e-5)
+    np.testing.assert_allclose(hi, cap, rtol=1e-5)
+
+
+@pytest.mark.parametrize("cls", [TemperatureScaling, ProbabilityBounding, LogitBounding])
+def test_rank_0_logits_raise_naming_logits(cls):
+    # Issue 19 item 7: IndexError / TF-internal errors before.
+    with pytest.raises(ValueError, match="`logits` must have rank >= 1"):
+        cls()(np.float32(2.0))

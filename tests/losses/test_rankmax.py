@@ -151,3 +151,41 @@ def test_ids_with_dynamic_class_count(jit):
     else:
         with pytest.raises(tf.errors.InvalidArgumentError, match="`y_true`"):
             run(bad, z)
+
+
+def test_rank_1_y_pred_and_rank_0_errors():
+    # Issue 19 item 7: an IndexError before; the op gives log 3.
+    loss = RankmaxLoss()
+    z = np.array([2.0, 1.0, 0.0], np.float32)
+    np.testing.assert_allclose(float(loss(np.int32(1), z)), np.log(3.0), rtol=1e-6)
+    np.testing.assert_allclose(float(loss(np.int32(1), z)), float(losszoo.ops.rankmax_loss(1, z)))
+    with pytest.raises(ValueError, match="`y_pred` must have rank >= 1"):
+        loss(np.int32(1), np.float32(2.0))
+
+
+def test_ragged_sparse_labels_sample_weight_and_keras_softmax():
+    # Issue 19 items 8 and 10.
+    loss = RankmaxLoss(reduction=None)
+    lists = [[0, 3], [4], [1, 2, 0], [2], [], [3]]
+    want = ref_losses(Z, [[(y, 1.0) for y in ids] for ids in lists])
+    ragged = tf.ragged.constant(lists, dtype=tf.int64)
+    np.testing.assert_allclose(loss(ragged, Z).numpy(), want, rtol=1e-5, atol=1e-6)
+    multi = np.zeros((6, 5), np.float32)
+    for i, ids in enumerate(lists):
+        multi[i, ids] = 1.0
+    sparse = tf.sparse.from_dense(multi)
+    np.testing.assert_allclose(
+        RankmaxLoss(max_positives=None, reduction=None)(sparse, Z).numpy(),
+        want,
+        rtol=1e-5,
+        atol=1e-6,
+    )
+    with pytest.raises(ValueError, match="`sample_weight` of shape \\(5,\\)"):
+        RankmaxLoss()(IDS, Z, sample_weight=np.ones(5))
+    x = rng.normal(size=(32, 4)).astype(np.float32)
+    y = rng.integers(0, 5, 32)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(5, activation="softmax")])
+    kernel, bias = (w.numpy() for w in model.weights)
+    want = ref_losses(x @ kernel + bias, [[(t, 1.0)] for t in y]).mean()
+    model.compile("sgd", loss="rankmax")
+    np.testing.assert_allclose(model.evaluate(x, y, batch_size=8, verbose=0), want, rtol=1e-5)

@@ -149,3 +149,90 @@ def test_ids_with_dynamic_class_count(jit):
 def test_bad_ids_raise_eagerly(bad):
     with pytest.raises(ValueError, match="`y_true`"):
         SparsemaxLoss()(np.array(bad, np.float32), Z[:2, :3])
+
+
+def _softmax_models():
+    """Sequential and functional models ending in Keras' own softmax (same weights)."""
+    seq = keras.Sequential([keras.Input((4,)), keras.layers.Dense(5, activation="softmax")])
+    inp = keras.Input((4,))
+    func = keras.Model(inp, keras.layers.Softmax()(keras.layers.Dense(5)(inp)))
+    func.set_weights(seq.get_weights())
+    return seq, func
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_model_ending_in_keras_softmax_trains_on_its_logits(jit):
+    # Issue 19 item 8: the loss read the softmax probabilities as scores, silently. Keras'
+    # softmax attaches `_keras_logits`; the loss must see them in a real fit / evaluate.
+    x = rng.normal(size=(40, 4)).astype(np.float32)
+    y = rng.integers(0, 5, 40)
+    for model in _softmax_models():
+        kernel, bias = (w.numpy() for w in model.weights)
+        want = ref_losses(x @ kernel + bias, np.eye(5)[y]).mean()
+        model.compile("sgd", loss="sparsemax", jit_compile=jit)
+        np.testing.assert_allclose(model.evaluate(x, y, batch_size=16, verbose=0), want, rtol=1e-5)
+        history = model.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False)
+        assert np.isfinite(history.history["loss"][0])
+
+
+def test_sample_weight_of_the_wrong_length_names_it():
+    # Issue 19 item 10: Keras' "Incompatible shapes: [6] vs. [5]" before.
+    loss = SparsemaxLoss()
+    with pytest.raises(ValueError, match="`sample_weight` of shape \\(7,\\)"):
+        loss(IDS, Z, sample_weight=np.ones(7))
+    with pytest.raises(ValueError, match="`sample_weight`"):
+        loss(IDS, Z, sample_weight=np.ones((6, 2)))
+    per_row = ref_losses(Z, np.eye(5)[IDS])
+    w = np.arange(6.0)
+    for weights in (w, w[:, None]):
+        np.testing.assert_allclose(
+            float(loss(IDS, Z, sample_weight=weights)), (per_row * w).mean(), rtol=1e-5
+        )
+    graph = tf.function(
+        lambda y, z, sw: loss(y, z, sample_weight=sw),
+        input_signature=[tf.TensorSpec([None]), tf.TensorSpec([None, 5]), tf.TensorSpec([None])],
+    )
+    with pytest.raises(tf.errors.InvalidArgumentError, match="`sample_weight`"):
+        graph(IDS.astype(np.float32), Z, np.ones(5, np.float32))
+    np.testing.assert_allclose(
+        float(graph(IDS.astype(np.float32), Z, w.astype(np.float32))),
+        (per_row * w).mean(),
+        rtol=1e-5,
+    )
+
+
+def test_sparse_ragged_and_rank_0_inputs():
+    # Issue 19 items 7 and 10.
+    loss = SparsemaxLoss(reduction=None)
+    multi = np.zeros((6, 5), np.float32)
+    multi[np.arange(6), IDS] = 1.0
+    multi[0, 3] = 1.0
+    want = ref_losses(Z, multi / multi.sum(1, keepdims=True))
+    np.testing.assert_allclose(loss(tf.sparse.from_dense(multi), Z).numpy(), want, atol=1e-6)
+    with pytest.raises(TypeError, match="`y_true` must be a dense tensor or a tf.SparseTensor"):
+        loss(tf.ragged.constant([[0, 3], [4]]), Z[:2])
+    with pytest.raises(ValueError, match="`y_pred` must have rank >= 1"):
+        loss(np.int32(0), np.float32(2.0))
+    np.testing.assert_allclose(
+        loss(np.int32(1), Z[0]).numpy(), ref_losses(Z[:1], np.eye(5)[[1]])[0], atol=1e-6
+    )
+
+
+def test_unnormalised_targets_name_y_true_and_empty_rows_give_zero():
+    # Issue 19 item 6, through the Keras loss: rows without a target keep loss 0 (and gradient
+    # 0); with normalize_labels=False a row summing to 2 is rejected naming `y_true`.
+    q = np.eye(5, dtype=np.float32)[IDS]
+    q[2] = 0.0
+    for normalize in (True, False):
+        loss = SparsemaxLoss(normalize_labels=normalize, reduction=None)
+        z = tf.constant(Z)
+        with tf.GradientTape() as tape:
+            tape.watch(z)
+            out = loss(q, z)
+        grad = tape.gradient(out, z).numpy()
+        want = ref_losses(Z, q)
+        want[2] = 0.0
+        np.testing.assert_allclose(out.numpy(), want, atol=1e-6)
+        np.testing.assert_array_equal(grad[2], 0.0)
+    with pytest.raises(ValueError, match="`y_true` rows must sum to 1"):
+        SparsemaxLoss(normalize_labels=False)(2 * q, Z)

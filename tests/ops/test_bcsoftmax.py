@@ -638,3 +638,24 @@ def test_fast_newton_matches_robust_newton_and_falls_back_on_huge_gaps():
         np.testing.assert_allclose(
             y_fast.numpy(), REF.bcsoftmax(x.astype(float), a, b)[0], atol=1e-5
         )
+
+
+@pytest.mark.parametrize(
+    "bounds",
+    [
+        {"lower": [0.1, 0.1]},
+        {"upper": np.full((2, 3), 0.5)},
+        {"lower": np.zeros((1, 1, 3))},
+    ],
+)
+def test_bounds_of_a_wrong_shape_name_the_argument(bounds):
+    # Issue 19 item 10: numpy's or TF's broadcast error, naming nothing, before.
+    (name,) = bounds
+    x = np.array([[2.0, 1.0, 0.0]], np.float32)
+    with pytest.raises(
+        ValueError, match=f"`{name}` .*does not broadcast to `logits`|`{name}` \\(rank"
+    ):
+        bcsoftmax(x, **bounds)
+    graph = tf.function(lambda x, t: bcsoftmax(x, **{name: t}))
+    with pytest.raises(ValueError, match=f"`{name}`"):
+        graph(tf.constant(x), tf.constant(np.asarray(bounds[name], np.float32)))

@@ -437,3 +437,55 @@ def test_float_ids_must_be_whole():
     np.testing.assert_allclose(
         rankmax_loss(np.array([0.0, 2.0], np.float32), z), rankmax_loss(np.array([0, 2]), z)
     )
+
+
+def test_rankmax_rejects_integer_one_hot_like_rankmax_loss():
+    # Issue 19 item 11: rankmax read an integer one-hot row as padded ids (a projection per
+    # entry, for ids 0, 1, 0) where rankmax_loss rejects it as ambiguous; one rule now.
+    z = tf.constant([[2.0, 1.0, 0.0]])
+    one_hot = np.array([[0, 1, 0]], np.int32)
+    for fn in (lambda: rankmax(z, one_hot), lambda: rankmax_loss(one_hot, z)):
+        with pytest.raises(ValueError, match="`labels` is ambiguous"):
+            fn()
+    graph = tf.function(lambda y: rankmax(z, y))
+    with pytest.raises(ValueError, match="`labels` is ambiguous"):
+        graph(tf.constant(one_hot))
+    # forcing the ids reading gives one projection per listed id
+    p = rankmax(z, one_hot, label_format="ids").numpy()
+    for j, y in enumerate([0, 1, 0]):
+        np.testing.assert_allclose(p[0, j], ref.rankmax(z.numpy()[0].astype(np.float64), y, 1)[0])
+    with pytest.raises(TypeError, match="must be integer ids"):
+        rankmax(z, one_hot, label_format="dense")
+
+
+def test_ragged_and_sparse_labels():
+    # Issue 19 item 10: ragged positive lists (natural for retrieval) and sparse labels failed
+    # with TF-internal messages. Ragged ids pad with -1; sparse ids' absent entries are -1.
+    z = np.random.default_rng(3).normal(size=(3, 5)).astype(np.float32)
+    lists = [[0, 3], [4], []]
+    want = ref_rows(z, lists)
+    ragged = tf.ragged.constant(lists, dtype=tf.int64)
+    np.testing.assert_allclose(rankmax_loss(ragged, z).numpy(), want, rtol=1e-6, atol=1e-6)
+    dense = np.zeros((3, 5), np.float32)
+    for i, ids in enumerate(lists):
+        dense[i, ids] = 1.0
+    sparse_dense = tf.sparse.from_dense(dense)
+    np.testing.assert_allclose(rankmax_loss(sparse_dense, z).numpy(), want, rtol=1e-6, atol=1e-6)
+    sparse_ids = tf.SparseTensor([[0, 0], [0, 1], [1, 0]], [0, 3, 4], [3, 2])
+    np.testing.assert_allclose(rankmax_loss(sparse_ids, z).numpy(), want, rtol=1e-6, atol=1e-6)
+    p = rankmax(z, ragged).numpy()  # [3, 2, 5]: one projection per listed id, padding zero
+    np.testing.assert_allclose(p[0, 1], ref.rankmax(z[0].astype(np.float64), 3, 1)[0], atol=1e-6)
+    np.testing.assert_array_equal(p[1, 1], 0.0)
+    empty = tf.ragged.constant([[], []], dtype=tf.int32)
+    np.testing.assert_array_equal(rankmax_loss(empty, z[:2]).numpy(), [0.0, 0.0])
+    with pytest.raises(TypeError, match="`labels` is a tf.RaggedTensor"):
+        rankmax_loss(ragged, z, label_format="dense")
+
+
+def ref_rows(z, lists, k=1):
+    return np.array(
+        [
+            sum(ref.rankmax(row.astype(np.float64), y, k)[4] for y in ids)
+            for row, ids in zip(z, lists)
+        ]
+    )

@@ -302,3 +302,53 @@ def test_loss_labels_are_checked_and_poison_under_xla():
             TypeError if not isinstance(bad_axis, float) else ValueError, match="`axis`"
         ):
             ops.sparsemax(z, axis=bad_axis)
+
+
+_UNNORMALISED = np.array([[0.0, 0.0, 0.0], [2.0, 0.0, 0.0], [0.4, 0.4, 0.4]], np.float32)
+
+
+@pytest.mark.parametrize("row", range(3))
+def test_label_rows_must_sum_to_one(row):
+    # Issue 19 item 6: such rows gave a plausible 0.5. Eager and graph name `labels`; XLA
+    # makes that row's loss and gradient NaN and leaves the others alone.
+    z = np.array([[1.0, 0.0, -1.0], [0.5, 0.2, 0.1]], np.float32)
+    q = np.array([_UNNORMALISED[row], [0.0, 1.0, 0.0]], np.float32)
+    with pytest.raises(ValueError, match="`labels` rows must sum to 1"):
+        ops.sparsemax_loss(q, z)
+    graph = tf.function(ops.sparsemax_loss)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="`labels` rows must sum to 1"):
+        graph(tf.constant(q), tf.constant(z))
+
+    @tf.function(jit_compile=True)
+    def xla(q, z):
+        with tf.GradientTape() as tape:
+            tape.watch(z)
+            loss = ops.sparsemax_loss(q, z)
+        return loss, tape.gradient(loss, z)
+
+    loss, grad = (t.numpy() for t in xla(tf.constant(q), tf.constant(z)))
+    assert np.isnan(loss[0]) and np.all(np.isnan(grad[0]))
+    want = ref.sparsemax_loss(z[1].astype(np.float64), q[1].astype(np.float64))
+    np.testing.assert_allclose(loss[1], want, atol=1e-6)
+    np.testing.assert_allclose(grad[1], ref.sparsemax(z[1].astype(np.float64))[0] - q[1], atol=1e-6)
+
+
+def test_label_sums_within_float_tolerance_are_accepted():
+    z = np.array([[1.0, 0.3, -1.0, 0.2]], np.float32)
+    q = np.array([[0.25, 0.25, 0.25, 0.25 + 1e-4]], np.float32)  # off by 1e-4 < 3.5e-4
+    want = ref.sparsemax_loss(z[0].astype(np.float64), q[0].astype(np.float64))
+    np.testing.assert_allclose(ops.sparsemax_loss(q, z).numpy(), [want], atol=1e-6)
+    with pytest.raises(ValueError, match="`labels` rows must sum to 1"):
+        ops.sparsemax_loss(q + np.float32(1e-3), z)
+
+
+def test_sparse_labels_are_densified_and_ragged_labels_rejected():
+    # Issue 19 item 10: both failed with TF-internal messages naming no argument.
+    z = np.array([[1.0, 0.0, -1.0], [0.5, 0.2, 0.1]], np.float32)
+    q = np.array([[0.0, 0.5, 0.5], [1.0, 0.0, 0.0]], np.float32)
+    want = ops.sparsemax_loss(q, z).numpy()
+    np.testing.assert_allclose(want, [ref.sparsemax_loss(a, b) for a, b in zip(z, q)], atol=1e-6)
+    sparse = tf.sparse.from_dense(q)
+    np.testing.assert_allclose(ops.sparsemax_loss(sparse, z).numpy(), want, atol=1e-7)
+    with pytest.raises(TypeError, match="`labels` must be a dense tensor or a tf.SparseTensor"):
+        ops.sparsemax_loss(tf.ragged.constant([[1, 2], [0]]), z)
