@@ -93,10 +93,13 @@ ERM with 2 logical CPU devices (variable placed on the wrong device); use
 ``jit_compile=False`` under MirroredStrategy.
 
 **Saving.** ``get_config`` stores the *current* alpha as ``alpha_init`` (and turns off the
-first-batch init once alpha has been initialised), so a model compiled with a loss
-*instance*, saved and loaded, resumes with the same alpha (optimiser state of alpha is
-reset). A model compiled with the *string* ``"safe_kl_dro"`` saves the string: after loading,
-alpha is re-initialised from the first training batch.
+first-batch init once alpha has been initialised), so a model saved and loaded resumes with
+the same alpha (optimiser state of alpha is reset). Keras saves the ``loss`` given to
+``compile``; for a model compiled with the *string* ``"safe_kl_dro"`` that would be the
+name, and loading would build a fresh loss (alpha re-solved from the first batch). So the
+loss, when it first runs in that model's train/test step, puts itself in place of the name
+in the model's compile config (a single loss given by name; in a nested ``loss`` structure
+the names stay).
 """
 
 from __future__ import annotations
@@ -110,6 +113,8 @@ import tensorflow as tf
 from tensorflow.python.eager import record as _tf_record
 
 from losszoo import ops
+from losszoo._logits import attached_logits
+from losszoo.losses._targets import class_ids_and_invalid
 from losszoo.ops import _common as ops_common
 from losszoo.ops import _dro as dro_ops
 from losszoo.ops._dro import _prepare, check_lam, check_rho
@@ -209,15 +214,24 @@ def _python_number(value, name, **rules):
 
 
 def _resolve_base_loss(base_loss):
-    """Return ``(fn, config)`` where ``fn(y_true, y_pred)`` gives per-example losses."""
+    """Return ``(fn, config)`` where ``fn(y_true, y_pred)`` gives per-example losses.
+
+    ``None`` is the default: sparse categorical cross-entropy on logits. ``fn`` checks the
+    labels and uses attached logits as :func:`_checked_base` describes.
+    """
+    if base_loss is None:
+        base_loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     if isinstance(base_loss, dict):
         base_loss = keras.losses.deserialize(base_loss)
     obj = keras.losses.get(base_loss) if isinstance(base_loss, str) else base_loss
     if obj is None:
         raise ValueError("`base_loss` must be a Keras loss (name, instance or function), got None.")
     if isinstance(obj, keras.losses.Loss):
-        config = keras.losses.serialize(obj)
+        config = base_loss if isinstance(base_loss, str) else keras.losses.serialize(obj)
         cfg = obj.get_config()
+        takes_logits = cfg.get("from_logits") is True
+        sparse = isinstance(obj, keras.losses.SparseCategoricalCrossentropy)
+        sparse = sparse and cfg.get("ignore_class") is None
         if "reduction" in cfg:
             cfg["reduction"] = None
             obj = obj.__class__.from_config(cfg)
@@ -227,14 +241,61 @@ def _resolve_base_loss(base_loss):
             def obj(y_true, y_pred):
                 return inner.call(y_true, y_pred)
 
-        return obj, (base_loss if isinstance(base_loss, str) else config)
+        return _checked_base(obj, takes_logits, sparse), config
     if callable(obj):
-        if isinstance(base_loss, str):
-            return obj, base_loss
-        return obj, keras.losses.serialize(obj)
+        config = base_loss if isinstance(base_loss, str) else keras.losses.serialize(obj)
+        sparse = obj is keras.losses.sparse_categorical_crossentropy
+        return _checked_base(obj, False, sparse), config
     raise TypeError(
         f"`base_loss` must be a Keras loss name, instance or callable, got {base_loss!r}."
     )
+
+
+def _checked_base(fn, takes_logits, sparse_ids):
+    """``fn`` with the fail-loud label checks, reading attached logits if it takes logits.
+
+    * ``takes_logits`` (a Keras loss with ``from_logits=True``, the default base loss): a
+      ``y_pred`` that carries its logits (Keras' softmax, ``_keras_logits``, or a losszoo
+      head) is replaced by them, so a model ending in a softmax trains on its logits.
+    * ``sparse_ids`` (sparse categorical cross-entropy without ``ignore_class``): ``y_true``
+      must hold class ids in ``[0, K)``, whole numbers if floating (Keras would cast NaN or
+      1.5 to some id, and XLA gives any id a finite loss).
+    * otherwise a floating ``y_true`` must not hold NaN.
+
+    Eagerly and in graphs a violation raises naming ``y_true`` (skipped with
+    ``losszoo.set_validation(False)``); under XLA the affected examples' losses are NaN, so a
+    positive weight makes the risk NaN.
+    """
+
+    def per_example(y_true, y_pred):
+        logits = attached_logits(y_pred) if takes_logits else None
+        if logits is not None:
+            y_pred = logits
+        if sparse_ids:
+            ids, invalid = class_ids_and_invalid(y_true, tf.convert_to_tensor(y_pred))
+            return ops_common.nan_where(invalid, fn(ids, y_pred))
+        y_true = tf.convert_to_tensor(y_true)
+        if not y_true.dtype.is_floating:
+            return fn(y_true, y_pred)
+        y_true = ops_common.check_not_nan(y_true, "y_true")
+        values = tf.convert_to_tensor(fn(y_true, y_pred))
+        return ops_common.nan_where(_per_row(tf.math.is_nan(y_true), values), values)
+
+    return per_example
+
+
+def _per_row(flags, values):
+    """``flags`` (``y_true``'s shape) reduced to ``values``' shape: per example when
+    ``y_true``'s leading axes are the losses' axes, else one flag for the whole batch."""
+    r, k = values.shape.rank, flags.shape.rank
+    if (
+        r is not None
+        and k is not None
+        and k >= r
+        and flags.shape[:r].is_compatible_with(values.shape)
+    ):
+        return tf.reduce_any(flags, axis=list(range(r, k)))
+    return tf.reduce_any(flags)
 
 
 def _per_example(fn, y_true, y_pred):
@@ -270,30 +331,49 @@ def _num_replicas():
     return tf.distribute.get_strategy().num_replicas_in_sync
 
 
+def _cross_replica(values, combine, collective):
+    """Combine a list of per-replica tensors across replicas (identity without distribution).
+
+    Under a single-process ``MirroredStrategy`` the per-replica values are combined by
+    ``combine`` on the local copies inside ``merge_call`` (plain copies, no collective ops):
+    every ``MirroredStrategy`` in a process starts its collective group and instance keys at
+    the same numbers, so collectives of a strategy built after another one, with other
+    shapes at the same keys, abort the process' collective executor (a second strategy in a
+    notebook or a sweep). Other strategies (multi-worker) use ``collective(ctx, values)``.
+    """
+    ctx = tf.distribute.get_replica_context()
+    if _num_replicas() == 1 or ctx is None:  # cross-replica context (e.g. symbolic build)
+        return values
+    strategy = tf.distribute.get_strategy()
+    use_merge = getattr(strategy.extended, "_use_merge_call", lambda: True)()
+    if isinstance(strategy, tf.distribute.MirroredStrategy) and use_merge:
+        return ctx.merge_call(
+            lambda s, *vs: [combine(list(s.experimental_local_results(v))) for v in vs],
+            args=tuple(values),
+        )
+    return collective(ctx, values)
+
+
 def _replica_sum(values):
     """All-reduce SUM a list of scalars across replicas (identity without distribution)."""
-    if _num_replicas() == 1:
-        return values
-    ctx = tf.distribute.get_replica_context()
-    if ctx is None:  # cross-replica context (e.g. symbolic build): nothing to reduce
-        return values
-    return ctx.all_reduce(tf.distribute.ReduceOp.SUM, values)
+    return _cross_replica(
+        values, tf.add_n, lambda ctx, vs: ctx.all_reduce(tf.distribute.ReduceOp.SUM, vs)
+    )
 
 
 def _replica_gather(values):
-    ctx = tf.distribute.get_replica_context()
-    if _num_replicas() == 1 or ctx is None:
-        return values
-    return ctx.all_gather(values, axis=0)
+    """All-gather a tensor (or a list of tensors) along axis 0, in replica order."""
+    flat = values if isinstance(values, list) else [values]
+    out = _cross_replica(
+        flat,
+        lambda parts: tf.concat(parts, 0),
+        lambda ctx, vs: [ctx.all_gather(v, axis=0) for v in vs],
+    )
+    return out if isinstance(values, list) else out[0]
 
 
 def _replica_max(value):
-    if _num_replicas() == 1:
-        return value
-    ctx = tf.distribute.get_replica_context()
-    if ctx is None:
-        return value
-    return tf.reduce_max(ctx.all_gather(tf.reshape(value, [1]), axis=0))
+    return tf.reduce_max(_replica_gather(tf.reshape(value, [1])))
 
 
 # ----------------------------------------------------------------------------- base class
@@ -305,16 +385,25 @@ class _BatchRiskLoss(keras.losses.Loss):
     The ``reduction`` argument is accepted for API compatibility and ignored: the risk is
     not a per-example mean.
 
+    The default base loss (``base_loss=None``, also what ``compile(loss="safe_kl_dro")`` and
+    the other names use) is sparse categorical cross-entropy on logits, as every losszoo
+    name takes logits. A ``y_pred`` carrying its logits (a model ending in Keras' softmax,
+    ``_keras_logits``, or in a losszoo head) trains on those logits whenever the base loss
+    takes logits (``from_logits=True``), as Keras' own cross-entropies do.
+
     Fail-loud: hyper-parameters are checked at construction (the error names the argument);
-    NaN, Inf or negative sample weights raise eagerly and through a graph assertion in
-    ``fit`` (skippable with ``losszoo.set_validation(False)``); a NaN per-example loss with
-    positive weight makes the risk NaN (pair with ``keras.callbacks.TerminateOnNaN``).
-    Under XLA: invalid sample weights make the risk and its gradients NaN.
+    NaN, Inf or negative sample weights and invalid labels (NaN in a floating ``y_true``;
+    for a sparse categorical cross-entropy base loss, ids that are not whole numbers in
+    ``[0, K)``) raise naming the argument, eagerly and through a graph assertion in ``fit``
+    (skippable with ``losszoo.set_validation(False)``); a NaN per-example loss with positive
+    weight makes the risk NaN (pair with ``keras.callbacks.TerminateOnNaN``). Under XLA:
+    invalid sample weights make the risk and its gradients NaN, invalid labels make their
+    examples' losses NaN and so the risk (zero-weight examples are ignored).
     """
 
     def __init__(
         self,
-        base_loss="sparse_categorical_crossentropy",
+        base_loss=None,
         name=None,
         reduction="sum_over_batch_size",
         dtype=None,
@@ -463,10 +552,8 @@ def _global_cvar(l, s, rho):
     bad = _global_flag(dro_ops._any(bad, dro_ops._live_nan(l, s)), l.dtype)
     ctx = tf.distribute.get_replica_context()
     n_local = tf.shape(l)[:1]
-    sizes = ctx.all_gather(n_local, axis=0)
+    sizes, l_all, s_all = _replica_gather([n_local, tf.stop_gradient(l), s])
     offset = tf.reduce_sum(sizes[: ctx.replica_id_in_sync_group])
-    l_all = ctx.all_gather(tf.stop_gradient(l), axis=0)
-    s_all = ctx.all_gather(s, axis=0)
     q = tf.slice(dro_ops._cvar_tail_mass(l_all, s_all, rho), offset[None], n_local)
     q = tf.stop_gradient(q)
 
@@ -544,7 +631,8 @@ class SafeKLDRORisk(_BatchRiskLoss):
 
     Args:
       base_loss: Keras loss (name, instance or function) computed per example; instances
-        are re-created with ``reduction=None``. Default sparse categorical cross-entropy.
+        are re-created with ``reduction=None``. ``None`` (default): sparse categorical
+        cross-entropy on logits (see the class docstring of ``_BatchRiskLoss``).
       lam: temperature (> 0, finite). Large lam -> ERM, small lam -> worst case.
       rho: accuracy in (0, 1); weights are capped at 1/rho. Smaller rho is closer to KL-DRO
         but stiffer (the model's step size should scale roughly with rho).
@@ -575,7 +663,7 @@ class SafeKLDRORisk(_BatchRiskLoss):
 
     def __init__(
         self,
-        base_loss="sparse_categorical_crossentropy",
+        base_loss=None,
         lam: float = 1.0,
         rho: float = 0.1,
         alpha_init: float = 0.0,
@@ -680,6 +768,16 @@ class SafeKLDRORisk(_BatchRiskLoss):
             if not any(x is m for x in own):
                 own.append(m)
 
+    def _replace_name_in_compile_config(self, trainer):
+        """Make ``model.save`` store this instance (with its alpha), not the name it was
+        compiled with: Keras serialises ``compile(loss=...)`` as given."""
+        compiled = getattr(getattr(trainer, "_compile_config", None), "config", None)
+        if not isinstance(compiled, dict) or not isinstance(compiled.get("loss"), str):
+            return
+        entries = getattr(getattr(trainer, "_compile_loss", None), "_flat_losses", None) or []
+        if any(entry.loss is self for entry in entries):
+            compiled["loss"] = self
+
     def _learning_rate(self, trainer):
         if self.alpha_learning_rate is not None:
             lr = tf.constant(self.alpha_learning_rate, tf.float32)
@@ -757,6 +855,7 @@ class SafeKLDRORisk(_BatchRiskLoss):
         training, trainer = self._is_training()
         if trainer is not None:
             self._attach_metrics(trainer)
+        self._replace_name_in_compile_config(_current_trainer()[0])
         multi = _num_replicas() > 1
         if s is None:  # lean path: no weight vector at all (the common case in fit)
             l32, _ = ops_common.to_compute_dtype(l, "losses")
@@ -894,7 +993,8 @@ class KLDROBatchLSE(_TemperedBatchRiskLoss):
     "Distribution"). Fail-loud behaviour as :func:`losszoo.ops.kl_dro_batch_lse`.
 
     Args:
-      base_loss: Keras loss computed per example.
+      base_loss: Keras loss computed per example; ``None`` (default): sparse categorical
+        cross-entropy on logits.
       lam: temperature (> 0).
 
     Example:
@@ -906,7 +1006,7 @@ class KLDROBatchLSE(_TemperedBatchRiskLoss):
 
     def __init__(
         self,
-        base_loss="sparse_categorical_crossentropy",
+        base_loss=None,
         lam: float = 1.0,
         name: str = "kl_dro_batch_lse",
         reduction="sum_over_batch_size",
@@ -928,7 +1028,8 @@ class KLDROSumExp(_TemperedBatchRiskLoss):
     under a multi-replica strategy, as every DRO loss here.
 
     Args:
-      base_loss: Keras loss computed per example.
+      base_loss: Keras loss computed per example; ``None`` (default): sparse categorical
+        cross-entropy on logits.
       lam: temperature (> 0).
 
     Example:
@@ -940,7 +1041,7 @@ class KLDROSumExp(_TemperedBatchRiskLoss):
 
     def __init__(
         self,
-        base_loss="sparse_categorical_crossentropy",
+        base_loss=None,
         lam: float = 1.0,
         name: str = "kl_dro_sumexp",
         reduction="sum_over_batch_size",
@@ -964,7 +1065,8 @@ class CVaRLoss(_BatchRiskLoss):
     replica order, ties split as on one device). A NaN loss makes the value NaN.
 
     Args:
-      base_loss: Keras loss computed per example.
+      base_loss: Keras loss computed per example; ``None`` (default): sparse categorical
+        cross-entropy on logits.
       rho: level in (0, 1).
 
     Example:
@@ -973,7 +1075,7 @@ class CVaRLoss(_BatchRiskLoss):
 
     def __init__(
         self,
-        base_loss="sparse_categorical_crossentropy",
+        base_loss=None,
         rho: float = 0.1,
         name: str = "cvar",
         reduction="sum_over_batch_size",

@@ -6,7 +6,7 @@ import keras
 import tensorflow as tf
 
 from losszoo import ops
-from losszoo.losses.dro import _per_example, _resolve_base_loss
+from losszoo.losses.dro import _per_example, _replica_max, _resolve_base_loss
 from losszoo.ops._dro import check_lam
 from losszoo.registry import register
 
@@ -35,18 +35,20 @@ class ExactKLDRORisk(keras.metrics.Metric):
     sample weights make the result NaN.
 
     Args:
-      base_loss: Keras loss computed per example (name, instance or function).
+      base_loss: Keras loss computed per example (name, instance or function); ``None``
+        (default): sparse categorical cross-entropy on logits. Labels are checked and
+        attached logits used as by the DRO losses (:mod:`losszoo.losses.dro`).
       lam: temperature (> 0, finite).
       name, dtype: as for Keras metrics.
 
     Example:
       >>> model.compile("adam", loss="safe_kl_dro",
-      ...               metrics=[losszoo.metrics.ExactKLDRORisk("sparse_categorical_crossentropy")])
+      ...               metrics=[losszoo.metrics.ExactKLDRORisk(lam=1.0)])
     """
 
     def __init__(
         self,
-        base_loss="sparse_categorical_crossentropy",
+        base_loss=None,
         lam: float = 1.0,
         name: str = "exact_kl_dro_risk",
         dtype=None,
@@ -73,10 +75,7 @@ class ExactKLDRORisk(keras.metrics.Metric):
 
     def update_state(self, y_true, y_pred, sample_weight=None):
         l = _per_example(self._base_fn, y_true, y_pred)
-        batch_max = ops.kl_dro_exact_batch_max(l, self.lam, sample_weight)
-        ctx = tf.distribute.get_replica_context()
-        if tf.distribute.get_strategy().num_replicas_in_sync > 1 and ctx is not None:
-            batch_max = tf.reduce_max(ctx.all_gather(tf.reshape(batch_max, [1]), axis=0))
+        batch_max = _replica_max(ops.kl_dro_exact_batch_max(l, self.lam, sample_weight))
         m, acc, n = ops.kl_dro_exact_state_update(
             tf.convert_to_tensor(self.m),
             tf.convert_to_tensor(self.acc),

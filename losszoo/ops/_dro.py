@@ -37,8 +37,9 @@ sample weights ``s_i >= 0`` (default 1) and ``pi_i = s_i / sum_j s_j``, temperat
 
 Edge inputs (spec 6): entries with ``s_i = 0`` are ignored entirely (also NaN/inf there);
 an all-zero or empty batch gives value 0 and zero gradients; a ``+inf`` loss gives value
-``+inf`` with finite gradients (``kl_dro_sumexp``: infinite, by design); ``-inf`` gets
-weight 0; NaN with ``s_i > 0`` propagates (NaN value, never silently dropped).
+``+inf`` with finite gradients (``kl_dro_sumexp``, whose gradient is infinite there: value
+``+inf`` and every gradient entry NaN); ``-inf`` gets weight 0; NaN with ``s_i > 0``
+propagates (NaN value, never silently dropped).
 Half-precision inputs are computed in float32 and the result cast back; float64 stays
 float64.
 
@@ -131,36 +132,28 @@ def _live_nan(l, s):
     return tf.reduce_any(nan if s is None else nan & (s > 0))
 
 
-def _check_sample_weight(sw):
-    """Eager / graph check that sample weights are finite and >= 0 (skippable); returns
-    the weights and the always-on scalar ``bad`` flag that poisons results under XLA."""
-    value = static_value(sw) if validation_enabled() else None
+def _check_nonnegative(x, name, allow_nan=False):
+    """Eager / graph check that ``x`` is finite and >= 0 (skippable); returns ``x`` and the
+    always-on scalar ``bad`` flag that poisons results under XLA. ``allow_nan``: NaN passes
+    (a state that NaN losses made NaN, whose result is NaN anyway)."""
+    value = static_value(x) if validation_enabled() else None
     if value is not None:
         value = np.asarray(value, np.float64)
-        if np.any(np.isnan(value)):
-            raise ValueError(
-                "`sample_weight` contains NaN values; weights must be finite and >= 0."
-            )
-        if np.any(np.isinf(value)):
-            raise ValueError(
-                "`sample_weight` contains Inf values; weights must be finite and >= 0."
-            )
+        checks = ((np.isinf, "Inf"),) if allow_nan else ((np.isnan, "NaN"), (np.isinf, "Inf"))
+        for broken, what in checks:
+            if np.any(broken(value)):
+                raise ValueError(f"`{name}` contains {what} values; it must be finite and >= 0.")
         if np.any(value < 0):
-            raise ValueError(
-                "`sample_weight` must be >= 0 (it defines reference "
-                "probabilities); got a negative weight."
-            )
-    ok = tf.reduce_all((sw >= 0) & tf.math.is_finite(sw))
+            raise ValueError(f"`{name}` must be >= 0; got a negative value.")
+    ok = (x >= 0) & tf.math.is_finite(x)
+    ok = tf.reduce_all(ok | tf.math.is_nan(x) if allow_nan else ok)
     if value is None and validation_enabled():
-        with tf.control_dependencies(
-            [
-                tf.debugging.Assert(
-                    ok, ["`sample_weight` must be finite and >= 0 (NaN, Inf or negative found)."]
-                )
-            ]
-        ):
-            sw = tf.identity(sw)
-    return sw, tf.logical_not(ok)
+        message = f"`{name}` must be finite and >= 0 (Inf or a negative value found)."
+        if not allow_nan:
+            message = f"`{name}` must be finite and >= 0 (NaN, Inf or negative found)."
+        with tf.control_dependencies([tf.debugging.Assert(ok, [message])]):
+            x = tf.identity(x)
+    return x, tf.logical_not(ok)
 
 
 def _prepare(losses, sample_weight):
@@ -178,7 +171,7 @@ def _prepare(losses, sample_weight):
     if not (sw.dtype.is_floating or sw.dtype.is_integer or sw.dtype == tf.bool):
         raise TypeError(f"`sample_weight` must be real numbers, got dtype {sw.dtype.name}.")
     s = tf.cast(sw, l.dtype)
-    s, bad = _check_sample_weight(s)
+    s, bad = _check_nonnegative(s, "sample_weight")
     if s.shape.rank is not None and l.shape.rank is not None:
         while s.shape.rank > l.shape.rank and s.shape[-1] == 1:
             s = tf.squeeze(s, -1)
@@ -227,6 +220,7 @@ def _safe_kl_core(lam: float, rho: float, calibrate: bool, bad=None):
         mean_w = tf.math.divide_no_nan(sw_sum, s_sum)
         # saturation rho * max_i w_i = max_i sigmoid(z_i) over live entries (0 if empty)
         sat = tf.reduce_max(tf.concat([tf.where(live, sig, zeros), tf.zeros([1], dt)], 0))
+        sat = nan_where(tf.math.is_nan(sw_sum), sat)  # XLA's max drops NaN; the sum keeps it
         grad_alpha = tf.where(nonempty, 1.0 - mean_w, tf.zeros_like(mean_w))
         # lam * d^2V/dalpha^2 = sum pi w (1 - rho w)   (spec 3.1; w (1 - rho w) = sw (1 - sig))
         curv = tf.math.divide_no_nan(tf.reduce_sum(sw * (1.0 - sig)), s_sum)
@@ -267,6 +261,7 @@ def _safe_kl_core_unweighted(lam: float, rho: float, calibrate: bool):
         val = tf.where(n > 0, val, tf.zeros_like(val))
         mean_w = tf.reduce_sum(sig) * (inv_n * _const(inv_rho, dt))
         sat = tf.reduce_max(tf.concat([sig, tf.zeros([1], dt)], 0))
+        sat = nan_where(tf.math.is_nan(mean_w), sat)  # XLA's max drops NaN; the sum keeps it
         grad_alpha = tf.where(n > 0, 1.0 - mean_w, tf.zeros_like(mean_w))
         curv = tf.reduce_sum(sig * (1.0 - sig)) * (inv_n * _const(inv_rho, dt))
 
@@ -536,10 +531,11 @@ def kl_dro_sumexp(losses, lam, sample_weight=None):
     """Sum-of-exp objective ``sum_i pi_i exp(l_i/lam)`` (paper eq. 21, spec 2.1).
 
     Same minimisers as the KL-DRO risk and unbiased, but it overflows for ``l/lam`` above
-    ~88.7 in float32 (by design: there is no safe form): the value is then ``+inf`` and the
-    gradient of those entries ``+inf``. Gradient ``pi_i exp(l_i/lam)/lam``. NaN losses with
-    positive weight give NaN. Under XLA: invalid sample weights give a NaN value and
-    gradients.
+    ~88.7 in float32 (by design: there is no safe form). Gradient ``pi_i exp(l_i/lam)/lam``.
+    Whenever the value is not finite, every gradient entry is NaN: an overflow or a ``+inf``
+    loss gives the value ``+inf``, a NaN loss with positive weight the value NaN (a finite
+    gradient for the other entries would be a plausible but meaningless step). Zero-weight
+    entries are ignored. Under XLA: invalid sample weights give a NaN value and gradients.
 
     Example:
       >>> float(kl_dro_sumexp([0.0, 0.0], lam=1.0))
@@ -558,9 +554,10 @@ def _sumexp(l, s, lam, bad, original, s_total=None):
         pi = tf.where(live, _normalised_weights(s, s_total), tf.zeros_like(s))
         ex = tf.where(live, tf.exp(l * _const(1.0 / lam, dt)), tf.zeros_like(l))
         val = _poison(bad, tf.reduce_sum(pi * ex))
+        unusable = tf.logical_not(tf.math.is_finite(val))  # overflow, +inf or NaN: no gradient
 
         def grad(dv):
-            return _poison(bad, dv * pi * ex * _const(1.0 / lam, dt)), tf.zeros_like(s)
+            return nan_where(unusable, dv * pi * ex * _const(1.0 / lam, dt)), tf.zeros_like(s)
 
         return val, grad
 
@@ -660,9 +657,17 @@ def kl_dro_exact_state_update(m, acc, n, losses, lam, sample_weight=None, batch_
 
 
 def kl_dro_exact_state_result(m, acc, n, lam):
-    """``lam (m + log acc - log n)``; 0 before any example was seen (``n == 0``); a NaN
-    state (NaN losses or, under XLA, invalid weights) gives NaN."""
+    """``lam (m + log acc - log n)``; 0 before any example was seen (``n == 0``).
+
+    A NaN state (NaN losses or, under XLA, invalid weights) gives NaN. Otherwise ``acc`` and
+    ``n`` must be finite and >= 0: eagerly a ``ValueError`` naming the argument, inside
+    ``tf.function`` a graph assertion (skippable with ``losszoo.set_validation(False)``), under
+    XLA a NaN result.
+    """
     lam = check_lam(lam)
-    dt = tf.as_dtype(m.dtype)
+    m = tf.convert_to_tensor(m)
+    dt = m.dtype
+    acc, bad_acc = _check_nonnegative(tf.cast(acc, dt), "acc", allow_nan=True)
+    n, bad_n = _check_nonnegative(tf.cast(n, dt), "n", allow_nan=True)
     val = _const(lam, dt) * (m + tf.math.log(acc) - tf.math.log(n))
-    return tf.where(tf.equal(n, 0), tf.zeros_like(val), val)
+    return _poison(bad_acc | bad_n, tf.where(tf.equal(n, 0), tf.zeros_like(val), val))

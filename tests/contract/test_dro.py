@@ -22,6 +22,8 @@ from losszoo.metrics import ExactKLDRORisk
 from tests.contract import (
     BAD_NUMBERS,
     CONTRACT_SETTINGS,
+    MODES,
+    OUTCOMES,
     Modes,
     assert_hparam_rejected,
     assert_modes_agree,
@@ -419,3 +421,161 @@ def test_keras_fit_with_nan_sample_weight_fails_loudly():
     model.compile("sgd", loss=CVaRLoss("mse", rho=0.5))
     with pytest.raises(tf.errors.InvalidArgumentError, match="`sample_weight`"):
         model.fit(x, y, sample_weight=sw, batch_size=16, epochs=1, verbose=0)
+
+
+# ----------------------------------------------------------------------------- issue 19
+K = 3
+logits_st = hnp.arrays(np.float32, (N, K), elements=st.floats(-5, 5, width=32))
+ids_st = hnp.arrays(np.int32, N, elements=st.integers(0, K - 1))
+# one unusable class id: NaN, not whole or out of [0, K) as float ids, out of range as ints
+bad_id_st = st.tuples(
+    st.integers(0, N - 1),
+    st.sampled_from(
+        [(np.float32, np.nan), (np.float32, 1.5), (np.float32, K), (np.float32, -1.0)]
+        + [(np.float32, 1e9), (np.int32, K), (np.int32, -1), (np.int32, 2**31 - 1)]
+    ),
+)
+
+
+def _ce(z, y):
+    z = z.astype(np.float64)
+    m = z.max(-1)
+    return m + np.log(np.exp(z - m[:, None]).sum(-1)) - z[np.arange(len(y)), y]
+
+
+# the default base loss (sparse categorical cross-entropy on logits, issue 19 items 9/12)
+DEFAULT_BASE = {
+    "safe_kl_dro": (
+        lambda: SafeKLDRORisk(
+            lam=LAM, rho=RHO, alpha_init=1.0, init_alpha_from_batch=False, update_alpha=False
+        ),
+        lambda l, s: R.safe_risk(l, 1.0, LAM, RHO, _pi(s))[0],
+    ),
+    "kl_dro_batch_lse": (lambda: KLDROBatchLSE(lam=LAM), lambda l, s: _ref_lse(l, s, LAM)),
+    "kl_dro_sumexp": (lambda: KLDROSumExp(lam=5.0), lambda l, s: _ref_sumexp(l, s, 5.0)),
+    "cvar": (lambda: CVaRLoss(rho=RHO), lambda l, s: _ref_cvar(l, s, RHO)),
+    "exact_kl_dro_risk": (
+        lambda: ExactKLDRORisk(lam=LAM),
+        lambda l, s: R.exact_risk(l, LAM, _pi(s)),
+    ),
+}
+_DEFAULT_RUNNERS = {}
+
+
+def _default_runner(name):
+    if name not in _DEFAULT_RUNNERS:
+        obj = DEFAULT_BASE[name][0]()
+        if isinstance(obj, keras.metrics.Metric):
+
+            def fn(y, p, s):
+                obj.reset_state()
+                obj.update_state(y, p, sample_weight=s)
+                return obj.result()
+
+            _DEFAULT_RUNNERS[name] = Modes(fn)
+        else:
+            _DEFAULT_RUNNERS[name] = _loss_runner(obj)
+    return _DEFAULT_RUNNERS[name]
+
+
+@pytest.mark.parametrize("name", sorted(DEFAULT_BASE))
+@GRAD_SETTINGS
+@hypothesis.given(y=ids_st, z=logits_st, s=weights_st)
+def test_default_base_loss_is_cross_entropy_on_logits(name, y, z, s):
+    """Issue 19 items 9/12: the default base loss takes logits (it took probabilities)."""
+    s = s.astype(np.float32)
+    l = _ce(z, y)
+    grad = (1,) if name not in ("cvar", "exact_kl_dro_risk") or len(set(l.tolist())) == N else None
+    assert_modes_agree(
+        _default_runner(name),
+        y,
+        z,
+        s,
+        reference=DEFAULT_BASE[name][1](l, s.astype(np.float64)),
+        atol=2e-4,
+        rtol=2e-5,
+        grad_wrt=None if name == "exact_kl_dro_risk" else grad,
+        suite=f"dro.default_base.{name}",
+    )
+
+
+@pytest.mark.parametrize("name", sorted(DEFAULT_BASE))
+@SETTINGS
+@hypothesis.given(y=ids_st, z=logits_st, bad=bad_id_st)
+def test_default_base_loss_rejects_unusable_class_ids(name, y, z, bad):
+    """Issue 19 item 3: a NaN label gave a finite risk under XLA (Keras' cross-entropy casts
+    NaN to an id) and Keras' internal error otherwise. Now eager and graph raise naming
+    `y_true` and XLA gives NaN, for NaN, fractional and out-of-range ids."""
+    i, (dtype, value) = bad
+    y = y.astype(dtype)
+    y[i] = value
+    assert_rejects(
+        _default_runner(name),
+        y,
+        z,
+        np.ones(N, np.float32),
+        name="y_true",
+        rows=(),
+        suite=f"dro.default_base.{name}",
+    )
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+@SETTINGS
+@hypothesis.given(p=preds_st, i=st.integers(0, N - 1))
+def test_losses_reject_nan_targets(name, p, i):
+    """Issue 19 item 3 for any base loss: a NaN in a floating `y_true` raises naming it
+    (eager, graph) or makes the risk NaN (XLA)."""
+    y = np.linspace(-2, 2, N, dtype=np.float32)[:, None]
+    y[i] = np.nan
+    assert_rejects(
+        _runner(name),
+        y,
+        p,
+        np.ones(N, np.float32),
+        name="y_true",
+        rows=(),
+        suite=f"dro.loss.{name}",
+    )
+
+
+_STATE_RESULT = Modes(lambda m, acc, n: ops.kl_dro_exact_state_result(m, acc, n, LAM))
+
+
+@SETTINGS
+@hypothesis.given(
+    which=st.sampled_from(["acc", "n"]),
+    value=st.sampled_from([-1.0, -1e-9, np.inf, -np.inf]),
+    m=st.floats(-30, 30),
+)
+def test_exact_state_result_rejects_invalid_state(which, value, m):
+    """Issue 19 item 11: `n` = -1 (or a negative / infinite `acc`) gave NaN silently. (A NaN
+    state is what NaN losses leave: its NaN result is tested above.)"""
+    acc, n = (value, 4.0) if which == "acc" else (1.5, value)
+    assert_rejects(
+        _STATE_RESULT,
+        np.float64(m),
+        np.float64(acc),
+        np.float64(n),
+        name=which,
+        rows=(),
+        suite="dro.kl_dro_exact",
+    )
+
+
+@SETTINGS
+@hypothesis.given(
+    l=losses_st, s=weights_st, i=st.integers(0, N - 1), big=st.sampled_from([np.inf, 1e4])
+)
+def test_sumexp_non_finite_value_has_nan_gradient_in_every_mode(l, s, i, big):
+    """Issue 19 item 5: a +inf (or overflowing) loss gave the gradient [0.906, inf, 0.550].
+    (1e4 / 10 / lam overflows float64.) Value +inf as for the other risks; every gradient
+    entry NaN (no finite gradient exists)."""
+    l, s = l.copy(), s.copy()
+    l[i], s[i] = big, max(s[i], 0.5)
+    runner = OPS["kl_dro_sumexp"][0]
+    for mode in MODES:
+        value, (grad,) = runner.with_gradient(mode, (l, np.float64(0.5), s), (0,))
+        ok = float(value) == np.inf and bool(np.all(np.isnan(np.asarray(grad))))
+        OUTCOMES[("dro.kl_dro_sumexp", "valid", mode, "right" if ok else "wrong")] += 1
+        assert ok, (mode, value, grad)

@@ -437,3 +437,81 @@ def test_issue9_non_finite_alpha_rejected_or_nan_under_xla():
         assert np.all(np.isnan(xla(tf.constant(alpha, tf.float64)).numpy()))
     with pytest.raises(ValueError, match="`alpha`.*scalar"):
         ops.safe_kl_dro_risk(l, [0.0, 1.0], 1.0, 0.1)
+
+
+_MODES = {
+    "eager": lambda f: f,
+    "graph": tf.function,
+    "xla": lambda f: tf.function(f, jit_compile=True),
+}
+
+
+@pytest.mark.parametrize("mode", sorted(_MODES))
+def test_issue19_sumexp_non_finite_value_gives_all_nan_gradient(mode):
+    """Issue 19 item 5: a +inf loss gave the gradient [0.906, inf, 0.550], a mixture of
+    plausible numbers and inf. Decision: the value is +inf (as for the other risks) and,
+    since no finite gradient exists, every gradient entry is NaN; the same for an
+    overflow (l/lam = 100 in float32) and a NaN loss. Finite values keep the exact gradient."""
+    run = _MODES[mode](lambda x, w: ops.kl_dro_sumexp(x, 1.0, w))
+    s = tf.constant([1.0, 1.0, 2.0])
+    for l, value in (
+        ([1.0, np.inf, 0.5], np.inf),
+        ([1.0, 100.0, 0.5], np.inf),
+        ([1.0, np.nan, 0.5], np.nan),
+    ):
+        lt = tf.constant(l)
+        with tf.GradientTape() as tape:
+            tape.watch(lt)
+            v = run(lt, s)
+        np.testing.assert_equal(v.numpy(), value)
+        assert np.all(np.isnan(tape.gradient(v, lt).numpy())), (l, tape.gradient(v, lt))
+    # a finite value: the exact gradient pi_i exp(l_i / lam) / lam (reference in float64)
+    l = np.array([1.0, 2.0, 0.5])
+    lt = tf.constant(l, tf.float32)
+    with tf.GradientTape() as tape:
+        tape.watch(lt)
+        v = run(lt, s)
+    pi = np.array([0.25, 0.25, 0.5])
+    np.testing.assert_allclose(v.numpy(), np.sum(pi * np.exp(l)), rtol=1e-6)
+    np.testing.assert_allclose(tape.gradient(v, lt).numpy(), pi * np.exp(l), rtol=1e-6)
+    # a +inf loss with zero weight is padding: ignored, gradients finite
+    lt = tf.constant([1.0, np.inf, 0.5])
+    with tf.GradientTape() as tape:
+        tape.watch(lt)
+        v = run(lt, tf.constant([1.0, 0.0, 1.0]))
+    np.testing.assert_allclose(v.numpy(), 0.5 * (np.e + np.exp(0.5)), rtol=1e-6)
+    np.testing.assert_allclose(
+        tape.gradient(v, lt).numpy(), [0.5 * np.e, 0.0, 0.5 * np.exp(0.5)], rtol=1e-6
+    )
+
+
+def _state(n, acc=1.0):
+    return (
+        tf.constant(0.5, tf.float64),
+        tf.constant(acc, tf.float64),
+        tf.constant(n, tf.float64),
+    )
+
+
+def test_issue19_exact_state_result_rejects_negative_or_non_finite_counts():
+    """Issue 19 item 11: n = -1 gave NaN with no error. Eager and graph raise naming the
+    argument (negative or infinite `acc` / `n`); under XLA the result is NaN. A valid state
+    matches the formula."""
+    graph = tf.function(lambda m, a, n: ops.kl_dro_exact_state_result(m, a, n, 2.0))
+    xla = tf.function(lambda m, a, n: ops.kl_dro_exact_state_result(m, a, n, 2.0), jit_compile=True)
+    for name, state in (
+        ("n", _state(-1.0)),
+        ("n", _state(np.inf)),
+        ("acc", _state(3.0, acc=-0.5)),
+        ("acc", _state(3.0, acc=-np.inf)),
+    ):
+        with pytest.raises(ValueError, match=f"`{name}`"):
+            ops.kl_dro_exact_state_result(*state, 2.0)
+        with pytest.raises(tf.errors.InvalidArgumentError, match=f"`{name}`"):
+            graph(*state)
+        assert np.isnan(xla(*state).numpy()), (name, state)
+    want = 2.0 * (0.5 + np.log(1.5) - np.log(3.0))
+    for run in (lambda *a: ops.kl_dro_exact_state_result(*a, 2.0), graph, xla):
+        np.testing.assert_allclose(run(*_state(3.0, acc=1.5)).numpy(), want, rtol=1e-14)
+        # a NaN state (what NaN losses leave) gives NaN, without an error
+        assert np.isnan(run(*_state(3.0, acc=np.nan)).numpy())
