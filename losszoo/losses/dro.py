@@ -59,9 +59,14 @@ global-batch risk. The baselines compute the global risk with collectives in the
 pass only (``kl_dro_batch_lse``: shared max shift and all-reduced sums; ``kl_dro_sumexp``:
 global ``sum s``; ``cvar``: all-gathered losses, each replica keeping its slice of the tail
 masses); each replica returns ``risk / N`` with the exact gradient of the global risk for its
-own examples. Uneven splits (a ragged last batch) are exact too. Create the safe-KL loss (or
-compile with the string name) inside ``strategy.scope()``; an instance created outside the
-scope raises a clear error when used under a multi-replica strategy.
+own examples. Uneven splits (a ragged last batch) are exact too. Under a single-process
+``MirroredStrategy`` these cross-replica sums and gathers are plain copies inside
+``merge_call``, not collective ops: TF starts every ``MirroredStrategy``'s collective keys at
+the same numbers, so a loss's collectives under a second strategy in the same process met the
+first strategy's gradient all-reduce at the same keys and aborted (issue 19 item 15); other
+strategies (multi-worker) use collectives. Create the safe-KL loss (or compile with the
+string name) inside ``strategy.scope()``; an instance created outside the scope raises a
+clear error when used under a multi-replica strategy.
 
 **tf_keras and TFRS.** ``losszoo.tf_keras_loss("safe_kl_dro", ...)`` (and
 ``compile(loss="safe_kl_dro")`` in a tf_keras model, ``TF_USE_LEGACY_KERAS=1`` for TFRS)
