@@ -298,3 +298,15 @@ def test_invalid_inputs_raise_or_give_nan_rows(seed, method, row, col, kind):
     else:
         b[row, col] = 1.2
     assert_rejects(_RUNNERS[method], x, a, b, name=name, rows=[row], suite=SUITE)
+
+
+@pytest.mark.parametrize(
+    "name, shape", [("lower", (2,)), ("upper", (2, K)), ("lower", (1, N, K)), ("upper", (N + 1, 1))]
+)
+def test_bounds_of_a_wrong_shape_are_rejected_naming_them(name, shape):
+    # Issue 19 item 10: numpy's / TF's broadcast errors before, naming no argument.
+    x, a, b = _problem(5)
+    bounds = {"lower": a, "upper": b}
+    bounds[name] = np.full(shape, 0.1 if name == "lower" else 0.9, np.float32)
+    runner = Modes(lambda x, a, b: bcsoftmax(x, a, b))
+    assert_rejects(runner, x, bounds["lower"], bounds["upper"], name=name, rows=(), suite=SUITE)

@@ -324,7 +324,10 @@ def test_streaming_metric_hyper_parameters_rejected():
             suite=SUITE,
         )
     assert_hparam_rejected(
-        lambda v: C.ClasswiseECE(num_classes=v), "num_classes", [0, 2.5, None], suite=SUITE
+        lambda v: C.ClasswiseECE(num_classes=v),
+        "num_classes",
+        [0, 2.5, "3"],  # None is valid since issue 19 item 14: inferred from y_pred
+        suite=SUITE,
     )
     assert_hparam_rejected(
         lambda v: C.AdaptiveECE(n_bins=15, resolution=v), "resolution", [0, 10, 1.5], suite=SUITE
@@ -433,3 +436,51 @@ def test_fit_calibrator_invalid_random_inputs(seed, kind, method):
         method=method,
         epochs=1,
     )
+
+
+# ------------------------------------------------------------------------------------------
+# Issue 19: extreme scales, rank-0 logits, models ending in a softmax
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scale", [1e30, -1e30, 1e-30])
+def test_logit_bounding_at_scales_of_1e30_matches_numpy(scale):
+    # Issue 19 item 4: all NaN at 1e30 (the squared norm overflowed in float32).
+    x = (np.random.default_rng(11).normal(0, 3, (N, K)) * scale).astype(np.float32)
+    x[0, 1] = -np.inf  # a masked class too
+    x64 = x.astype(np.float64)
+    live = np.where(np.isfinite(x64), x64, 0.0)
+    norm = np.sqrt(np.sum(live**2, -1, keepdims=True))
+    lo, hi = norm * np.tanh(-0.5), norm * np.tanh(-0.5 + np.log1p(np.exp(0.0)))
+    clipped = np.where(np.isneginf(x64), -np.inf, np.clip(x64, lo, hi))
+    assert_modes_agree(
+        _HEAD_RUNNERS["lb"], x, reference=np_softmax(clipped / 1.5, -1), atol=1e-6, suite=SUITE
+    )
+
+
+@pytest.mark.parametrize("name", sorted(_HEADS))
+def test_heads_reject_rank_0_logits(name):
+    # Issue 19 item 7: IndexError / TF-internal errors before.
+    assert_rejects(_HEAD_RUNNERS[name], np.float32(2.0), name="logits", rows=(), suite=SUITE)
+
+
+def test_fit_calibrator_softmax_model_regressions():
+    # Issue 19 item 8: a softmax model's probabilities were calibrated as logits. Keras'
+    # softmax carries its logits (used); a softmax without them is rejected.
+    import keras
+    import tensorflow as tf
+
+    rng = np.random.default_rng(12)
+    x = rng.normal(0, 3, (64, K)).astype(np.float32)
+    y = rng.integers(0, K, 64)
+    soft = keras.Sequential([keras.Input((K,)), keras.layers.Dense(K, activation="softmax")])
+    soft.set_weights([np.eye(K, dtype=np.float32), np.zeros(K, np.float32)])
+    model = C.fit_calibrator(soft, x, y, "ts", epochs=2)
+    want = C.fit_calibrator(x, None, y, "ts", epochs=2).layers[-1].tau().numpy()
+    np.testing.assert_allclose(model.layers[-1].tau().numpy(), want, rtol=1e-6)
+    OUTCOMES[(SUITE, "valid", "eager", "right")] += 1
+    lam = keras.Sequential(
+        [keras.Input((K,)), keras.layers.Dense(K), keras.layers.Lambda(tf.nn.softmax)]
+    )
+    _raises_naming(C.fit_calibrator, "model_or_logits", lam, x, y, epochs=1)
+    OUTCOMES[(SUITE, "bad", "eager", "error")] += 1

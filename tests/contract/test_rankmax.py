@@ -178,3 +178,65 @@ def test_hyper_parameters_rejected():
         [np.eye(4, dtype=np.int32)[y]],
         suite="rankmax_loss",
     )
+
+
+# Issue 19 items 7, 10 and 11.
+
+
+def test_integer_one_hot_is_ambiguous_for_the_projection_too():
+    z = np.random.default_rng(3).normal(size=(B, N))
+    one_hot = np.eye(N, dtype=np.int32)[np.arange(B) % N]
+    proj, loss = RUNNERS[1]
+    assert_rejects(proj, z, one_hot, name="labels", rows=(), suite="rankmax", match="ambiguous")
+    assert_rejects(
+        loss, one_hot, z, name="labels", rows=(), suite="rankmax_loss", match="ambiguous"
+    )
+
+
+_MEAN_LOSS = RankmaxLoss()
+WEIGHTED = Modes(lambda y, z, w: _MEAN_LOSS(y, z, sample_weight=w))
+
+
+def test_keras_loss_rank_1_scores_rank_0_scores_and_sample_weight():
+    z = np.array([2.0, 1.0, 0.0], np.float32)
+    assert_modes_agree(LOSS, np.float32(1.0), z, reference=np.log(3.0), suite="RankmaxLoss")
+    assert_rejects(
+        LOSS, np.float32(1.0), np.float32(2.0), name="y_pred", rows=(), suite="RankmaxLoss"
+    )
+    zb = np.random.default_rng(4).normal(size=(B, N)).astype(np.float32)
+    y = (np.arange(B) % N).astype(np.float32)
+    assert_rejects(
+        WEIGHTED,
+        y,
+        zb,
+        np.ones(B + 2, np.float32),
+        name="sample_weight",
+        rows=(),
+        suite="RankmaxLoss",
+    )
+    w = np.arange(1.0, B + 1, dtype=np.float32)
+    want = (_ref_loss(zb.astype(np.float64), y.astype(int), 1) * w).mean()
+    assert_modes_agree(WEIGHTED, y, zb, w, reference=want, atol=1e-5, suite="RankmaxLoss")
+
+
+def test_ragged_positive_lists():
+    import tensorflow as tf
+
+    z = np.random.default_rng(5).normal(size=(3, N))
+    lists = [[0, 3], [5], []]
+    want = np.array([sum(ref.rankmax(row, t, 1)[4] for t in ids) for row, ids in zip(z, lists)])
+    ragged = tf.ragged.constant(lists, dtype=tf.int64)
+    _, loss = RUNNERS[1]
+    # XLA cannot compile RaggedTensorToTensor: eager and graph only
+    assert_modes_agree(
+        loss, ragged, z, reference=want, modes=("eager", "graph"), suite="rankmax_loss"
+    )
+    assert_modes_agree(
+        LOSS,
+        tf.cast(ragged, tf.float32),
+        z.astype(np.float32),
+        reference=want,
+        atol=1e-5,
+        modes=("eager", "graph"),
+        suite="RankmaxLoss",
+    )

@@ -164,3 +164,70 @@ def test_hyper_parameters_rejected():
         ["no", 0, None],
         suite="SparsemaxLoss",
     )
+
+
+# Issue 19 items 6, 7 and 10: target rows not summing to 1, rank-0 scores, ragged labels and
+# sample weights of the wrong length.
+
+
+@BAD_SETTINGS
+@hypothesis.given(z=scores, y=ids, row=bad_row, kind=st.sampled_from(["zero", "double", "half"]))
+def test_loss_labels_not_summing_to_one_rejected(z, y, row, kind):
+    q = np.eye(K)[y]
+    q[row] = {"zero": 0.0, "double": 2.0, "half": 0.5}[kind] * q[row]
+    assert_rejects(
+        SPARSEMAX_LOSS, q, z, name="labels", rows=[row], suite="sparsemax_loss", match="sum to 1"
+    )
+
+
+_UNNORMALISED_LOSS = SparsemaxLoss(normalize_labels=False, reduction=None)
+UNNORMALISED_LOSS = Modes(lambda y, z: _UNNORMALISED_LOSS(y, z))
+_MEAN_LOSS = SparsemaxLoss()
+WEIGHTED_LOSS = Modes(lambda y, z, w: _MEAN_LOSS(y, z, sample_weight=w))
+
+
+def test_keras_loss_bad_shapes_and_sums_rejected():
+    z = np.random.default_rng(1).normal(size=(B, K)).astype(np.float32)
+    y = np.arange(B) % K
+    q = np.eye(K, dtype=np.float32)[y]
+    q[1] *= 2.0
+    assert_rejects(UNNORMALISED_LOSS, q, z, name="y_true", rows=[1], suite="SparsemaxLoss")
+    assert_rejects(
+        LOSS, np.float32(0.0), np.float32(2.0), name="y_pred", rows=(), suite="SparsemaxLoss"
+    )
+    for w in (np.ones(B + 1, np.float32), np.ones((B, 2), np.float32)):
+        assert_rejects(
+            WEIGHTED_LOSS,
+            y.astype(np.float32),
+            z,
+            w,
+            name="sample_weight",
+            rows=(),
+            suite="SparsemaxLoss",
+        )
+    w = np.arange(1.0, B + 1, dtype=np.float32)
+    want = (_ref_loss(z.astype(np.float64), np.eye(K)[y]) * w).mean()
+    assert_modes_agree(
+        WEIGHTED_LOSS, y.astype(np.float32), z, w, reference=want, suite="SparsemaxLoss"
+    )
+
+
+def test_ragged_labels_rejected_sparse_labels_read():
+    import tensorflow as tf
+
+    z = np.random.default_rng(2).normal(size=(2, K)).astype(np.float32)
+    ragged = tf.ragged.constant([[0.0, 2.0], [1.0]])
+    assert_rejects(LOSS, ragged, z, name="y_true", rows=(), suite="SparsemaxLoss")
+    assert_rejects(SPARSEMAX_LOSS, ragged, z, name="labels", rows=(), suite="sparsemax_loss")
+    q = np.zeros((2, K), np.float32)
+    q[0, [0, 2]], q[1, 1] = 1.0, 1.0
+    want = _ref_loss(z.astype(np.float64), q / q.sum(1, keepdims=True))
+    # XLA cannot compile the densification of a SparseTensor (SparseReorder): eager and graph
+    assert_modes_agree(
+        LOSS,
+        tf.sparse.from_dense(q),
+        z,
+        reference=want,
+        modes=("eager", "graph"),
+        suite="SparsemaxLoss",
+    )
