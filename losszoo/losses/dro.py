@@ -119,7 +119,7 @@ from tensorflow.python.eager import record as _tf_record
 
 from losszoo import ops
 from losszoo._logits import attached_logits
-from losszoo.losses._targets import class_ids_and_invalid
+from losszoo.losses._targets import SampleWeightCheck, class_ids_and_invalid
 from losszoo.ops import _common as ops_common
 from losszoo.ops import _dro as dro_ops
 from losszoo.ops._dro import _prepare, check_lam, check_rho
@@ -382,7 +382,7 @@ def _replica_max(value):
 
 
 # ----------------------------------------------------------------------------- base class
-class _BatchRiskLoss(keras.losses.Loss):
+class _BatchRiskLoss(SampleWeightCheck, keras.losses.Loss):
     """A risk over the per-example values of ``base_loss`` on the whole batch.
 
     ``__call__(y_true, y_pred, sample_weight)`` returns the scalar risk with the sample

@@ -737,3 +737,14 @@ def test_issue19_nan_label_in_evaluate_fails_loudly(name, jit_compile):
     else:
         with pytest.raises(tf.errors.InvalidArgumentError, match="`y_true`"):
             model.evaluate(X, y, batch_size=32, verbose=0)
+
+
+@pytest.mark.parametrize("name", ["safe_kl_dro", "cvar", "kl_dro_batch_lse", "kl_dro_sumexp"])
+def test_issue19_sample_weight_of_wrong_length_names_the_argument(name):
+    loss = losszoo.get(name)
+    y = np.array([0, 1, 2, 0, 1])
+    z = np.random.default_rng(0).normal(size=(5, 3)).astype("float32")
+    # A right-length weight of ones is the unweighted risk; one entry too many is an error.
+    np.testing.assert_allclose(float(loss(y, z, sample_weight=np.ones(5))), float(loss(y, z)))
+    with pytest.raises(ValueError, match="`sample_weight` of shape"):
+        loss(y, z, sample_weight=np.ones(6))
