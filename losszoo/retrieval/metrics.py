@@ -38,8 +38,11 @@ def candidate_ranks(query_embeddings, true_ids, candidates, chunk_size: int = 65
       float32 ``[B]``: ``#{j != t : s_j >= s_t}`` (NaN for invalid ids or NaN scores).
 
     Example:
-      >>> ranks = candidate_ranks(user_embeddings, held_out_item_ids, item_table)
-      >>> top100 = float(ops.mean(ranks < 100))
+      >>> import losszoo.retrieval
+      >>> table = np.eye(4, dtype="float32")                 # 4 candidates, id = row
+      >>> queries = np.array([[1, 0, 0, 0], [0, 1, 1, 0]], "float32")
+      >>> losszoo.retrieval.candidate_ranks(queries, [0, 2], table).numpy()   # tie: rank 1
+      array([0., 1.], dtype=float32)
     """
     chunk_size = check_number(chunk_size, "chunk_size", low=1, integer=True)
     q = ops.convert_to_tensor(query_embeddings)
@@ -93,9 +96,12 @@ class CatalogueTopK(keras.metrics.Metric):
       dtype: dtype of the state.
 
     Example:
-      >>> metric = CatalogueTopK(lambda: model.items.embeddings, ks=(10, 100))
-      >>> metric.update_state(user_embeddings, item_ids)
-      >>> metric.result()        # {"top_10": ..., "top_100": ...}
+      >>> import losszoo.retrieval
+      >>> table = np.eye(4, dtype="float32")
+      >>> metric = losszoo.retrieval.CatalogueTopK(table, ks=(1, 2))
+      >>> metric.update_state(np.array([[1, 0, 0, 0], [0, 1, 1, 0]], "float32"), [0, 2])
+      >>> {k: float(v) for k, v in metric.result().items()}
+      {'top_1': 0.5, 'top_2': 1.0}
     """
 
     def __init__(

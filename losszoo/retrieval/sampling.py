@@ -118,9 +118,13 @@ class UniformSampler(CandidateSampler):
     is a power of two).
 
     Example:
-      >>> sampler = UniformSampler(1000)
+      >>> import losszoo.retrieval
+      >>> sampler = losszoo.retrieval.UniformSampler(1024)
       >>> ids = sampler.sample(8, seed=keras.random.SeedGenerator(0))
-      >>> q = sampler.probability(ids)        # exact probability of each draw
+      >>> tuple(ids.shape)
+      (8,)
+      >>> float(sampler.probability([3])[0]) == 1 / 1024    # 1024 divides 2**30: exact
+      True
     """
 
     def target(self):
@@ -135,7 +139,10 @@ class LogUniformSampler(CandidateSampler):
         p_j = (log(j + 2) - log(j + 1)) / log(N + 1).
 
     Example:
-      >>> LogUniformSampler(1_000_000).sample(8192, seed=0)
+      >>> import losszoo.retrieval
+      >>> sampler = losszoo.retrieval.LogUniformSampler(1000)
+      >>> round(float(sampler.probability([0])[0]), 4)      # log(2) / log(1001)
+      0.1003
     """
 
     def target(self):
@@ -155,8 +162,10 @@ class UnigramSampler(CandidateSampler):
       power: exponent applied to the counts (``> 0``).
 
     Example:
-      >>> counts = np.bincount(train_item_ids, minlength=num_items)
-      >>> sampler = UnigramSampler(counts, power=0.75)
+      >>> import losszoo.retrieval
+      >>> sampler = losszoo.retrieval.UnigramSampler([3, 0, 1])   # e.g. np.bincount(items)
+      >>> [round(float(p), 4) for p in sampler.probability([0, 1, 2])]
+      [0.75, 0.0, 0.25]
     """
 
     def __init__(self, counts, power: float = 1.0):

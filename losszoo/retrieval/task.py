@@ -118,14 +118,21 @@ class Retrieval(keras.layers.Layer):
       name: layer name.
 
     Example:
-      >>> task = Retrieval(loss="rankmax", remove_accidental_hits=True,
-      ...                  sampler=UnigramSampler(counts), num_sampled_negatives=256)
-      >>> class TwoTower(keras.Model):
-      ...     def compute_loss(self, x, y=None, y_pred=None, sample_weight=None,
-      ...                      training=True):
-      ...         return task(self.users(x["user"]), self.items(x["item"]),
-      ...                     candidate_ids=x["item"], candidate_model=self.items,
-      ...                     candidate_sampling_probability=x["q"]) + sum(self.losses)
+      >>> import losszoo.retrieval
+      >>> task = losszoo.retrieval.Retrieval(loss="rankmax", remove_accidental_hits=True)
+      >>> queries = np.array([[1, 0], [0, 1], [1, 1]], "float32")
+      >>> candidates = np.array([[2, 0], [0, 2], [1, 0]], "float32")
+      >>> # rows 0 and 2 hold item 7: each is masked (-inf) in the other's row
+      >>> round(float(task(queries, candidates, candidate_ids=[7, 8, 7])), 4)   # log 3
+      1.0986
+
+      In a two-tower model (``docs/api/retrieval.md`` has the whole example)::
+
+          def compute_loss(self, x, y=None, y_pred=None, sample_weight=None, training=True):
+              return self.task(
+                  self.users(x["user"]), self.items(x["item"]),
+                  candidate_ids=x["item"], candidate_model=self.items,
+              ) + sum(self.losses)
     """
 
     def __init__(
