@@ -216,6 +216,13 @@ def check_not_nan(x, name: str):
         return tf.identity(x)
 
 
+def _in_xla_context() -> bool:
+    """Whether the function being traced will be compiled by XLA (``jit_compile=True``)."""
+    from tensorflow.python.ops import control_flow_util  # no public equivalent
+
+    return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+
+
 def dense_labels(labels, name: str, *, sparse_fill=0, ragged_fill=None):
     """``labels`` as a dense tensor: the label forms that mean something, else a TypeError.
 
@@ -223,8 +230,16 @@ def dense_labels(labels, name: str, *, sparse_fill=0, ragged_fill=None):
     multi-hot / dense targets, -1 for padded id lists). A ``tf.RaggedTensor`` (e.g. a list of
     positive ids per row) is padded with ``ragged_fill``; callers that have no padded form pass
     ``None`` and ragged labels raise ``TypeError`` naming ``name``. Anything else goes through
-    ``tf.convert_to_tensor``.
+    ``tf.convert_to_tensor``. XLA cannot compile the sparse and ragged ops that densify, so
+    under ``jit_compile=True`` both forms raise ``TypeError`` naming ``name`` (densify them in
+    the input pipeline, or compile with ``jit_compile=False`` / ``"auto"``).
     """
+    if isinstance(labels, (tf.SparseTensor, tf.RaggedTensor)) and _in_xla_context():
+        raise TypeError(
+            f"`{name}` is a {type(labels).__name__}, which XLA (jit_compile=True) cannot "
+            "densify: densify it in the input pipeline, or compile with jit_compile=False "
+            "or 'auto'."
+        )
     if isinstance(labels, tf.SparseTensor):
         fill = tf.cast(sparse_fill, labels.dtype)
         return tf.sparse.to_dense(tf.sparse.reorder(labels), default_value=fill)

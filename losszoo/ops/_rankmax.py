@@ -45,7 +45,8 @@ integer labels ``[..., M]`` with a static ``M != n`` are padded ids; integer lab
 rejected: pass ``label_format``. ``rankmax`` (the projection) reads labels by the same rule
 and rejects dense ones. A ``tf.RaggedTensor`` (positive ids per row) is read as ids padded
 with -1; a ``tf.SparseTensor`` is densified, its absent entries -1 for ids, 0 for dense
-weights. Rows without a positive (all ids -1, or all-zero dense labels) contribute loss 0 and
+weights (both raise ``TypeError`` under ``jit_compile=True``, where XLA cannot densify them).
+Rows without a positive (all ids -1, or all-zero dense labels) contribute loss 0 and
 gradient 0.
 
 Numerics: every difference is taken against the anchor ``m = min(z_y, z_[k])`` before the

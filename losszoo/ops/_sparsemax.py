@@ -251,7 +251,8 @@ def sparsemax_loss(labels, logits, axis: int = -1, name: str | None = None) -> t
 
     Args:
       labels: target distributions ``q`` with the shape of ``logits``: one-hot, soft, or a
-        normalised multi-label vector, dense or a ``tf.SparseTensor`` (absent entries are 0).
+        normalised multi-label vector, dense or a ``tf.SparseTensor`` (absent entries are 0;
+        not under ``jit_compile=True``, where XLA cannot densify it).
         Rows must be non-negative and sum to 1 within ``sqrt(eps)`` of the coarser of the
         labels' and the compute dtype (3.5e-4 in float32); the loss is shift-invariant in the
         logits only then.

@@ -489,3 +489,17 @@ def ref_rows(z, lists, k=1):
             for row, ids in zip(z, lists)
         ]
     )
+
+
+@pytest.mark.parametrize(
+    "labels",
+    [tf.ragged.constant([[0, 3], [4]], dtype=tf.int64), tf.sparse.from_dense(np.eye(5)[:2])],
+    ids=["ragged", "sparse"],
+)
+def test_ragged_and_sparse_labels_under_xla_name_the_argument(labels):
+    # XLA cannot compile the ops that densify: a TypeError naming `labels`, not TF's own.
+    z = np.random.default_rng(4).normal(size=(2, 5)).astype(np.float32)
+    with pytest.raises(TypeError, match="`labels` is a .*jit_compile=True"):
+        tf.function(lambda y: rankmax_loss(y, z), jit_compile=True)(labels)
+    got = tf.function(lambda y: rankmax_loss(y, z))(labels)  # graph without XLA still works
+    np.testing.assert_allclose(got.numpy(), rankmax_loss(labels, z).numpy(), rtol=1e-6)
