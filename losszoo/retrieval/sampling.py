@@ -164,8 +164,8 @@ class UnigramSampler(CandidateSampler):
     Example:
       >>> import losszoo.retrieval
       >>> sampler = losszoo.retrieval.UnigramSampler([3, 0, 1])   # e.g. np.bincount(items)
-      >>> [round(float(p), 4) for p in sampler.probability([0, 1, 2])]
-      [0.75, 0.0, 0.25]
+      >>> tuple(round(float(p), 4) for p in sampler.probability([0, 1, 2]))
+      (0.75, 0.0, 0.25)
     """
 
     def __init__(self, counts, power: float = 1.0):
