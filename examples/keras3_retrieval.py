@@ -112,6 +112,8 @@ def build_model(num_users, num_items, counts, loss, negatives, args, seed):
             super().__init__()
             self.users = keras.layers.Embedding(num_users, args.dim)
             self.items = keras.layers.Embedding(num_items, args.dim)
+            self.users.build(None)  # built here, so fit's build has nothing to warn about
+            self.items.build(None)
             self.task = task
             task.task_metrics[0].candidates = lambda: self.items.embeddings
 

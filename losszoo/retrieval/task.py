@@ -194,6 +194,7 @@ class Retrieval(keras.layers.Layer):
         self.task_metrics = list(metrics) if isinstance(metrics, (list, tuple)) else [metrics]
         self.seed = seed
         self.seed_generator = keras.random.SeedGenerator(seed) if sampler is not None else None
+        self.built = True  # no weights: nothing to build (models holding it build cleanly)
 
     # ------------------------------------------------------------------ logits
 
