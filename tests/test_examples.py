@@ -64,13 +64,20 @@ def _no_committed_results_touched(tmp_path, monkeypatch):
 
 
 def test_tour(capsys):
-    assert load("tour").main(["--only", "sparsemax", "--epochs", "1"]) == 0
+    """The README's first command, whole: every method of the tour at its smallest settings."""
+    tour = load("tour")
+    assert tour.main(["--smoke"]) == 0
     (md,) = written(capsys)
-    assert md.parent.parent == Path("out") and md.name == "tour.md"  # fresh default folder
-    (row,) = table_rows(md)
-    assert row.startswith("| sparsemax |")
-    accuracy = numbers(row)[0]
-    assert 0.1 < accuracy <= 1.0
+    assert md.parent.parent == Path("out") and md.name == "tour_smoke.md"  # fresh default folder
+    assert "`python examples/tour.py --smoke`" in md.read_text()
+    rows = [[cell.strip() for cell in row.split("|")[1:-1]] for row in table_rows(md)]
+    assert [row[0] for row in rows] == [entry.name for entry in tour.TOUR]
+    for method, accuracy, nll, ece, zeros, seconds in rows:
+        assert 0.2 < float(accuracy) <= 1.0, (method, accuracy)  # chance is 0.1 (10 digits)
+        assert nll.startswith("n/a") or float(nll) > 0.0, (method, nll)
+        assert 0.0 <= float(ece) <= 1.0, (method, ece)
+        assert zeros.endswith("%") and 0.0 <= float(zeros[:-1]) <= 100.0, (method, zeros)
+        assert float(seconds) > 0.0, (method, seconds)
 
 
 def test_calibrate_classifier(tmp_path, capsys):
