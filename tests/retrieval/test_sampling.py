@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 import losszoo.retrieval as R
-from losszoo.retrieval.sampling import TOTAL
+from losszoo.retrieval.sampling import TOTAL, count_at_most
 
 
 def targets():
@@ -51,8 +51,19 @@ def test_exact_inverse_cdf_of_the_integer_draw():
     sampler = R.UnigramSampler([3, 0, 1, 4])
     cumulative = np.cumsum(sampler.weights())
     r = np.array([0, cumulative[0] - 1, cumulative[0], cumulative[2] - 1, TOTAL - 1])
-    ids = tf.searchsorted(tf.constant(cumulative, tf.int32), tf.constant(r, tf.int32), "right")
+    ids = count_at_most(cumulative.astype(np.int32), tf.constant(r, tf.int32))
     np.testing.assert_array_equal(ids, [0, 0, 2, 2, 3])  # the rule `sample` applies
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 64, 1000])
+def test_binary_search_matches_numpy_searchsorted(n):
+    rng = np.random.default_rng(n)
+    cumulative = np.cumsum(rng.integers(0, 4, n)).astype(np.int32)
+    r = rng.integers(-1, cumulative[-1] + 2, 300).astype(np.int32)
+    xla = tf.function(lambda r: count_at_most(cumulative, r), jit_compile=True)
+    want = np.searchsorted(cumulative, r, side="right")
+    np.testing.assert_array_equal(count_at_most(cumulative, tf.constant(r)), want)
+    np.testing.assert_array_equal(xla(tf.constant(r)), want)
 
 
 def test_sampling_under_xla_and_with_a_seed_generator():
