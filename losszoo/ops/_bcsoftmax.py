@@ -765,7 +765,7 @@ def _bcsoftmax_impl(x, a, b, tau, axis, method, clip):
 
     def forward(x, a, b, tau):
         shape = tf.shape(x)
-        tau_shape = tf.tensor_scatter_nd_update(shape, [[ax]], [1])
+        tau_shape = tf.concat([shape[:ax], [1], shape[ax + 1 :]], 0)  # XLA folds this
         xt, undo = move_axis_last(x, ax)
         tt, _ = move_axis_last(tf.broadcast_to(tau, tau_shape), ax)
         x2 = tf.reshape(xt, [-1, k])
