@@ -37,6 +37,7 @@ __all__ = [
     "names",
     "ops",
     "register",
+    "retrieval",
     "set_validation",
     "tf_keras_loss",
     "validation",
@@ -56,26 +57,29 @@ def _launched_by_cli() -> bool:
     return bool(sys.argv) and script == sys.argv[0] and script.rsplit("/", 1)[-1] == "losszoo"
 
 
-_loading = False
+def __getattr__(name: str):
+    if name == "datasets":  # light, but not needed by most programs: imported on first use
+        return importlib.import_module("losszoo.datasets")
+    if name in __all__ and _DEFERRED:  # the command line deferred the loading: load now
+        globals()["_LOAD_NOW"] = True  # kept by the reload, which runs the imports below
+        importlib.reload(sys.modules[__name__])
+        return globals()[name]
+    raise AttributeError(f"module 'losszoo' has no attribute {name!r}")
 
 
-def _load() -> None:
-    """Import the subpackages (registering every name with Keras) and the plugins."""
-    global _loading  # noqa: PLW0603
+_DEFERRED = _launched_by_cli() and not globals().get("_LOAD_NOW", False)
+if not _DEFERRED:
     from losszoo._backend import require_tensorflow_backend
 
     require_tensorflow_backend()
-    _loading = True  # while set, __getattr__ lets the imports below find the subpackages
-    try:
-        _import_names()
-    finally:
-        _loading = False
-
-
-def _import_names() -> None:
-    global calibration, entries, get, get_class, heads, losses, metrics, names, ops  # noqa: PLW0603
-    global register, set_validation, tf_keras_loss, validation, validation_enabled  # noqa: PLW0603
-    from losszoo import calibration, heads, losses, metrics, ops  # calibration needs heads
+    from losszoo import (
+        calibration,
+        heads,
+        losses,
+        metrics,
+        ops,
+        retrieval,
+    )  # calibration needs heads
     from losszoo.ops._common import set_validation, validation, validation_enabled
     from losszoo.registry import (
         entries,
@@ -88,16 +92,3 @@ def _import_names() -> None:
     )
 
     load_plugins()
-
-
-def __getattr__(name: str):
-    if name == "datasets":  # light, but not needed by most programs: imported on first use
-        return importlib.import_module("losszoo.datasets")
-    if name in __all__ and not _loading:  # only reached when the command line deferred it
-        _load()
-        return globals()[name]
-    raise AttributeError(f"module 'losszoo' has no attribute {name!r}")
-
-
-if not _launched_by_cli():
-    _load()
