@@ -22,8 +22,8 @@ def resolve_loss(loss, loss_config=None, reduction="sum"):
     A name is looked up with :func:`losszoo.get_class` and built with ``loss_config`` and
     ``reduction``. A batch risk (the DRO losses) given by name is built over
     ``"softmax_cross_entropy"`` on the scores unless ``loss_config`` names a ``base_loss``
-    (their own default, sparse cross-entropy on probabilities, does not fit scores); batch
-    risks ignore ``reduction``.
+    (the baseline's own loss, which reads ``-inf`` as "not a candidate"); batch risks
+    ignore ``reduction``.
     """
     if isinstance(loss, str):
         cls = registry.get_class(loss, "loss")
