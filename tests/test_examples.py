@@ -233,6 +233,7 @@ def test_every_option_has_help_with_default(capsys):
         "dro_regression",
         "possibilistic_synthetic",
         "movielens_retrieval",
+        "keras3_retrieval",
     ):
         with pytest.raises(SystemExit):
             sys_argv, sys.argv = sys.argv, [name, "--help"]
