@@ -66,14 +66,19 @@ class PossibilisticProjectionLoss(keras.losses.Loss):
 
     where ``F(pi)`` is the set of distributions compatible with ``pi`` plus the order
     (shape) constraints of the paper, and ``p*`` is recomputed from the current prediction
-    at every step by Dykstra's algorithm (float64, XLA) and then held fixed. The gradient is
-    exact (Danskin's theorem). ``loss >= 0`` with equality iff ``q`` is admissible, and it
-    never exceeds the antipignistic loss ``KL(pdot || q)``.
+    at every step (float64, XLA) and then held fixed: by default by an interior-point
+    solver whose every row is certified by the exact duality gap (Dykstra's algorithm
+    finishes the rare row it cannot certify; ``method="dykstra"`` and the ``"paper"`` /
+    ``"fixed"`` rules use Dykstra alone). The gradient is exact (Danskin's theorem).
+    ``loss >= 0`` with equality iff ``q`` is admissible, and it never exceeds the
+    antipignistic loss ``KL(pdot || q)``. Batch sizes unknown at trace time (a dataset with
+    a partial last batch) are supported.
 
     Labels are possibility degrees of shape ``[B, K]`` (they
     must hold values in ``[0, 1]`` with row maximum 1; integer class ids are read as one-hot
-    ``pi``). Invalid labels (NaN, negative, > 1, maximum below 1, ids out of range) and NaN
-    logits raise naming the argument, eagerly and in graphs. Under XLA: assertions vanish,
+    ``pi``). Invalid labels (NaN, negative, > 1, maximum below 1, ids out of range) and
+    invalid logits (NaN, +inf, a row of only -inf) raise naming the argument, eagerly and
+    in graphs. Under XLA: assertions vanish,
     so the affected rows' loss is NaN instead (never a finite number). Diagnostics of the
     last call are available to :class:`ProjectionDiagnostic` metrics: ``model.compile(...,
     metrics=loss.diagnostic_metrics())`` logs the mean and p90 solver work per example
@@ -277,7 +282,9 @@ class AntipignisticKLLoss(keras.losses.Loss):
 
     with ``pt`` the sorted, max-normalised possibilities; gradient ``softmax(z) - pdot``.
     ``pdot`` is the centre of gravity of the credal set and is always admissible, so this
-    upper-bounds :class:`PossibilisticProjectionLoss`.
+    upper-bounds :class:`PossibilisticProjectionLoss`. Labels are validated like those of
+    :class:`PossibilisticProjectionLoss` (integer ids are one-hot ``pi``); invalid labels or
+    logits raise naming the argument, eagerly and in graphs, and give a NaN loss under XLA.
 
     Args:
       floor: floor applied to the normalised ``pi`` before the transform (0: none).
@@ -321,7 +328,9 @@ class VoteKLLoss(keras.losses.Loss):
 
         loss(z; v) = KL(v / sum(v) || softmax(z)),   gradient softmax(z) - v / sum(v).
 
-    Negative counts are clipped to 0; rows with NaN/Inf or no positive count get loss 0.
+    Counts must be finite and non-negative with a positive row sum (integer class ids are
+    one vote); other rows, and NaN, +inf or all -inf logits, raise naming the argument,
+    eagerly and in graphs, and give a NaN loss under XLA.
 
     Args:
       from_logits: ``y_pred`` holds logits (default) or probabilities.

@@ -28,11 +28,16 @@ iterate; a row neither certifies is finished by warm-started Dykstra. Derivation
 ``docs/design/possibilistic_solver.md``. ``method="dykstra"`` is the solver below.
 
 Fail-loud contract: ``possibility`` rows must be finite, in ``[0, 1]`` with maximum 1, and
-logits must not be NaN; otherwise an error names the argument (eagerly and in graphs). Under
-XLA: assertions vanish, so invalid rows give NaN projections and NaN losses instead.
+logits must hold no NaN or +inf and no row of only -inf (a -inf logit masks its class);
+otherwise an error names the argument (eagerly and in graphs). Under XLA: assertions vanish,
+so invalid rows give NaN projections and NaN losses instead; a NaN never becomes a finite
+value. Batch sizes may be unknown at trace time (``None``); ``K`` must be static for the
+projection (its solvers unroll over it), not for :func:`antipignistic` and the fixed-target
+losses.
 
-Projection (spec 2): ``p* = argmin_{p in F} KL(p || q)``. We run Dykstra's algorithm with
-Bregman (KL) projections in its scalar dual form (spec 2.4), i.e. cyclic dual coordinate
+Dykstra (``method="dykstra"``, and the only solver of the ``"paper"`` / ``"fixed"`` rules),
+spec 2: ``p* = argmin_{p in F} KL(p || q)`` by Dykstra's algorithm with Bregman (KL)
+projections in its scalar dual form (spec 2.4), i.e. cyclic dual coordinate
 ascent on ``g(lam) = lam.b - log sum_k q_k exp((A^T lam)_k)``, ``lam >= 0``, with iterate
 ``p = softmax(log q + A^T lam)``. One step for constraint ``h`` removes its old
 multiplier, and sets the new one to 0 if the constraint holds, else to the closed form of
@@ -67,8 +72,12 @@ Danskin's theorem ``dl/dz = softmax(z) - p*`` exactly (``p*`` held fixed), which
 custom gradient of :func:`possibilistic_projection_loss`. The fixed-target baselines
 ``KL(t || softmax(z))`` have gradient ``sum(t) softmax(z) - t``.
 
-Bad inputs (spec 5): ``pi`` is clipped to ``[0, inf)`` and divided by its maximum; rows with
-NaN/Inf or no positive entry are *invalid* (``valid=False``, projection = q, loss 0). Zeros
+Bad inputs (spec 5) and edge cases: possibility rows that break the rule above are rejected
+(NaN projection and loss under XLA, ``valid=False``); the kernels compute on a sanitised
+copy (negatives clipped to 0, divided by the row maximum, rows with NaN/Inf or no positive
+entry replaced by ones) whose result for those rows is discarded.
+:func:`possibility_constraints` (no validation: ``valid`` flags such rows) and
+:func:`antipignistic` (any positive scale) divide ``pi`` by its row maximum too. Zeros
 in ``pi``: ``support_mode="floor"`` replaces ``pi`` by ``max(pi, floor)``;
 ``support_mode="restrict"`` projects on the support only (zero probability and zero
 gradient elsewhere). No strict drop in ``pi`` on the support (e.g. all ones) short-circuits
@@ -77,8 +86,8 @@ renormalised on the support. ``log q`` is clamped at ``log(q_clip)`` and renorma
 projecting. Everything runs in float64 (``compute_dtype="float32"`` is allowed only with
 ``tol >= 1e-5`` and ``eps_cap >= 1e-5``); outputs are cast back to the input dtype.
 
-Implementation: the projection loop is ``tf.while_loop`` over cycles with rolled inner
-loops over constraints, static shapes. For ``K <= unroll_max_k`` a separate kernel unrolls
+Implementation (Dykstra): the projection loop is ``tf.while_loop`` over cycles with rolled
+inner loops over constraints. For ``K <= unroll_max_k`` a separate kernel unrolls
 every step on Python lists of ``[B]`` vectors (no cumsum/concat/slicing, so XLA fuses a
 whole cycle into a few elementwise loops; same iterates and cycle counts), all inside
 one cached ``tf.function(jit_compile=True)`` per configuration; every loop output is behind
@@ -150,6 +159,15 @@ def _check_choice(value, choices, name):
         raise ValueError(f"`{name}` must be one of {choices}, got {value!r}.")
 
 
+def _check_constraint_options(eps_cap, tie_tol, support_mode, floor, gap_policy):
+    """Validate the options of :func:`possibility_constraints`; returns ``eps_cap``."""
+    _check_choice(support_mode, _SUPPORT, "support_mode")
+    _check_choice(gap_policy, _GAP_POLICY, "gap_policy")
+    check_number(floor, "floor", low=0.0, low_open=True, high=1.0, high_open=True)
+    check_number(tie_tol, "tie_tol", low=0.0, high=1.0, high_open=True)
+    return check_number(eps_cap, "eps_cap", low=0.0, high=0.5, high_open=True)
+
+
 def _check_config(
     tol,
     gap_tol,
@@ -166,16 +184,12 @@ def _check_config(
 ):
     """Validate the hyper-parameters (Python numbers); raise naming the argument."""
     _check_choice(stopping, _STOPPING, "stopping")
-    _check_choice(support_mode, _SUPPORT, "support_mode")
-    _check_choice(gap_policy, _GAP_POLICY, "gap_policy")
     _check_choice(compute_dtype, ("float64", "float32"), "compute_dtype")
     tol = check_number(tol, "tol", low=0.0, low_open=True, high=1.0, high_open=True)
     check_number(gap_tol, "gap_tol", low=0.0, low_open=True, high=1.0, high_open=True)
     check_number(q_clip, "q_clip", low=0.0, low_open=True, high=1.0, high_open=True)
     check_number(max_cycles, "max_cycles", low=1, integer=True)
-    check_number(floor, "floor", low=0.0, low_open=True, high=1.0, high_open=True)
-    eps_cap = check_number(eps_cap, "eps_cap", low=0.0, high=0.5, high_open=True)
-    check_number(tie_tol, "tie_tol", low=0.0, high=1.0, high_open=True)
+    eps_cap = _check_constraint_options(eps_cap, tie_tol, support_mode, floor, gap_policy)
     if compute_dtype == "float32" and (tol < 1e-5 or eps_cap < 1e-5):
         raise ValueError(
             "compute_dtype='float32' needs `tol` >= 1e-5 and `eps_cap` >= 1e-5 (eps=1e-9 and "
@@ -189,22 +203,34 @@ _POSSIBILITY_RULE = (
     "must hold finite possibility degrees in [0, 1] with row maximum 1 "
     "(a normalised possibility distribution)"
 )
+_SCALED_POSSIBILITY_RULE = (
+    "must hold finite, non-negative possibility degrees with a positive row maximum"
+)
 _MAX_ONE_TOL = 1e-6
 
 
-def _possibility_invalid(pi2):
-    """Rows of ``pi2`` [B, K] that are not normalised possibility distributions (bool [B])."""
+def _possibility_invalid(pi2, normalised=True):
+    """Rows of ``pi2`` [B, K] that break the possibility rule (bool [B]).
+
+    ``normalised``: entries in [0, 1] with row maximum 1 (:data:`_POSSIBILITY_RULE`); else
+    any scale: finite, non-negative entries with a positive maximum.
+    """
     pi2 = tf.cast(pi2, _F64)
-    bad = ~tf.reduce_all(tf.math.is_finite(pi2) & (pi2 >= 0.0) & (pi2 <= 1.0), axis=-1)
+    ok = tf.math.is_finite(pi2) & (pi2 >= 0.0)
+    if normalised:
+        ok &= pi2 <= 1.0
     top = tf.reduce_max(tf.where(tf.math.is_finite(pi2), pi2, 0.0), axis=-1)
-    return bad | (top < 1.0 - _MAX_ONE_TOL)
+    low_top = top < 1.0 - _MAX_ONE_TOL if normalised else top <= 0.0
+    return ~tf.reduce_all(ok, axis=-1) | low_top
 
 
-def _validate_possibility(pi, name):
-    """Eager ValueError / graph assertion naming ``name`` for invalid possibility rows."""
+def _validate_possibility(pi, name, normalised=True):
+    """Eager ValueError / graph assertion naming ``name`` for rows that
+    :func:`_possibility_invalid` flags."""
     if not validation_enabled():
         return pi
-    message = f"`{name}` {_POSSIBILITY_RULE}."
+    rule = _POSSIBILITY_RULE if normalised else _SCALED_POSSIBILITY_RULE
+    message = f"`{name}` {rule}."
     value = static_value(pi)
     if value is not None:
         v = np.asarray(value, np.float64)
@@ -212,29 +238,44 @@ def _validate_possibility(pi, name):
             return pi
         v2 = v.reshape(-1, v.shape[-1])
         with np.errstate(invalid="ignore"):
-            bad = ~np.all(np.isfinite(v2) & (v2 >= 0) & (v2 <= 1), axis=-1)
-            bad |= np.max(np.where(np.isfinite(v2), v2, 0.0), axis=-1) < 1.0 - _MAX_ONE_TOL
+            ok = np.isfinite(v2) & (v2 >= 0)
+            if normalised:
+                ok &= v2 <= 1
+            top = np.max(np.where(np.isfinite(v2), v2, 0.0), axis=-1)
+            bad = ~np.all(ok, axis=-1) | (top < 1.0 - _MAX_ONE_TOL if normalised else top <= 0)
         if bad.any():
             rows = np.flatnonzero(bad)[:5].tolist()
             raise ValueError(f"{message[:-1]}; rows {rows} are not.")
         return pi
     pi2 = tf.reshape(pi, [-1, tf.shape(pi)[-1]])
-    check = tf.debugging.Assert(~tf.reduce_any(_possibility_invalid(pi2)), [message])
+    check = tf.debugging.Assert(~tf.reduce_any(_possibility_invalid(pi2, normalised)), [message])
     with tf.control_dependencies([check]):
         return tf.identity(pi)
 
 
+_LOGITS_RULE = "must not hold NaN or +inf, nor rows that are all -inf (-inf masks a class)"
+
+
+def _logits_invalid(z2):
+    """Rows of ``z2`` [B, K] with NaN, +inf or no class above -inf (bool [B])."""
+    inf = tf.constant(np.inf, z2.dtype)
+    return row_has_nan(z2) | tf.reduce_any(tf.equal(z2, inf), -1) | tf.reduce_all(z2 <= -inf, -1)
+
+
 def _validate_logits(z, name):
-    """NaN logits are rejected (eager ValueError / graph assertion); -inf means masked."""
+    """Eager ValueError / graph assertion naming ``name`` for the rows that
+    :func:`_logits_invalid` flags (a -inf logit alone means the class is masked)."""
     if not validation_enabled():
         return z
-    message = f"`{name}` contains NaN values."
+    message = f"`{name}` {_LOGITS_RULE}."
     value = static_value(z)
     if value is not None:
-        if np.any(np.isnan(np.asarray(value, np.float64))):
+        v = np.asarray(value, np.float64)
+        v2 = v.reshape(-1, v.shape[-1]) if v.size else v
+        if v.size and (np.isnan(v).any() or np.isposinf(v).any() or np.isneginf(v2).all(-1).any()):
             raise ValueError(message)
         return z
-    check = tf.debugging.Assert(~tf.reduce_any(tf.math.is_nan(z)), [message])
+    check = tf.debugging.Assert(~tf.reduce_any(_logits_invalid(z)), [message])
     with tf.control_dependencies([check]):
         return tf.identity(z)
 
@@ -279,12 +320,18 @@ def _as_float(x, name):
     return x
 
 
-def _flatten(x, name, k=None):
-    """Reshape ``[..., K]`` to ``[B, K]``; returns (x2d, restore_fn for [B, ...] tensors)."""
+def _flatten(x, name, k=None, static_k=True):
+    """Reshape ``[..., K]`` to ``[B, K]``; returns (x2d, restore_fn for [B, ...] tensors).
+
+    ``k`` overrides the class count (static); without it an unknown ``K`` raises, unless
+    ``static_k=False`` (ops whose kernels read ``K`` at run time).
+    """
     check_static_rank(x, 1, name)
-    if x.shape[-1] is None:
-        raise ValueError(f"The class axis (last) of `{name}` must have a static size.")
     k = x.shape[-1] if k is None else k
+    if k is None:
+        if static_k:
+            raise ValueError(f"The class axis (last) of `{name}` must have a static size.")
+        k = tf.shape(x)[-1]
     lead = tf.shape(x)[:-1]
     lead_static = x.shape[:-1]
 
@@ -374,12 +421,14 @@ def possibility_constraints(
 
     Args:
       possibility: ``[..., K]`` possibility degrees (any non-negative scale; divided by the
-        row maximum; negatives clipped to 0; NaN/Inf or all-zero rows are marked invalid).
-      eps_cap: cap on the strict-gap margin ``eps`` (1e-9 synthetic, 0.05 for 3-class votes).
-      tie_tol: sorted neighbours closer than this are tied (forced equal).
+        row maximum; negatives clipped to 0; NaN/Inf or all-zero rows are marked invalid;
+        no validation: use ``valid``).
+      eps_cap: cap on the strict-gap margin ``eps``, in ``[0, 0.5)`` (1e-9 synthetic, 0.05
+        for 3-class votes).
+      tie_tol: sorted neighbours closer than this are tied (forced equal); in ``[0, 1)``.
       support_mode: ``"floor"`` (``pi <- max(pi, floor)``) or ``"restrict"`` (zero-``pi``
         classes are excluded; their constraints are inactive).
-      floor: the floor ``rho`` of ``"floor"`` mode.
+      floor: the floor ``rho`` of ``"floor"`` mode, in ``(0, 1)``.
       gap_policy: ``"wide"`` (``up = 1 - eps``, the paper's experiments) or
         ``"antipignistic_tight"`` (``up_r = g_r``).
       name: optional name scope.
@@ -387,13 +436,15 @@ def possibility_constraints(
     Returns:
       A :class:`PossibilityConstraints` of float64 tensors (no gradient flows to ``pi``).
 
+    Raises:
+      TypeError / ValueError naming the option when an option is outside its range.
+
     Example:
       >>> c = possibility_constraints([[1.0, 0.51, 0.5]])
       >>> c.dominance_bound.numpy().round(6)
       array([[0.49, 0.5 ]])
     """
-    _check_choice(support_mode, _SUPPORT, "support_mode")
-    _check_choice(gap_policy, _GAP_POLICY, "gap_policy")
+    _check_constraint_options(eps_cap, tie_tol, support_mode, floor, gap_policy)
     with tf.name_scope(name or "possibility_constraints"):
         pi = tf.stop_gradient(_as_float(possibility, "possibility"))
         pi2, restore = _flatten(pi, "possibility")
@@ -406,14 +457,16 @@ def possibility_constraints(
 # --------------------------------------------------------------------------------------
 
 
-def _ranks(k):
+def _ranks(x):
+    """``1..K`` (float64) for the last axis of ``x``, whose size may be unknown."""
+    k = x.shape[-1] if x.shape[-1] is not None else tf.shape(x)[-1]
     return tf.range(1, k + 1, dtype=_F64)
 
 
 def _antipignistic_sorted(h):
     """``pdot_r = sum_{j>=r} (h_j - h_{j+1}) / j`` along the last axis (h_{K+1} = 0)."""
     nxt = tf.concat([h[:, 1:], tf.zeros_like(h[:, :1])], axis=-1)
-    return tf.cumsum((h - nxt) / _ranks(h.shape[-1]), axis=-1, reverse=True)
+    return tf.cumsum((h - nxt) / _ranks(h), axis=-1, reverse=True)
 
 
 def _unsort(x_sorted, order):
@@ -425,7 +478,8 @@ def _unsort(x_sorted, order):
 
 @tf.custom_gradient
 def _antipignistic_2d(pi, floor_value):
-    """pi [B, K] float64 (any scale) -> antipignistic [B, K]; invalid rows -> uniform."""
+    """pi [B, K] float64 (any scale) -> antipignistic [B, K]; rows with NaN/Inf or no
+    positive entry -> uniform (the public ops make them NaN or reject them)."""
     clean = tf.where(tf.math.is_finite(pi), tf.maximum(pi, 0.0), tf.zeros_like(pi))
     top = tf.reduce_max(clean, axis=-1, keepdims=True)
     valid = tf.reduce_all(tf.math.is_finite(pi), -1, keepdims=True) & (top > 0.0)
@@ -438,10 +492,9 @@ def _antipignistic_2d(pi, floor_value):
     out = _unsort(_antipignistic_sorted(h), order)
 
     def grad(upstream):
-        k = pi.shape[-1]
         u = tf.gather(tf.cast(upstream, _F64), order, batch_dims=1)
         # d/d(gap_j) = sum_{r<=j} u_r; gap_j = (h_j - h_{j+1}) / j.
-        big_g = tf.cumsum(u, axis=-1) / _ranks(k)
+        big_g = tf.cumsum(u, axis=-1) / _ranks(u)
         prev = tf.concat([tf.zeros_like(big_g[:, :1]), big_g[:, :-1]], axis=-1)
         dh = _unsort(big_g - prev, order)  # d/dh in original order
         # h = max(clean / top, floor): pass through where not floored, and the max.
@@ -449,7 +502,7 @@ def _antipignistic_2d(pi, floor_value):
         d_clean = dh / safe_top
         argmax = tf.gather(order, 0, axis=-1)  # the max is the first sorted class
         d_top = -tf.reduce_sum(dh * unit, axis=-1) / safe_top[:, 0]
-        d_clean += tf.one_hot(argmax, k, dtype=_F64) * d_top[:, None]
+        d_clean += tf.one_hot(argmax, tf.shape(pi)[-1], dtype=_F64) * d_top[:, None]
         d_pi = tf.where(tf.math.is_finite(pi) & (pi > 0.0), d_clean, tf.zeros_like(d_clean))
         d_pi = tf.where(valid, d_pi, tf.zeros_like(d_pi))
         return d_pi, tf.zeros_like(floor_value)
@@ -465,8 +518,10 @@ def antipignistic(possibility, floor: float = 0.0, name: str | None = None) -> t
     the fixed target of the paper's Model B.
 
     Args:
-      possibility: ``[..., K]`` possibility degrees (normalised by the row maximum; negatives
-        clipped to 0). Rows with NaN/Inf or no positive entry give the uniform distribution.
+      possibility: ``[..., K]`` possibility degrees, any positive scale (divided by the row
+        maximum; ``K`` may be unknown at trace time). A row with NaN/Inf, a negative entry
+        or no positive entry is rejected: ``ValueError`` eagerly, an assertion in graphs,
+        both naming ``possibility``; under XLA its output row is NaN.
       floor: optional floor applied after normalising (``pi <- max(pi, floor)``); 0 keeps
         zero-possibility classes at probability 0.
       name: optional name scope.
@@ -485,8 +540,10 @@ def antipignistic(possibility, floor: float = 0.0, name: str | None = None) -> t
     with tf.name_scope(name or "antipignistic"):
         pi = _as_float(possibility, "possibility")
         dtype = pi.dtype if pi.dtype.is_floating else tf.float32
-        pi2, restore = _flatten(pi, "possibility")
-        out = _antipignistic_2d(tf.cast(pi2, _F64), tf.constant(floor, _F64))
+        pi2, restore = _flatten(pi, "possibility", static_k=False)
+        pi2 = tf.cast(_validate_possibility(pi2, "possibility", normalised=False), _F64)
+        out = _antipignistic_2d(pi2, tf.constant(floor, _F64))
+        out = nan_where(_possibility_invalid(pi2, normalised=False)[:, None], out)
         return tf.cast(restore(out), dtype)
 
 
@@ -793,14 +850,18 @@ def _project_core(
     *,
     unroll,
     lam_init=None,
+    compact=True,
 ):
     """Dual-form Dykstra in sorted, time-major coordinates.
 
     Args: lq [K, B] sorted log q (normalised, -inf outside the support); pt_next, ratio,
     lo, up [m1, B] float; act [m1, B] bool; active [B] bool (rows to iterate).
     tol, gap_tol (float64), max_cycles and stopping (int32: 0 paper, 1 certified, 2 fixed)
-    are tensors, so changing them does not recompile. Returns: x [K, B] (log projection,
-    normalised), lam [3, m1, B], cycles [B] int32, V [B], gap [B].
+    are tensors, so changing them does not recompile. ``compact``: straggler compaction of
+    the rolled kernel (off for the interior point's finish, whose few rows gain little
+    from it, while its second compiled cycle adds seconds to the first step's compile).
+    Returns: x [K, B] (log projection, normalised), lam [3, m1, B], cycles [B] int32,
+    V [B], gap [B].
     """
     if unroll:
         return _project_core_small(
@@ -830,7 +891,7 @@ def _project_core(
         tf.zeros([batch], _F64),
         tf.zeros([batch], _F64),
     )
-    sizes = _compaction_sizes(active.shape[0])
+    sizes = _stage_sizes(active, _COMPACT_MIN_BATCH, _COMPACT_FACTOR) if compact else [None]
     _, lp, ll, lu, _, cycles, _, _ = _run_stages(lq, cst, init, sizes, body, max_cycles, stopping)
     x = _normalize_log(lq + _at_lambda(lp, ll, lu))
     v, gap = _check(x, lp, ll, lu, cst)
@@ -868,24 +929,28 @@ def _rolled_body(lq, cst, *, tol, gap_tol, stopping):
 
 
 # Straggler compaction (rolled kernel): once at most ``size`` examples are still active,
-# the loop continues on a gathered static-size subset of ``size`` examples (the active ones
-# first, padded with frozen ones), whose state is scattered back at the end. Per-example
-# arithmetic is unchanged, so iterates and cycle counts are the same as without it.
+# the loop continues on a gathered subset of ``size`` examples (the active ones first,
+# padded with frozen ones), whose state is scattered back at the end. Per-example
+# arithmetic is unchanged, so iterates and cycle counts are the same as without it. Each
+# stage compiles another copy of the cycle body (~5 s of XLA compile at K = 100), so only
+# one compacted stage is used: B -> B // 8 (e.g. 100 -> 12).
 _COMPACT_MIN_BATCH = 16
 _COMPACT_FACTOR = 8
-# Each stage compiles another copy of the cycle body (~5 s of XLA compile at K = 100),
-# so only one compacted stage is used: B -> B // 8 (e.g. 100 -> 12).
-_COMPACT_STAGES = 1
 
 
-def _compaction_sizes(batch):
-    """Static stage sizes ``[B, B/f, ...]`` (``_COMPACT_STAGES`` extra; none for small B)."""
-    if batch is None or batch < _COMPACT_MIN_BATCH:
-        return [batch]
-    sizes = [batch]
-    while sizes[-1] > 1 and len(sizes) <= _COMPACT_STAGES:
-        sizes.append(max(1, sizes[-1] // _COMPACT_FACTOR))
-    return sizes
+def _stage_sizes(active, min_batch, factor):
+    """Batch sizes of the loop stages: ``[B]``, or ``[B, max(1, B // factor)]`` (straggler
+    compaction) when ``B >= min_batch``.
+
+    With ``B`` unknown at trace time (``None``: a Keras dataset with a partial last batch)
+    both sizes are scalar tensors and the compacted stage is always used (results are the
+    same either way; under XLA, which compiles per batch size, they are constants).
+    """
+    batch = active.shape[0]
+    if batch is None:
+        batch = tf.shape(active)[0]
+        return [batch, tf.maximum(batch // factor, 1)]
+    return [batch] if batch < min_batch else [batch, max(1, batch // factor)]
 
 
 def _run_stages(lq, cst, state, sizes, body, max_cycles, stopping):
@@ -1081,9 +1146,9 @@ def _penta_factor(d0, d1, d2):
     return (levels, root), tf.reduce_any(pivots <= 0.0, axis=0)
 
 
-def _interleave(even, odd):  # [C, M, B] x 2 -> [C, 2M, B], even rows first
-    c, m, b = even.shape
-    return tf.reshape(tf.stack([even, odd], axis=2), [c, 2 * m, b])
+def _interleave(even, odd):  # [C, M, B] x 2 -> [C, 2M, B], even rows first (B may be None)
+    c, m, _ = even.shape
+    return tf.reshape(tf.stack([even, odd], axis=2), [c, 2 * m, -1])
 
 
 def _penta_solve(factors, rhs):
@@ -1102,7 +1167,7 @@ def _penta_solve(factors, rhs):
     for (chol, ef), y in zip(reversed(levels), reversed(ys)):
         t = y - _mtv(ef[:4], x) - _mv(ef[4:], _shift_up(x))
         x = _interleave(x, _ltsolve(chol, t))
-    return tf.reshape(tf.transpose(x, [1, 0, 2]), [-1, rhs.shape[1]])[:n]
+    return tf.reshape(tf.transpose(x, [1, 0, 2]), [2 * x.shape[1], -1])[:n]
 
 
 def _block_starts(strict, in_support):
@@ -1398,10 +1463,7 @@ def _ipm_core(red, m0, active, tol, gap_tol, max_iter):
     chain = {key: red[key] for key in _IPM_CHAIN}
     body, start = _ipm_body(chain, tol, gap_tol)
     u0, s0, l0 = start(m0)
-    batch = active.shape[0]
-    sizes = [batch]
-    if batch is not None and batch >= _IPM_COMPACT_MIN_BATCH:
-        sizes.append(batch // _IPM_COMPACT_FACTOR)
+    sizes = _stage_sizes(active, _IPM_COMPACT_MIN_BATCH, _IPM_COMPACT_FACTOR)
     state = (
         tf.constant(0),
         u0,
@@ -1636,7 +1698,7 @@ def _project_2d(
         "act": tm(cons.active),
     }
 
-    def dykstra(rows, stopping_code, lam_init=None):
+    def dykstra(rows, stopping_code, lam_init=None, compact=True):
         """Certified / paper / fixed Dykstra on ``rows``: ``(x, lam, cycles)``."""
         x, lam, cycles, _, _ = _run_core(
             tm(lq),
@@ -1653,6 +1715,7 @@ def _project_2d(
             unroll=bool(k <= unroll_max_k),
             jit=jit,
             lam_init=lam_init,
+            compact=compact,
         )
         return x, lam, cycles
 
@@ -1682,7 +1745,7 @@ def _project_2d(
         finish = run & ~(certified[0] | certified[1])
 
         def dykstra_finish():
-            x2, lam2, cycles = dykstra(finish, 1, lam_init=tuple(tf.unstack(lam)))
+            x2, lam2, cycles = dykstra(finish, 1, tuple(tf.unstack(lam)), compact=False)
             return (
                 tf.where(finish[None, :], x2, x),
                 tf.where(finish[None, None, :], lam2, lam),
@@ -1861,8 +1924,12 @@ def possibilistic_projection(
 
     Args:
       logits_or_log_probs: ``[..., K]`` logits or log-probabilities (``log_softmax`` is
-        applied, so both give the same ``q``).
-      possibility: ``[..., K]`` possibility degrees (see :func:`possibility_constraints`).
+        applied, so both give the same ``q``); ``-inf`` masks a class; NaN, ``+inf`` and
+        rows of only ``-inf`` are rejected. Leading dims may be unknown at trace time,
+        ``K`` must be static.
+      possibility: ``[..., K]`` possibility degrees in ``[0, 1]`` with row maximum 1;
+        other rows are rejected (``ValueError`` eagerly, an assertion in graphs; NaN rows
+        under XLA).
       tol: feasibility tolerance ``tau`` on the max violation ``V``.
       max_cycles: maximum number of Dykstra cycles (each visits all 3(K-1) constraints);
         with the interior point, the budget of its Dykstra finish.
@@ -1876,6 +1943,8 @@ def possibilistic_projection(
         (the kernel then still runs in float64; the argument documents the weaker regime).
       unroll_max_k: unroll the inner constraint loops in Python when ``K <= unroll_max_k``.
       jit: run the iterations in a cached ``tf.function(jit_compile=True)``.
+      method: ``None`` (the interior point for ``stopping="certified"``, Dykstra for the
+        other rules), ``"interior_point"`` or ``"dykstra"``.
       name: optional name scope.
 
     Returns:
@@ -1911,7 +1980,7 @@ def possibilistic_projection(
         z, z2, pi2, restore = _prepare(logits_or_log_probs, possibility, cfg)
         dtype = z.dtype if z.dtype.is_floating else tf.float32
         z2 = tf.stop_gradient(tf.cast(z2, _F64))
-        p, info, _, _ = _projection_from_z(
+        p, info, _, lq = _projection_from_z(
             z2,
             pi2,
             tol=tol,
@@ -1928,7 +1997,8 @@ def possibilistic_projection(
             jit=jit,
             method=_resolve_method(method, stopping),
         )
-        invalid = _possibility_invalid(pi2) | row_has_nan(z2)
+        # row_has_nan(lq): in 'restrict' mode, every class of the support masked by -inf.
+        invalid = _possibility_invalid(pi2) | _logits_invalid(z2) | row_has_nan(lq)
         p = nan_where(invalid[:, None], p)
         info["valid"] = info["valid"] & ~invalid
         info["converged"] = info["converged"] & ~invalid
@@ -1960,7 +2030,9 @@ def _kl_from_logits(target, z):
     terms = tf.where(
         pos, target * (tf.math.log(tf.where(pos, target, 1.0)) - lq_c), tf.zeros_like(target)
     )
-    loss = tf.reduce_sum(terms, axis=-1)
+    # A NaN target (the projection of an invalid row) or q (+inf logits, every class of the
+    # support masked) would drop out of the sum above: the row is NaN instead.
+    loss = nan_where(row_has_nan(target) | row_has_nan(lq), tf.reduce_sum(terms, axis=-1))
 
     def grad(upstream):
         q = tf.exp(lq)
@@ -1994,7 +2066,9 @@ def possibilistic_projection_loss(
     ``p*`` is recomputed from the current logits and held fixed; by Danskin's theorem the
     gradient ``softmax(z) - p*`` is the exact gradient of ``z -> min_{p in F} KL(p||q)``
     (spec 4). In ``"restrict"`` mode ``q`` is renormalised on the support and classes
-    outside it get zero gradient. Invalid rows (NaN/Inf or all-zero ``pi``) give loss 0.
+    outside it get zero gradient. Invalid rows (``possibility`` breaking the rule of the
+    module docstring; NaN, +inf or all -inf logits) raise eagerly and in graphs, naming the
+    argument, and give a NaN loss under XLA (and with validation off).
 
     Args:
       logits: ``[..., K]`` logits (float16/bfloat16/float32/float64).
@@ -2026,7 +2100,7 @@ def possibilistic_projection_loss(
         z, z2, pi2, restore = _prepare(logits, possibility, cfg)
         dtype = z.dtype if z.dtype.is_floating else tf.float32
         z64 = tf.cast(z2, _F64)
-        p, info, zm, _ = _projection_from_z(
+        p, info, zm, lq = _projection_from_z(
             z64,
             pi2,
             tol=tol,
@@ -2044,7 +2118,7 @@ def possibilistic_projection_loss(
             method=_resolve_method(method, stopping),
         )
         loss = _kl_from_logits(p, zm)
-        invalid = _possibility_invalid(pi2) | row_has_nan(z64)
+        invalid = _possibility_invalid(pi2) | _logits_invalid(z64) | row_has_nan(lq)
         loss = nan_where(invalid, loss)
         info["valid"] = info["valid"] & ~invalid
         info["converged"] = info["converged"] & ~invalid
@@ -2056,7 +2130,10 @@ def possibilistic_projection_loss(
 def antipignistic_kl_loss(logits, possibility, floor: float = 0.0, name: str | None = None):
     """Model B of the paper: ``KL(pdot(pi) || softmax(z))`` with the antipignistic target.
 
-    Gradient ``softmax(z) - pdot``. Rows with NaN/Inf or all-zero ``pi`` give loss 0.
+    Gradient ``softmax(z) - pdot``. Invalid rows (``possibility`` outside ``[0, 1]``, not
+    max-normalised or with NaN/Inf; NaN, +inf or all -inf logits) raise eagerly and in
+    graphs, naming the argument, and give a NaN loss under XLA. ``K`` may be unknown at
+    trace time.
 
     Args:
       logits: ``[..., K]`` logits.
@@ -2085,8 +2162,10 @@ def antipignistic_kl_loss(logits, possibility, floor: float = 0.0, name: str | N
 def vote_kl_loss(logits, votes, name: str | None = None):
     """Model C of the paper: ``KL(v / sum(v) || softmax(z))`` with vote proportions.
 
-    Negative or non-finite counts are invalid: NaN/Inf rows and rows without a positive
-    count give loss 0; negative entries are clipped to 0. Gradient ``softmax(z) - v/sum(v)``.
+    Negative or non-finite counts, rows without a positive count and NaN, +inf or all -inf
+    logits are invalid: they raise eagerly and in graphs, naming the argument, and give a
+    NaN loss under XLA. Gradient ``softmax(z) - v/sum(v)``. ``K`` may be unknown at trace
+    time.
 
     Args:
       logits: ``[..., K]`` logits.
@@ -2117,15 +2196,15 @@ def vote_kl_loss(logits, votes, name: str | None = None):
 def _fixed_target_kl(logits, labels, labels_name, make_target):
     """``KL(t || softmax(z))`` per row for a target ``t`` that does not depend on ``z``.
 
-    ``make_target(labels [N, K] float64) -> (t, valid [N])``; invalid rows get loss 0.
+    ``make_target(labels [N, K] float64) -> (t, valid [N])``; invalid rows get a NaN loss.
     Shared by the paper's fixed-target baselines (Models B and C).
     """
     z = _as_float(logits, "logits")
     y = tf.stop_gradient(_as_float(labels, labels_name))
     _check_same_shape(z, y, "logits", labels_name)
     dtype = z.dtype if z.dtype.is_floating else tf.float32
-    z2, restore = _flatten(z, "logits")
-    y2, _ = _flatten(y, labels_name, k=z2.shape[-1])
+    z2, restore = _flatten(z, "logits", static_k=False)
+    y2, _ = _flatten(y, labels_name, k=z2.shape[-1], static_k=False)
     z2 = _validate_logits(z2, "logits")
     if labels_name == "possibility":
         y2 = _validate_possibility(y2, labels_name)
@@ -2133,7 +2212,7 @@ def _fixed_target_kl(logits, labels, labels_name, make_target):
         y2 = _validate_votes(y2, labels_name)
     target, valid = make_target(tf.cast(y2, _F64))
     y64 = tf.cast(y2, _F64)
-    invalid = ~valid | row_has_nan(tf.cast(z2, _F64)) | tf.reduce_any(y64 < 0.0, axis=-1)
+    invalid = ~valid | _logits_invalid(tf.cast(z2, _F64)) | tf.reduce_any(y64 < 0.0, axis=-1)
     if labels_name == "possibility":
         invalid |= _possibility_invalid(y64)
     loss = _kl_from_logits(tf.stop_gradient(target), tf.cast(z2, _F64))

@@ -144,3 +144,86 @@ def test_bad_possibility_entries_property(col, value):
     pi = GOOD_PI.copy()
     pi[0, col] = value
     assert_rejects(LOSS, GOOD_Z, pi, name="possibility", rows=[0], suite=SUITE)
+
+
+# Issue 19: invalid logits rows, antipignistic bad rows, constraint options, None batch dim.
+
+
+def _fixed_b(z, pi):
+    return ops.antipignistic_kl_loss(z, pi)
+
+
+def _fixed_c(z, votes):
+    return ops.vote_kl_loss(z, votes)
+
+
+@pytest.mark.parametrize(
+    "bad_row",
+    [
+        [np.inf, 0.0, -1.0, 0.5],  # +inf: softmax undefined
+        [-np.inf, -np.inf, -np.inf, -np.inf],  # every class masked
+    ],
+)
+def test_invalid_logit_rows_rejected_or_nan(bad_row):
+    # Issue 19: these rows gave loss 0.0 (the projection was NaN).
+    z = np.array([bad_row, GOOD_Z[1]])
+    for runner in (LOSS, PROJ, Modes(_fixed_b)):
+        assert_rejects(runner, z, GOOD_PI, name="logits", rows=[0], suite=SUITE)
+    votes = np.array([[3.0, 1.0, 0.0, 2.0], [1.0, 1.0, 1.0, 1.0]])
+    assert_rejects(Modes(_fixed_c), z, votes, name="logits", rows=[0], suite=SUITE)
+
+
+@pytest.mark.parametrize(
+    "bad_row",
+    [
+        [np.nan, 1.0, 0.5, 0.2],  # issue 19: came back as the uniform row
+        [np.inf, 1.0, 0.5, 0.2],
+        [1.0, -0.5, 0.2, 0.1],
+        [0.0, 0.0, 0.0, 0.0],
+    ],
+)
+def test_antipignistic_bad_rows_rejected_or_nan(bad_row):
+    pi = np.array([bad_row, GOOD_PI[1]])
+    assert_rejects(Modes(ops.antipignistic), pi, name="possibility", rows=[0], suite=SUITE)
+
+
+def test_constraint_options_rejected_naming_the_argument():
+    # Issue 19: possibility_constraints(floor=-1.0) and (tie_tol=2.0) were accepted.
+    def build(name):
+        return lambda v: ops.possibility_constraints(GOOD_PI, **{name: v})
+
+    assert_hparam_rejected(build("floor"), "floor", (-1.0, 0.0, 1.0, float("nan")), suite=SUITE)
+    assert_hparam_rejected(build("tie_tol"), "tie_tol", (2.0, 1.0, -0.1, float("inf")), suite=SUITE)
+    assert_hparam_rejected(build("eps_cap"), "eps_cap", (0.5, -1e-3), suite=SUITE)
+
+
+class _NoneBatch(Modes):
+    """:class:`Modes` whose graph and XLA programs are traced with a ``None`` batch dim
+    (as Keras traces a dataset with a partial last batch); gradients as in :class:`Modes`
+    (static shapes: tests/ops/test_possibilistic.py checks them at a None batch dim)."""
+
+    def __init__(self, fn, k):
+        super().__init__(fn)
+        spec = [tf.TensorSpec([None, k], tf.float64)] * 2
+        self._graph = tf.function(fn, input_signature=spec, autograph=False)
+        self._xla = tf.function(fn, input_signature=spec, jit_compile=True, autograph=False)
+
+
+LOSS_NONE = _NoneBatch(_loss, K)
+PROJ_NONE = _NoneBatch(_proj, K)
+
+
+@hypothesis.given(_valid_case())
+@CONTRACT_SETTINGS
+def test_none_batch_dim_agrees_with_eager(case):
+    # Issue 19: a None batch dim raised TypeError in the cyclic-reduction solve.
+    z, pi = case
+    assert_modes_agree(PROJ_NONE, z, pi, atol=1e-10, suite=SUITE)
+    assert_modes_agree(LOSS_NONE, z, pi, atol=1e-10, suite=SUITE)
+
+
+def test_none_batch_dim_bad_input_rejected_or_nan():
+    z = np.array([[np.inf, 0.0, -1.0, 0.5], GOOD_Z[1]])
+    assert_rejects(LOSS_NONE, z, GOOD_PI, name="logits", rows=[0], suite=SUITE)
+    pi = np.array([[np.nan, 1.0, 0.5, 0.2], GOOD_PI[1]])
+    assert_rejects(LOSS_NONE, GOOD_Z, pi, name="possibility", rows=[0], suite=SUITE)

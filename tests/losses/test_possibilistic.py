@@ -196,3 +196,26 @@ def test_mixed_precision_and_mirrored():
         build_model, X, PI, PossibilisticProjectionLoss(), batch_size=64
     )
     assert_mirrored_matches_single(build_model, X, PI, PossibilisticProjectionLoss())
+
+
+@pytest.mark.parametrize(
+    "name,labels",
+    [
+        ("possibilistic_projection", PI),
+        ("possibilistic_projection", np.argmax(PI, 1)),  # class ids
+        ("antipignistic_kl", PI),
+        ("vote_kl", VOTES),
+    ],
+)
+def test_fit_and_evaluate_with_a_partial_last_batch(name, labels):
+    # Issue 19: 50 rows in batches of 16 leave a batch of 2, so Keras traces the step with
+    # a None batch dimension; the possibilistic losses raised TypeError there.
+    x, y = X[:50], labels[:50]
+    model = build_model()
+    model.compile(optimizer=keras.optimizers.Adam(0.05), loss=name)
+    initial = model.evaluate(x, y, batch_size=16, verbose=0)
+    loss = losszoo.get_class(name, "loss")(reduction=None)
+    want = float(np.mean(loss(y, model(x)).numpy()))  # the whole set at a static shape
+    np.testing.assert_allclose(initial, want, rtol=1e-5)
+    history = model.fit(x, y, batch_size=16, epochs=3, verbose=0).history["loss"]
+    assert np.all(np.isfinite(history)) and history[-1] < history[0]

@@ -688,3 +688,156 @@ def test_bad_arguments_raise_early():
         possibilistic_projection(1.0, 1.0)
     with pytest.raises(TypeError, match="`logits"):
         possibilistic_projection(tf.constant([["a", "b"]]), pi)
+
+
+# ----------------------------------------------------------------------------------------
+# Issue 19: unknown batch size at trace time, invalid logits, antipignistic / option checks
+# ----------------------------------------------------------------------------------------
+
+
+def _graded(rng, batch, k):
+    pi = np.round(rng.random((batch, k)), 2)
+    pi[np.arange(batch), rng.integers(k, size=batch)] = 1.0
+    pi[0] = np.eye(k)[0]  # a two-block row (closed form)
+    pi[1] = 1.0  # total ignorance (short-circuit)
+    return np.maximum(pi, RHO)
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+@pytest.mark.parametrize(
+    "k,batch,kw",
+    [
+        (12, 40, {}),  # interior point with batch compaction (40 >= 32), Dykstra finish
+        (12, 3, {}),  # a batch below the compaction threshold
+        (12, 40, {"method": "dykstra", "stopping": "paper"}),  # rolled Dykstra, compacted
+        (5, 6, {"method": "dykstra"}),  # unrolled small-K Dykstra
+    ],
+)
+def test_none_batch_dim_matches_static_shapes(k, batch, kw, jit_compile):
+    # Issue 19: with the batch unknown at trace time (a Keras dataset with a partial last
+    # batch), the cyclic-reduction solve built shapes from static dims and raised TypeError.
+    rng = np.random.default_rng(19)
+    z = tf.constant(3.0 * rng.normal(size=(batch, k)))
+    pi = tf.constant(_graded(rng, batch, k))
+
+    def fn(z, pi):
+        p, info = possibilistic_projection(z, pi, **kw)
+        with tf.GradientTape() as tape:
+            tape.watch(z)
+            loss, _ = possibilistic_projection_loss(z, pi, **kw)
+        return p, info["iterations"], loss, tape.gradient(loss, z)
+
+    spec = [tf.TensorSpec([None, k], tf.float64)] * 2
+    dynamic = tf.function(fn, input_signature=spec, jit_compile=jit_compile)
+    static = tf.function(fn, jit_compile=jit_compile)
+    got, want = dynamic(z, pi), static(z, pi)
+    assert got[0].shape.as_list() == [batch, k]
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), atol=1e-10, rtol=0)
+    # and the static program is the eager op (the projection certified, gradient q - p*)
+    p_eager, _ = possibilistic_projection(z, pi, **kw)
+    np.testing.assert_allclose(want[0].numpy(), p_eager.numpy(), atol=1e-10, rtol=0)
+    q = tf.nn.softmax(z).numpy()
+    np.testing.assert_allclose(got[3].numpy(), q - got[0].numpy(), atol=1e-12)
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_fixed_target_ops_accept_unknown_batch_and_class_dims(jit_compile):
+    rng = np.random.default_rng(20)
+    pi, _ = random_cases(rng, 5, 4)
+    logits = rng.normal(size=(5, 4))
+    votes = rng.integers(1, 9, size=(5, 4)).astype(float)
+    q = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
+    pdot = np.stack([ref_antipignistic(r) for r in pi])
+    spec = [tf.TensorSpec([None, None], tf.float64)] * 2
+
+    def run(fn, *args):
+        return tf.function(fn, input_signature=spec[: len(args)], jit_compile=jit_compile)(*args)
+
+    np.testing.assert_allclose(run(lambda p: antipignistic(p), pi).numpy(), pdot, atol=1e-12)
+    np.testing.assert_allclose(
+        run(lambda z, p: antipignistic_kl_loss(z, p), logits, pi).numpy(), kl(pdot, q), atol=1e-12
+    )
+    vbar = votes / votes.sum(1, keepdims=True)
+    np.testing.assert_allclose(
+        run(lambda z, v: vote_kl_loss(z, v), logits, votes).numpy(), kl(vbar, q), atol=1e-12
+    )
+    # The projection unrolls over K: an unknown class axis is a clear error.
+    with pytest.raises(ValueError, match="class axis .* `logits` must have a static size"):
+        run(lambda z, p: possibilistic_projection_loss(z, p)[0], logits, pi)
+
+
+BAD_LOGIT_ROWS = [
+    [np.inf, 0.0, -1.0],  # +inf: q is undefined (softmax gives NaN)
+    [-np.inf, -np.inf, -np.inf],  # every class masked
+]
+
+
+@pytest.mark.parametrize("bad", BAD_LOGIT_ROWS)
+def test_invalid_logits_give_nan_loss_not_zero(bad):
+    # Issue 19: these rows gave loss 0.0 while the projection was NaN.
+    z = np.array([bad, [2.0, 0.0, -1.0]])
+    pi = np.array([[1.0, 0.5, 0.2], [1.0, 0.5, 0.2]])
+    for op in (
+        lambda z, p: possibilistic_projection_loss(z, p)[0],
+        lambda z, p: possibilistic_projection(z, p)[0],
+        antipignistic_kl_loss,
+        vote_kl_loss,
+    ):
+        with pytest.raises(ValueError, match="`logits` must not hold NaN or \\+inf"):
+            op(z, pi)
+        with losszoo.validation(False):
+            eager = op(z, pi).numpy()
+        xla = tf.function(op, jit_compile=True)(tf.constant(z), tf.constant(pi)).numpy()
+        for out in (eager, xla):
+            assert np.isnan(out[0]).all() and np.isfinite(out[1]).all()
+    # A -inf logit alone masks its class: still a finite loss.
+    loss, _ = possibilistic_projection_loss([[-np.inf, 0.0, -1.0]], [[1.0, 0.5, 0.2]])
+    assert np.isfinite(loss.numpy()).all()
+
+
+def test_restrict_mode_with_every_support_class_masked_is_nan():
+    # The support's logits all -inf (the others finite): q is undefined on the support.
+    args = ([[-np.inf, -np.inf, 1.0], [0.0, 1.0, 1.0]], [[1.0, 0.5, 0.0]] * 2)
+    loss, info = possibilistic_projection_loss(*args, support_mode="restrict")
+    p, _ = possibilistic_projection(*args, support_mode="restrict")
+    assert np.isnan(loss.numpy()[0]) and np.isnan(p.numpy()[0]).all()
+    np.testing.assert_array_equal(info["valid"].numpy(), [False, True])
+    assert np.isfinite(loss.numpy()[1])
+
+
+def test_antipignistic_invalid_rows_raise_or_nan():
+    # Issue 19 (item 11): a NaN row came back as the uniform distribution.
+    good = [1.0, 0.5, 0.2]
+    for bad in ([np.nan, 1.0, 0.5], [np.inf, 1.0, 0.5], [1.0, -0.5, 0.2], [0.0, 0.0, 0.0]):
+        pi = np.array([bad, good])
+        with pytest.raises(ValueError, match="`possibility` must hold finite, non-negative"):
+            antipignistic(pi)
+        with losszoo.validation(False):
+            eager = antipignistic(pi).numpy()
+        xla = tf.function(antipignistic, jit_compile=True)(tf.constant(pi)).numpy()
+        for out in (eager, xla):
+            assert np.isnan(out[0]).all()
+            np.testing.assert_allclose(out[1], ref_antipignistic(np.array(good)), atol=1e-7)
+    # any positive scale stays valid (the op divides by the row maximum)
+    np.testing.assert_allclose(
+        antipignistic([[3.0, 1.5, 0.6]]).numpy()[0], ref_antipignistic(np.array(good)), atol=1e-7
+    )
+
+
+def test_possibility_constraints_rejects_bad_options():
+    # Issue 19 (item 11): floor=-1 and tie_tol=2 were accepted.
+    pi = [[1.0, 0.5, 0.2]]
+    for kwargs, name in (
+        ({"floor": -1.0}, "floor"),
+        ({"floor": 1.0}, "floor"),
+        ({"tie_tol": 2.0}, "tie_tol"),
+        ({"tie_tol": -0.1}, "tie_tol"),
+        ({"eps_cap": 0.5}, "eps_cap"),
+        ({"eps_cap": float("nan")}, "eps_cap"),
+    ):
+        with pytest.raises(ValueError, match=f"`{name}`"):
+            possibility_constraints(pi, **kwargs)
+    # the boundary values that are allowed still work
+    c = possibility_constraints(pi, tie_tol=0.0, eps_cap=0.0, floor=0.5)
+    np.testing.assert_allclose(c.sorted_possibility.numpy(), [[1.0, 0.5, 0.5]])
