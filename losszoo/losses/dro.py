@@ -1,7 +1,9 @@
 """Keras losses: the safe-KL DRO risk (trains its own dual scalar alpha) and its baselines.
 
-Maths: :mod:`losszoo.ops._dro` (spec ``shared/specs/safe_kl_dro.md``). This module only
-handles configuration, the base loss, sample weights, and the state of alpha.
+Maths: :mod:`losszoo.ops._dro` and, over the global batch, :mod:`losszoo.ops.distribute`
+(spec ``shared/specs/safe_kl_dro.md``). This module holds the Keras classes; the base loss is
+resolved in ``losses/_base_loss.py``, alpha's update rule is ``losses/_dro_alpha.py`` and the
+Keras 3 trainer hook ``losses/_dro_trainer.py``.
 
 How alpha is trained under ``model.compile(loss="safe_kl_dro")`` + plain ``model.fit``
 ----------------------------------------------------------------------------------------
@@ -109,20 +111,17 @@ the names stay).
 
 from __future__ import annotations
 
-import contextlib
-import threading
-import warnings
-
 import keras
 import tensorflow as tf
-from tensorflow.python.eager import record as _tf_record
 
 from losszoo import ops
-from losszoo._logits import attached_logits
-from losszoo.losses._targets import SampleWeightCheck, class_ids_and_invalid
+from losszoo.losses import _dro_alpha, _dro_trainer
+from losszoo.losses._base_loss import per_example, resolve_base_loss
+from losszoo.losses._dro_trainer import alpha_updates
+from losszoo.losses._targets import SampleWeightCheck
 from losszoo.ops import _common as ops_common
-from losszoo.ops import _dro as dro_ops
-from losszoo.ops._dro import _prepare, check_lam, check_rho
+from losszoo.ops import distribute
+from losszoo.ops._dro import check_bool, check_lam, check_rho
 from losszoo.registry import register
 
 __all__ = [
@@ -134,81 +133,6 @@ __all__ = [
     "find_dro_losses",
 ]
 
-# ----------------------------------------------------------------------------- training flag
-_state = threading.local()
-
-
-def _stack(name):
-    if not hasattr(_state, name):
-        setattr(_state, name, [])
-    return getattr(_state, name)
-
-
-@contextlib.contextmanager
-def alpha_updates(enabled: bool):
-    """Force (``True``) or forbid (``False``) alpha updates of safe-KL losses in this block.
-
-    The decision is taken when a step is traced, so use it around the first call of a
-    ``tf.function`` (or around eager code).
-    """
-    _stack("override").append(bool(enabled))
-    try:
-        yield
-    finally:
-        _stack("override").pop()
-
-
-def _install_trainer_hook():
-    """Wrap ``keras.src.trainers.trainer.Trainer._compute_loss`` to publish the training flag.
-
-    Called by :class:`SafeKLDRORisk` when one is built, never at import: Keras stays
-    untouched for users who do not use a DRO loss. Idempotent. The wrapper only pushes
-    ``(model, training)`` to a thread-local stack around the original call. Returns whether
-    the hook is in place; if this Keras has no such method, the loss falls back to the
-    tape rule (alpha moves when a ``GradientTape`` records) and warns once.
-    """
-    try:
-        from keras.src.trainers import trainer as trainer_module
-
-        cls = trainer_module.Trainer
-    except (ImportError, AttributeError):  # pragma: no cover - Keras layout changed
-        cls = None
-    original = None if cls is None else cls.__dict__.get("_compute_loss")
-    if original is None:  # pragma: no cover - Keras layout changed
-        if not _HOOK["warned"]:
-            _HOOK["warned"] = True
-            warnings.warn(
-                "losszoo.SafeKLDRORisk could not find Keras' Trainer._compute_loss in this "
-                f"Keras ({keras.__version__}); it tells training from evaluation by the "
-                "GradientTape rule instead and cannot add its diagnostics to the logs.",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-        return False
-    if getattr(original, "_losszoo_dro_hook", False):
-        return True
-
-    def _compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
-        _stack("trainer").append((self, bool(training)))
-        try:
-            return original(self, x, y, y_pred, sample_weight=sample_weight, training=training)
-        finally:
-            _stack("trainer").pop()
-
-    _compute_loss._losszoo_dro_hook = True
-    _compute_loss.__wrapped__ = original
-    _compute_loss.__doc__ = original.__doc__
-    cls._compute_loss = _compute_loss
-    return True
-
-
-_HOOK = {"warned": False}
-
-
-def _current_trainer():
-    st = _stack("trainer")
-    return st[-1] if st else (None, None)
-
 
 # ----------------------------------------------------------------------------- helpers
 def _python_number(value, name, **rules):
@@ -216,103 +140,6 @@ def _python_number(value, name, **rules):
     if isinstance(value, (tf.Tensor, tf.Variable)):
         raise TypeError(f"`{name}` must be a Python number, not a tensor.")
     return ops_common.check_number(value, name, **rules)
-
-
-def _resolve_base_loss(base_loss):
-    """Return ``(fn, config)`` where ``fn(y_true, y_pred)`` gives per-example losses.
-
-    ``None`` is the default: sparse categorical cross-entropy on logits. ``fn`` checks the
-    labels and uses attached logits as :func:`_checked_base` describes.
-    """
-    if base_loss is None:
-        base_loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    if isinstance(base_loss, dict):
-        base_loss = keras.losses.deserialize(base_loss)
-    obj = keras.losses.get(base_loss) if isinstance(base_loss, str) else base_loss
-    if obj is None:
-        raise ValueError("`base_loss` must be a Keras loss (name, instance or function), got None.")
-    if isinstance(obj, keras.losses.Loss):
-        config = base_loss if isinstance(base_loss, str) else keras.losses.serialize(obj)
-        cfg = obj.get_config()
-        takes_logits = cfg.get("from_logits") is True
-        sparse = isinstance(obj, keras.losses.SparseCategoricalCrossentropy)
-        sparse = sparse and cfg.get("ignore_class") is None
-        if "reduction" in cfg:
-            cfg["reduction"] = None
-            obj = obj.__class__.from_config(cfg)
-        else:  # pragma: no cover - exotic losses without reduction in their config
-            inner = obj
-
-            def obj(y_true, y_pred):
-                return inner.call(y_true, y_pred)
-
-        return _checked_base(obj, takes_logits, sparse), config
-    if callable(obj):
-        config = base_loss if isinstance(base_loss, str) else keras.losses.serialize(obj)
-        sparse = obj is keras.losses.sparse_categorical_crossentropy
-        return _checked_base(obj, False, sparse), config
-    raise TypeError(
-        f"`base_loss` must be a Keras loss name, instance or callable, got {base_loss!r}."
-    )
-
-
-def _checked_base(fn, takes_logits, sparse_ids):
-    """``fn`` with the fail-loud label checks, reading attached logits if it takes logits.
-
-    * ``takes_logits`` (a Keras loss with ``from_logits=True``, the default base loss): a
-      ``y_pred`` that carries its logits (Keras' softmax, ``_keras_logits``, or a losszoo
-      head) is replaced by them, so a model ending in a softmax trains on its logits.
-    * ``sparse_ids`` (sparse categorical cross-entropy without ``ignore_class``): ``y_true``
-      must hold class ids in ``[0, K)``, whole numbers if floating (Keras would cast NaN or
-      1.5 to some id, and XLA gives any id a finite loss).
-    * otherwise a floating ``y_true`` must not hold NaN.
-
-    Eagerly and in graphs a violation raises naming ``y_true`` (skipped with
-    ``losszoo.set_validation(False)``); under XLA the affected examples' losses are NaN, so a
-    positive weight makes the risk NaN.
-    """
-
-    def per_example(y_true, y_pred):
-        logits = attached_logits(y_pred) if takes_logits else None
-        if logits is not None:
-            y_pred = logits
-        if sparse_ids:
-            ids, invalid = class_ids_and_invalid(y_true, tf.convert_to_tensor(y_pred))
-            return ops_common.nan_where(invalid, fn(ids, y_pred))
-        y_true = tf.convert_to_tensor(y_true)
-        if not y_true.dtype.is_floating:
-            return fn(y_true, y_pred)
-        y_true = ops_common.check_not_nan(y_true, "y_true")
-        values = tf.convert_to_tensor(fn(y_true, y_pred))
-        return ops_common.nan_where(_per_row(tf.math.is_nan(y_true), values), values)
-
-    return per_example
-
-
-def _per_row(flags, values):
-    """``flags`` (``y_true``'s shape) reduced to ``values``' shape: per example when
-    ``y_true``'s leading axes are the losses' axes, else one flag for the whole batch."""
-    r, k = values.shape.rank, flags.shape.rank
-    if (
-        r is not None
-        and k is not None
-        and k >= r
-        and flags.shape[:r].is_compatible_with(values.shape)
-    ):
-        return tf.reduce_any(flags, axis=list(range(r, k)))
-    return tf.reduce_any(flags)
-
-
-def _per_example(fn, y_true, y_pred):
-    values = fn(y_true, y_pred)
-    values = tf.convert_to_tensor(values)
-    if values.shape.rank == 0:
-        raise ValueError(
-            "`base_loss` returned a scalar; the DRO risk needs per-example losses. Pass a "
-            "Keras loss that reduces over the batch only via its `reduction` (instances are "
-            "re-created with reduction=None) or a function returning shape [batch, ...]."
-        )
-    return tf.cast(values, tf.float32) if values.dtype != tf.float64 else values
 
 
 def _keras_mask(y_pred):
@@ -330,55 +157,6 @@ def _weights_with_mask(sample_weight, y_pred, shape_ref):
     while sw.shape.rank is not None and sw.shape.rank < mask.shape.rank:
         sw = sw[..., None]
     return sw * mask
-
-
-def _num_replicas():
-    return tf.distribute.get_strategy().num_replicas_in_sync
-
-
-def _cross_replica(values, combine, collective):
-    """Combine a list of per-replica tensors across replicas (identity without distribution).
-
-    Under a single-process ``MirroredStrategy`` the per-replica values are combined by
-    ``combine`` on the local copies inside ``merge_call`` (plain copies, no collective ops):
-    every ``MirroredStrategy`` in a process starts its collective group and instance keys at
-    the same numbers, so collectives of a strategy built after another one, with other
-    shapes at the same keys, abort the process' collective executor (a second strategy in a
-    notebook or a sweep). Other strategies (multi-worker) use ``collective(ctx, values)``.
-    """
-    ctx = tf.distribute.get_replica_context()
-    if _num_replicas() == 1 or ctx is None:  # cross-replica context (e.g. symbolic build)
-        return values
-    strategy = tf.distribute.get_strategy()
-    use_merge = getattr(strategy.extended, "_use_merge_call", lambda: True)()
-    if isinstance(strategy, tf.distribute.MirroredStrategy) and use_merge:
-        return ctx.merge_call(
-            lambda s, *vs: [combine(list(s.experimental_local_results(v))) for v in vs],
-            args=tuple(values),
-        )
-    return collective(ctx, values)
-
-
-def _replica_sum(values):
-    """All-reduce SUM a list of scalars across replicas (identity without distribution)."""
-    return _cross_replica(
-        values, tf.add_n, lambda ctx, vs: ctx.all_reduce(tf.distribute.ReduceOp.SUM, vs)
-    )
-
-
-def _replica_gather(values):
-    """All-gather a tensor (or a list of tensors) along axis 0, in replica order."""
-    flat = values if isinstance(values, list) else [values]
-    out = _cross_replica(
-        flat,
-        lambda parts: tf.concat(parts, 0),
-        lambda ctx, vs: [ctx.all_gather(v, axis=0) for v in vs],
-    )
-    return out if isinstance(values, list) else out[0]
-
-
-def _replica_max(value):
-    return tf.reduce_max(_replica_gather(tf.reshape(value, [1])))
 
 
 # ----------------------------------------------------------------------------- base class
@@ -414,11 +192,11 @@ class _BatchRiskLoss(SampleWeightCheck, keras.losses.Loss):
         dtype=None,
     ):
         super().__init__(name=name, reduction=reduction, dtype=dtype)
-        self._base_fn, self._base_config = _resolve_base_loss(base_loss)
+        self._base_fn, self._base_config = resolve_base_loss(base_loss)
 
     def per_example_losses(self, y_true, y_pred):
         """The base loss per example (float32 or float64), shape ``[batch, ...]``."""
-        return _per_example(self._base_fn, y_true, y_pred)
+        return per_example(self._base_fn, y_true, y_pred)
 
     def __call__(self, y_true, y_pred, sample_weight=None):
         with tf.name_scope(self.name):
@@ -468,107 +246,6 @@ class _BatchRiskLoss(SampleWeightCheck, keras.losses.Loss):
 
     def get_config(self):
         return {**super().get_config(), "base_loss": self._base_config}
-
-
-def _multi_replica():
-    return _num_replicas() > 1 and tf.distribute.get_replica_context() is not None
-
-
-def _global_flag(flag, dtype):
-    """A scalar bool that is true on every replica if it is true on any."""
-    if flag is None:
-        return None
-    return _replica_sum([tf.cast(flag, dtype)])[0] > 0
-
-
-def _global_share(fn, l):
-    """Global-batch value under a multi-replica strategy.
-
-    ``fn(l)`` returns ``(V, g)``: the global-batch risk ``V`` (computed with collectives, the
-    same on every replica) and its exact gradient ``g = dV/dl`` for this replica's losses.
-    Each replica returns ``V / n_replicas`` with the gradient ``g``: Keras sums the replicas'
-    losses and gradients, so the model gets exactly the global-batch value and gradient of
-    one device, and Keras' logged loss (replica values unscaled by ``n`` and averaged) is
-    ``V`` however unevenly the batch was split. No collective runs in the backward pass.
-    """
-    inv_n = 1.0 / _num_replicas()
-
-    @tf.custom_gradient
-    def share(l):
-        value, g = fn(l)
-
-        def grad(dv):
-            return dv * g
-
-        return value * tf.constant(inv_n, value.dtype), grad
-
-    return share(l)
-
-
-def _shown_as(x, shown):
-    """``shown`` as the value, with the gradient of ``x`` (``shown`` gets none)."""
-    shown = tf.stop_gradient(tf.cast(shown, x.dtype))
-
-    @tf.custom_gradient
-    def f(x):
-        return tf.identity(shown), lambda dv: dv
-
-    return f(x)
-
-
-def _global_batch_lse(l, s, lam):
-    """``kl_dro_batch_lse`` over the global batch (shared max shift, all-reduced sums)."""
-    l, s, _, bad = _prepare(l, s)
-    bad = _global_flag(dro_ops._any(bad, dro_ops._live_nan(l, s)), l.dtype)
-
-    def fn(l):
-        a, m = dro_ops._batch_lse_parts(l, s, lam)
-        ex, m_safe, m_inf = dro_ops._batch_lse_exp(a, s, _replica_max(m))
-        tot, s_sum = _replica_sum([tf.reduce_sum(ex), tf.reduce_sum(s)])
-        val = dro_ops._batch_lse_value(lam, m_safe, m_inf, tot, s_sum)
-        return (dro_ops._poison(bad, val), dro_ops._poison(bad, tf.math.divide_no_nan(ex, tot)))
-
-    return _global_share(fn, l)
-
-
-def _global_sumexp(l, s, lam):
-    """``kl_dro_sumexp`` over the global batch (pi normalised by the global weight sum)."""
-    l, s, _, bad = _prepare(l, s)
-    bad = _global_flag(bad, l.dtype)
-
-    def fn(l):
-        (s_sum,) = _replica_sum([tf.reduce_sum(s)])
-        live = s > 0
-        pi = tf.where(live, tf.math.divide_no_nan(s, s_sum), tf.zeros_like(s))
-        ex = tf.where(live, tf.exp(l * tf.constant(1.0 / lam, l.dtype)), tf.zeros_like(l))
-        (val,) = _replica_sum([tf.reduce_sum(pi * ex)])
-        return (
-            dro_ops._poison(bad, val),
-            dro_ops._poison(bad, pi * ex * tf.constant(1.0 / lam, l.dtype)),
-        )
-
-    return _global_share(fn, l)
-
-
-def _global_cvar(l, s, rho):
-    """``cvar_risk`` over the global batch: the tail masses come from the all-gathered
-    losses in replica order (what one device sees), each replica keeps its own slice."""
-    l, s, _, bad = _prepare(l, s)
-    bad = _global_flag(dro_ops._any(bad, dro_ops._live_nan(l, s)), l.dtype)
-    ctx = tf.distribute.get_replica_context()
-    n_local = tf.shape(l)[:1]
-    sizes, l_all, s_all = _replica_gather([n_local, tf.stop_gradient(l), s])
-    offset = tf.reduce_sum(sizes[: ctx.replica_id_in_sync_group])
-    q = tf.slice(dro_ops._cvar_tail_mass(l_all, s_all, rho), offset[None], n_local)
-    q = tf.stop_gradient(q)
-
-    def fn(l):
-        dt = l.dtype
-        (val,) = _replica_sum([tf.reduce_sum(tf.where(q > 0, q * l, tf.zeros_like(l)))])
-        val = val * tf.constant(1.0 / rho, dt)
-        return dro_ops._poison(bad, val), dro_ops._poison(bad, q * tf.constant(1.0 / rho, dt))
-
-    return _global_share(fn, l)
 
 
 class _DRODiagnostics(keras.metrics.Metric):
@@ -687,18 +364,14 @@ class SafeKLDRORisk(_BatchRiskLoss):
         self.lam = check_lam(lam)
         self.rho = check_rho(rho)
         self.alpha_init = _python_number(alpha_init, "alpha_init")
-        self.init_alpha_from_batch = dro_ops._check_bool(
-            init_alpha_from_batch, "init_alpha_from_batch"
-        )
+        self.init_alpha_from_batch = check_bool(init_alpha_from_batch, "init_alpha_from_batch")
         self.alpha_learning_rate = _python_number(
             alpha_learning_rate, "alpha_learning_rate", low=0.0, allow_none=True
         )
         self.alpha_lr_multiplier = _python_number(
             alpha_lr_multiplier, "alpha_lr_multiplier", low=0.0
         )
-        ops_common.check_choice(
-            alpha_optimizer, "alpha_optimizer", ("newton", "auto", "sgd", "adam")
-        )
+        ops_common.check_choice(alpha_optimizer, "alpha_optimizer", _dro_alpha.RULES)
         self.alpha_optimizer = alpha_optimizer
         self.alpha_damping = _python_number(
             alpha_damping, "alpha_damping", low=0.0, low_open=True, high=1.0
@@ -706,8 +379,8 @@ class SafeKLDRORisk(_BatchRiskLoss):
         if not any(update_alpha is v for v in ("auto", True, False)) and update_alpha != "auto":
             raise ValueError(f"`update_alpha` must be 'auto', True or False, got {update_alpha!r}.")
         self.update_alpha = update_alpha
-        self.calibrate = dro_ops._check_bool(calibrate, "calibrate")
-        _install_trainer_hook()  # first SafeKLDRORisk only: Keras is untouched until then
+        self.calibrate = check_bool(calibrate, "calibrate")
+        _dro_trainer.install_trainer_hook()  # the first SafeKLDRORisk: Keras untouched till then
         self._strategy = tf.distribute.get_strategy()
         with tf.init_scope():
             kw = {
@@ -752,103 +425,10 @@ class SafeKLDRORisk(_BatchRiskLoss):
         )
 
     # ---------------------------------------------------------------- training logic
-    def _is_training(self):
-        override = _stack("override")
-        if override:
-            return override[-1], None
-        trainer, training = _current_trainer()
-        if self.update_alpha is not True and self.update_alpha is not False:
-            if trainer is not None:
-                return training, trainer
-            return bool(_tf_record.could_possibly_record()), None
-        return bool(self.update_alpha), trainer
-
-    def _attach_metrics(self, trainer):
-        if trainer is None:
-            return
-        own = getattr(trainer, "_metrics", None)
-        if own is None:
-            return
-        for m in self.metrics:
-            if not any(x is m for x in own):
-                own.append(m)
-
-    def _replace_name_in_compile_config(self, trainer):
-        """Make ``model.save`` store this instance (with its alpha), not the name it was
-        compiled with: Keras serialises ``compile(loss=...)`` as given."""
-        compiled = getattr(getattr(trainer, "_compile_config", None), "config", None)
-        if not isinstance(compiled, dict) or not isinstance(compiled.get("loss"), str):
-            return
-        entries = getattr(getattr(trainer, "_compile_loss", None), "_flat_losses", None) or []
-        if any(entry.loss is self for entry in entries):
-            compiled["loss"] = self
-
-    def _learning_rate(self, trainer):
-        if self.alpha_learning_rate is not None:
-            lr = tf.constant(self.alpha_learning_rate, tf.float32)
-        else:
-            opt = getattr(trainer, "optimizer", None) if trainer is not None else None
-            if opt is not None:
-                lr = tf.cast(tf.convert_to_tensor(opt.learning_rate), tf.float32)
-            else:
-                lr = tf.constant(1e-3, tf.float32)
-        return lr * tf.constant(self.alpha_lr_multiplier, tf.float32)
-
-    def _optimizer_kind(self, trainer):
-        if self.alpha_optimizer != "auto":
-            return self.alpha_optimizer, 0.0, False
-        opt = getattr(trainer, "optimizer", None) if trainer is not None else None
-        opt = getattr(opt, "inner_optimizer", opt)
-        if isinstance(opt, keras.optimizers.SGD):
-            return "sgd", float(opt.momentum), bool(opt.nesterov)
-        return "adam", 0.0, False
-
-    def _newton_step(self, mean_w, curvature, nonempty):
-        """Damped Newton step on ``log(sum pi w) = 0`` with the exact curvature (spec 2.6, 3.1).
-
-        ``f(alpha) = log mean_w`` is decreasing with ``f' = -curvature / (lam mean_w)``, so the
-        Newton step is ``lam log(mean_w) mean_w / curvature``: exactly ``lam log mean_w`` in
-        the KL regime (rho w << 1, one step solves the batch), larger where the cap binds.
-        The ratio ``mean_w / curvature`` is clipped to ``[1, 1/rho]`` (it diverges when every
-        weight is saturated) and ``mean_w`` floored at 1e-30 (underflow), so a step is at most
-        ``lam * 69`` down and ``lam log(1/rho) / rho`` up, before the damping.
-        """
-        tiny = tf.constant(1e-30, tf.float32)
-        ratio = tf.clip_by_value(
-            tf.math.divide_no_nan(mean_w, tf.maximum(curvature, tiny)), 1.0, 1.0 / self.rho
-        )
-        step = (self.alpha_damping * self.lam) * tf.math.log(tf.maximum(mean_w, tiny)) * ratio
-        return tf.where(nonempty, step, tf.zeros_like(step))
-
-    def _apply_update(self, alpha_used, state, mean_w, curvature, nonempty, trainer):
-        one = tf.ones([], tf.float32)
-        if self.alpha_optimizer == "newton":
-            step = self._newton_step(mean_w, curvature, nonempty)
-            return [
-                self._state.assign(tf.stack([alpha_used + step, one, state[2], state[3], state[4]]))
-            ]
-        grad = tf.where(nonempty, 1.0 - mean_w, tf.zeros_like(mean_w))
-        lr = self._learning_rate(trainer)
-        kind, momentum, nesterov = self._optimizer_kind(trainer)
-        m, v, t = state[2], state[3], state[4]
-        if kind == "sgd":
-            if momentum > 0.0:
-                m = momentum * m - lr * grad
-                step = momentum * m - lr * grad if nesterov else m
-            else:
-                step = -lr * grad
-        else:
-            b1, b2, eps = 0.9, 0.999, 1e-7
-            t = t + 1.0
-            m = b1 * m + (1.0 - b1) * grad
-            v = b2 * v + (1.0 - b2) * grad * grad
-            m_hat = m / (1.0 - tf.pow(b1, t))
-            v_hat = v / (1.0 - tf.pow(b2, t))
-            step = -lr * m_hat / (tf.sqrt(v_hat) + eps)
-        return [self._state.assign(tf.stack([alpha_used + step, one, m, v, t]))]
-
     def _check_distribution(self):
-        if _num_replicas() > 1 and not isinstance(self._state, tf.distribute.DistributedValues):
+        if distribute.num_replicas() > 1 and not isinstance(
+            self._state, tf.distribute.DistributedValues
+        ):
             raise ValueError(
                 "SafeKLDRORisk was created outside the active tf.distribute strategy's scope, "
                 "so its alpha cannot be kept in sync across replicas. Create the loss (or "
@@ -857,76 +437,40 @@ class SafeKLDRORisk(_BatchRiskLoss):
 
     def _risk(self, l, s):
         self._check_distribution()
-        training, trainer = self._is_training()
+        training, trainer = _dro_trainer.training_flag(self.update_alpha)
         if trainer is not None:
-            self._attach_metrics(trainer)
-        self._replace_name_in_compile_config(_current_trainer()[0])
-        multi = _num_replicas() > 1
-        if s is None:  # lean path: no weight vector at all (the common case in fit)
-            l32, _ = ops_common.to_compute_dtype(l, "losses")
-            l32, s32 = tf.reshape(l32, [-1]), None
-        else:
-            l32, s32, _, s_bad = _prepare(l, s)
+            _dro_trainer.attach_metrics(trainer, self.metrics)
+        _dro_trainer.store_instance_in_compile_config(_dro_trainer.current_trainer()[0], self)
         state = self._state.read_value()
-        alpha_var = state[0]
-        if self.init_alpha_from_batch:
-            # Bisection only runs (tf.cond) until alpha has been initialised. No cross-replica
-            # synchronisation is allowed inside the cond, so under a multi-replica strategy
-            # the global batch is all-gathered before it (every replica then solves the same
-            # global problem, exactly as one device would).
-            init = state[1] > 0.5
-            l_all, s_all = tf.stop_gradient(l32), s32
-            if multi:
-                # exact global-batch solution: gather the (few) losses of all replicas
-                l_all = _replica_gather(l32)
-                s_all = None if s32 is None else _replica_gather(s32)
-            with _tf_record.stop_recording():  # no gradient: keeps XLA free of cond grads
-                solved = tf.cond(
-                    init,
-                    lambda: tf.zeros([], tf.float32),
-                    lambda: tf.cast(
-                        ops.safe_kl_dro_solve_alpha(l_all, self.lam, self.rho, s_all), tf.float32
-                    ),
-                )
-            alpha_used = tf.where(init, alpha_var, solved)
-        else:
-            alpha_used = alpha_var
-        value, stats = ops.safe_kl_dro_risk_and_stats(
-            l32,
-            tf.cast(alpha_used, l32.dtype),
-            self.lam,
-            self.rho,
-            s32,
-            calibrate=self.calibrate,
-            _validate_alpha=False,
-            _prepared_bad=False if s32 is None else s_bad,
+        # Bisection runs (tf.cond) only until alpha has been initialised.
+        solve = tf.logical_not(state[1] > 0.5) if self.init_alpha_from_batch else None
+        value, stats = distribute.safe_kl_dro_risk_and_stats_global(
+            l, state[0], self.lam, self.rho, s, self.calibrate, solve_alpha=solve
         )
-        mean_w, sat, curv = stats["mean_w"], stats["saturation"], stats["curvature"]
-        if multi:
-            s_local = tf.cast(tf.size(l32), l32.dtype) if s32 is None else tf.reduce_sum(s32)
-            share = value * s_local  # this replica's part of sum_i s_i g_i
-            sw_glob, s_glob, sc_glob, v_glob = _replica_sum(
-                [mean_w * s_local, s_local, curv * s_local, tf.where(s_local > 0, share, 0.0)]
-            )
-            sat = _replica_max(sat)
-            # Gradient: this replica's share of the global weighted mean (Keras sums the
-            # replicas' gradients). Value: global risk / N, as the baselines (Keras' logged
-            # loss is then exact however unevenly the batch is split).
-            value = _shown_as(
-                value * tf.math.divide_no_nan(s_local, s_glob),
-                tf.math.divide_no_nan(v_glob, s_glob) / _num_replicas(),
-            )
-            mean_w = tf.math.divide_no_nan(sw_glob, s_glob)
-            curv = tf.math.divide_no_nan(sc_glob, s_glob)
-            nonempty = s_glob > 0
-        else:
-            nonempty = (tf.size(l32) > 0) if s32 is None else (tf.reduce_sum(s32) > 0)
-        mean_w, sat, curv = (tf.cast(x, tf.float32) for x in (mean_w, sat, curv))
+        alpha_used = stats["alpha"]
+        mean_w, sat, curv = (
+            tf.cast(stats[k], tf.float32) for k in ("mean_w", "saturation", "curvature")
+        )
         deps = [self._diagnostics.update_state(alpha_used, mean_w, sat)]
         if training:
-            deps += self._apply_update(
-                tf.cast(alpha_used, tf.float32), state, mean_w, curv, nonempty, trainer
+            opt = getattr(trainer, "optimizer", None) if trainer is not None else None
+            lr = None
+            if self.alpha_optimizer != "newton":
+                lr = _dro_alpha.step_size(self.alpha_learning_rate, self.alpha_lr_multiplier, opt)
+            new_state = _dro_alpha.next_state(
+                state,
+                tf.cast(alpha_used, tf.float32),
+                mean_w,
+                curv,
+                stats["total_weight"] > 0,
+                rule=self.alpha_optimizer,
+                lam=self.lam,
+                rho=self.rho,
+                damping=self.alpha_damping,
+                lr=lr,
+                opt=opt,
             )
+            deps.append(self._state.assign(new_state))
         deps = [d for d in deps if d is not None]
         with tf.control_dependencies(deps):
             return tf.identity(value)
@@ -967,15 +511,12 @@ class _TemperedBatchRiskLoss(_BatchRiskLoss):
     """A batch risk with a temperature ``lam``, computed by the op in ``_op(l, lam, s)``."""
 
     _op = None
-    _global_op = None
 
     def __init__(self, base_loss, lam, name, reduction, dtype):
         super().__init__(base_loss=base_loss, name=name, reduction=reduction, dtype=dtype)
         self.lam = check_lam(lam)
 
     def _risk(self, l, s):
-        if _multi_replica():
-            return type(self)._global_op(l, s, self.lam)
         return self._op(l, self.lam, s)
 
     def get_config(self):
@@ -1006,8 +547,7 @@ class KLDROBatchLSE(_TemperedBatchRiskLoss):
       >>> model.compile("sgd", loss=losszoo.losses.KLDROBatchLSE("mse", lam=2.0))
     """
 
-    _op = staticmethod(ops.kl_dro_batch_lse)
-    _global_op = staticmethod(_global_batch_lse)
+    _op = staticmethod(ops.kl_dro_batch_lse_global)
 
     def __init__(
         self,
@@ -1041,8 +581,7 @@ class KLDROSumExp(_TemperedBatchRiskLoss):
       >>> model.compile("sgd", loss=losszoo.losses.KLDROSumExp(lam=1.0))
     """
 
-    _op = staticmethod(ops.kl_dro_sumexp)
-    _global_op = staticmethod(_global_sumexp)
+    _op = staticmethod(ops.kl_dro_sumexp_global)
 
     def __init__(
         self,
@@ -1090,9 +629,7 @@ class CVaRLoss(_BatchRiskLoss):
         self.rho = check_rho(rho)
 
     def _risk(self, l, s):
-        if _multi_replica():
-            return _global_cvar(l, s, self.rho)
-        return ops.cvar_risk(l, self.rho, s)
+        return ops.cvar_risk_global(l, self.rho, s)
 
     def get_config(self):
         return {**super().get_config(), "rho": self.rho}

@@ -6,8 +6,9 @@ import keras
 import tensorflow as tf
 
 from losszoo import ops
-from losszoo.losses.dro import _per_example, _replica_max, _resolve_base_loss
+from losszoo.losses._base_loss import per_example, resolve_base_loss
 from losszoo.ops._dro import check_lam
+from losszoo.ops.distribute import replica_max
 from losszoo.registry import register
 
 
@@ -55,7 +56,7 @@ class ExactKLDRORisk(keras.metrics.Metric):
     ):
         super().__init__(name=name, dtype=dtype)
         self.lam = check_lam(lam)
-        self._base_fn, self._base_config = _resolve_base_loss(base_loss)
+        self._base_fn, self._base_config = resolve_base_loss(base_loss)
         # Under a multi-replica strategy every replica uses the same shift m (the
         # all-gathered batch maximum), so m is identical across replicas
         # ("only_first_replica") and acc, n are plain sums ("sum").
@@ -74,8 +75,8 @@ class ExactKLDRORisk(keras.metrics.Metric):
         )
 
     def update_state(self, y_true, y_pred, sample_weight=None):
-        l = _per_example(self._base_fn, y_true, y_pred)
-        batch_max = _replica_max(ops.kl_dro_exact_batch_max(l, self.lam, sample_weight))
+        l = per_example(self._base_fn, y_true, y_pred)
+        batch_max = replica_max(ops.kl_dro_exact_batch_max(l, self.lam, sample_weight))
         m, acc, n = ops.kl_dro_exact_state_update(
             tf.convert_to_tensor(self.m),
             tf.convert_to_tensor(self.acc),

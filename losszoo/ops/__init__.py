@@ -2,6 +2,8 @@
 
 Every op has a hand-derived ``tf.custom_gradient``, compiles under XLA
 (``tf.function(jit_compile=True)``), and computes in float32 or wider.
+:mod:`losszoo.ops.distribute` holds the DRO risks of the global batch under
+``tf.distribute`` (the ``*_global`` ops) and the cross-replica sums and gathers they use.
 """
 
 from losszoo.ops._bcsoftmax import bcsoftmax
@@ -27,3 +29,4 @@ from losszoo.ops._possibilistic import (
 )
 from losszoo.ops._rankmax import rankmax, rankmax_loss
 from losszoo.ops._sparsemax import sparsemax, sparsemax_loss
+from losszoo.ops.distribute import cvar_risk_global, kl_dro_batch_lse_global, kl_dro_sumexp_global

@@ -67,6 +67,7 @@ from losszoo.ops._common import (
 )
 
 __all__ = [
+    "check_bool",
     "check_lam",
     "check_rho",
     "cvar_risk",
@@ -105,7 +106,8 @@ def check_rho(rho) -> float:
     return value
 
 
-def _check_bool(value, name):
+def check_bool(value, name):
+    """Return ``value`` as a bool; ``TypeError`` naming ``name`` unless it is one."""
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"`{name}` must be a bool, got {value!r}.")
     return bool(value)
@@ -297,16 +299,41 @@ def _check_alpha(alpha, dtype):
     return a
 
 
-def safe_kl_dro_risk_and_stats(
-    losses,
-    alpha,
-    lam,
-    rho,
-    sample_weight=None,
-    calibrate=True,
-    _validate_alpha=True,
-    _prepared_bad=False,
-):
+def _risk_and_stats(l, a, s, bad, lam, rho, calibrate):
+    """The safe-KL value and statistics of flat losses ``l`` (compute dtype), scalar ``a``,
+    flat weights ``s`` (``None``: all 1) and the invalid-input flag ``bad`` (``None``: valid);
+    ``lam``, ``rho`` and ``calibrate`` already checked. The statistics carry no gradient."""
+    if s is None:
+        outs = _safe_kl_core_unweighted(lam, rho, calibrate)(l, a)
+        if bad is not None:
+            outs = tuple(_poison(bad, x) for x in outs)
+    else:
+        outs = _safe_kl_core(lam, rho, calibrate, bad)(l, a, s)
+    val, *rest = outs
+    keys = ("mean_w", "saturation", "grad_alpha", "curvature")
+    return val, {k: tf.stop_gradient(x) for k, x in zip(keys, rest)}
+
+
+def _prepare_optional(losses, sample_weight):
+    """Flat losses in the compute dtype and their checked flat weights.
+
+    Returns ``(l, s, original_dtype, bad)``: ``s`` is ``None`` without ``sample_weight`` (else
+    broadcast as in :func:`safe_kl_dro_risk`, checked finite and >= 0) and ``bad`` its scalar
+    invalid-weight flag (``None`` without weights).
+    """
+    if sample_weight is None:
+        l, original = to_compute_dtype(losses, "losses")
+        return tf.reshape(l, [-1]), None, original, None
+    return _prepare(losses, sample_weight)
+
+
+def _scalar_alpha(alpha, dtype):
+    """``alpha`` as a scalar tensor of ``dtype`` (Python numbers without a float32 detour)."""
+    a = _as_alpha(alpha, dtype)
+    return a if a.shape.rank in (None, 0) else tf.reshape(a, [])
+
+
+def safe_kl_dro_risk_and_stats(losses, alpha, lam, rho, sample_weight=None, calibrate=True):
     """Safe-KL risk with its diagnostics in one pass.
 
     Arguments and the fail-loud behaviour are those of :func:`safe_kl_dro_risk`.
@@ -320,38 +347,11 @@ def safe_kl_dro_risk_and_stats(
       (``lam`` times the exact second derivative in alpha, spec 3.1).
     """
     lam, rho = check_lam(lam), check_rho(rho)
-    calibrate = _check_bool(calibrate, "calibrate")
-    if sample_weight is None:
-        l, original = to_compute_dtype(losses, "losses")
-        l, bad = tf.reshape(l, [-1]), None
-    elif _prepared_bad is not False:
-        # private: flat losses / weights already checked by ``_prepare`` (the Keras loss);
-        # ``_prepared_bad`` is its invalid-weight flag
-        l, s, bad = losses, sample_weight, _prepared_bad
-        original = l.dtype
-    else:
-        l, s, original, bad = _prepare(losses, sample_weight)
-    if _validate_alpha:
-        a = _check_alpha(alpha, l.dtype)
-        bad_alpha = tf.logical_not(tf.math.is_finite(a))
-        bad = bad_alpha if bad is None else tf.logical_or(bad, bad_alpha)
-    else:
-        a = _as_alpha(alpha, l.dtype)
-        if a.shape.rank not in (None, 0):
-            a = tf.reshape(a, [])
-    if sample_weight is None:
-        outs = _safe_kl_core_unweighted(lam, rho, calibrate)(l, a)
-        if bad is not None:
-            outs = tuple(_poison(bad, x) for x in outs)
-    else:
-        outs = _safe_kl_core(lam, rho, calibrate, bad)(l, a, s)
-    val, mean_w, sat, g_a, curv = outs
-    stats = {
-        "mean_w": tf.stop_gradient(mean_w),
-        "saturation": tf.stop_gradient(sat),
-        "grad_alpha": tf.stop_gradient(g_a),
-        "curvature": tf.stop_gradient(curv),
-    }
+    calibrate = check_bool(calibrate, "calibrate")
+    l, s, original, bad = _prepare_optional(losses, sample_weight)
+    a = _check_alpha(alpha, l.dtype)
+    bad = _any(bad, tf.logical_not(tf.math.is_finite(a)))
+    val, stats = _risk_and_stats(l, a, s, bad, lam, rho, calibrate)
     if original != l.dtype:
         val = tf.cast(val, original)
     return val, stats

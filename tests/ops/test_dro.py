@@ -515,3 +515,120 @@ def test_issue19_exact_state_result_rejects_negative_or_non_finite_counts():
         np.testing.assert_allclose(run(*_state(3.0, acc=1.5)).numpy(), want, rtol=1e-14)
         # a NaN state (what NaN losses leave) gives NaN, without an error
         assert np.isnan(run(*_state(3.0, acc=np.nan)).numpy())
+
+
+# ----------------------------------------------------------------------------- global batch
+_GLOBAL = {
+    "cvar": (ops.cvar_risk_global, ops.cvar_risk, 0.35),
+    "batch_lse": (ops.kl_dro_batch_lse_global, ops.kl_dro_batch_lse, 0.7),
+    "sumexp": (ops.kl_dro_sumexp_global, ops.kl_dro_sumexp, 3.0),
+}
+
+
+def _on_replicas(fn, l_parts, s_parts):
+    """``fn(l, s)`` on 2 replicas holding ``l_parts[i]``; each replica's outputs and its
+    gradient of the first output w.r.t. its own losses."""
+    from tests.helpers import _mirrored_strategy
+
+    strategy = _mirrored_strategy(tuple(d.name for d in tf.config.list_logical_devices("CPU")[:2]))
+
+    def per_replica(parts):
+        return strategy.experimental_distribute_values_from_function(
+            lambda ctx: tf.constant(parts[ctx.replica_id_in_sync_group], tf.float32)
+        )
+
+    @tf.function
+    def step(l, s):
+        with tf.GradientTape() as tape:
+            tape.watch(l)
+            out = fn(l, s)
+        return out, tape.gradient(tf.nest.flatten(out)[0], l)
+
+    outs, grads = strategy.run(step, (per_replica(l_parts), per_replica(s_parts)))
+    local = strategy.experimental_local_results
+    return [tf.nest.map_structure(np.asarray, o) for o in local(outs)], [
+        g.numpy() for g in local(grads)
+    ]
+
+
+def _uneven_batch():
+    rng = np.random.default_rng(5)
+    l = rng.gamma(2.0, size=9).astype("float32")
+    l[4] = l[7]  # a tie across replicas (CVaR's tail mass must split like one device)
+    s = rng.uniform(0.5, 2.0, size=9).astype("float32")
+    return l, s, (slice(0, 3), slice(3, 9))
+
+
+def _one_device(fn, l, s):
+    lt = tf.constant(l)
+    with tf.GradientTape() as tape:
+        tape.watch(lt)
+        out = fn(lt, tf.constant(s))
+    return out, tape.gradient(tf.nest.flatten(out)[0], lt).numpy()
+
+
+@pytest.mark.parametrize("name", sorted(_GLOBAL))
+def test_global_baseline_ops_on_uneven_replicas_match_one_device(name):
+    """Replicas holding 3 and 6 examples: the replicas' values sum to the one-device op and
+    their gradients are its slices; on one device the global op is the op itself."""
+    global_op, op, hyper = _GLOBAL[name]
+    l, s, parts = _uneven_batch()
+    ref, g_ref = _one_device(lambda a, b: op(a, hyper, b), l, s)
+    same, g_same = _one_device(lambda a, b: global_op(a, hyper, b), l, s)
+    np.testing.assert_array_equal(same.numpy(), ref.numpy())
+    np.testing.assert_array_equal(g_same, g_ref)
+    vals, grads = _on_replicas(
+        lambda a, b: global_op(a, hyper, b), [l[p] for p in parts], [s[p] for p in parts]
+    )
+    np.testing.assert_allclose(sum(vals), float(ref), rtol=2e-6)
+    np.testing.assert_allclose(np.concatenate(grads), g_ref, rtol=2e-6, atol=1e-7)
+
+
+def test_global_safe_kl_on_uneven_replicas_matches_one_device():
+    """The safe-KL global risk: values sum to the one-device risk, gradients are its slices,
+    every replica reports the global statistics, and ``solve_alpha`` solves the global batch
+    (the all-gathered losses), not the replica's own."""
+    from losszoo.ops.distribute import safe_kl_dro_risk_and_stats_global
+
+    l, s, parts = _uneven_batch()
+    lam, rho, alpha = 0.7, 0.2, 1.5
+    (ref, ref_stats), g_ref = _one_device(
+        lambda a, b: ops.safe_kl_dro_risk_and_stats(a, alpha, lam, rho, b), l, s
+    )
+    a_star = float(ops.safe_kl_dro_solve_alpha(l, lam, rho, s))
+
+    def glob(solve):
+        return lambda a, b: safe_kl_dro_risk_and_stats_global(
+            a, tf.constant(alpha), lam, rho, b, solve_alpha=tf.constant(solve)
+        )
+
+    outs, grads = _on_replicas(glob(False), [l[p] for p in parts], [s[p] for p in parts])
+    np.testing.assert_allclose(sum(v for v, _ in outs), float(ref), rtol=2e-6)
+    np.testing.assert_allclose(np.concatenate(grads), g_ref, rtol=2e-6, atol=1e-7)
+    for _, stats in outs:
+        for key in ("mean_w", "saturation", "curvature", "grad_alpha"):
+            np.testing.assert_allclose(stats[key], ref_stats[key].numpy(), rtol=2e-6)
+        np.testing.assert_allclose(stats["total_weight"], s.sum(), rtol=1e-6)
+        assert float(stats["alpha"]) == alpha
+    outs, _ = _on_replicas(glob(True), [l[p] for p in parts], [s[p] for p in parts])
+    own = float(ops.safe_kl_dro_solve_alpha(l[parts[0]], lam, rho, s[parts[0]]))
+    assert abs(own - a_star) > 1e-2  # the replica's own batch would give another alpha
+    for _, stats in outs:
+        np.testing.assert_allclose(float(stats["alpha"]), a_star, rtol=1e-6)
+
+
+def test_no_public_op_takes_private_arguments():
+    """Issue 20: the loss no longer reaches into the ops through ``_prepared_bad`` /
+    ``_validate_alpha``; no public op (nor a global-batch one) has a private parameter."""
+    import inspect
+
+    from losszoo.ops import distribute
+
+    public = [getattr(ops, n) for n in dir(ops) if not n.startswith("_")]
+    public += [getattr(distribute, n) for n in distribute.__all__]
+    fns = [f for f in public if inspect.isfunction(f)]
+    assert len(fns) > 20
+    private = [
+        f"{f.__name__}({p})" for f in fns for p in inspect.signature(f).parameters if p[0] == "_"
+    ]
+    assert not private

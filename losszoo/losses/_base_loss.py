@@ -1,0 +1,117 @@
+"""The base loss of the DRO losses and metric: a Keras loss computed per example.
+
+:func:`resolve_base_loss` turns a name, config, instance or function into
+``fn(y_true, y_pred) -> per-example losses`` with the fail-loud label checks, reading
+attached logits (a model ending in Keras' softmax or a losszoo head) when the loss takes
+logits; :func:`per_example` calls it and insists on one value per example.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from losszoo._logits import attached_logits
+from losszoo.losses._targets import class_ids_and_invalid
+from losszoo.ops._common import check_not_nan, nan_where
+
+__all__ = ["per_example", "resolve_base_loss"]
+
+
+def resolve_base_loss(base_loss):
+    """Return ``(fn, config)`` where ``fn(y_true, y_pred)`` gives per-example losses.
+
+    ``None`` is the default: sparse categorical cross-entropy on logits. ``fn`` checks the
+    labels and uses attached logits as :func:`_checked_base` describes.
+    """
+    if base_loss is None:
+        base_loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    if isinstance(base_loss, dict):
+        base_loss = keras.losses.deserialize(base_loss)
+    obj = keras.losses.get(base_loss) if isinstance(base_loss, str) else base_loss
+    if obj is None:
+        raise ValueError("`base_loss` must be a Keras loss (name, instance or function), got None.")
+    if isinstance(obj, keras.losses.Loss):
+        config = base_loss if isinstance(base_loss, str) else keras.losses.serialize(obj)
+        cfg = obj.get_config()
+        takes_logits = cfg.get("from_logits") is True
+        sparse = isinstance(obj, keras.losses.SparseCategoricalCrossentropy)
+        sparse = sparse and cfg.get("ignore_class") is None
+        if "reduction" in cfg:
+            cfg["reduction"] = None
+            obj = obj.__class__.from_config(cfg)
+        else:  # pragma: no cover - exotic losses without reduction in their config
+            inner = obj
+
+            def obj(y_true, y_pred):
+                return inner.call(y_true, y_pred)
+
+        return _checked_base(obj, takes_logits, sparse), config
+    if callable(obj):
+        config = base_loss if isinstance(base_loss, str) else keras.losses.serialize(obj)
+        sparse = obj is keras.losses.sparse_categorical_crossentropy
+        return _checked_base(obj, False, sparse), config
+    raise TypeError(
+        f"`base_loss` must be a Keras loss name, instance or callable, got {base_loss!r}."
+    )
+
+
+def _checked_base(fn, takes_logits, sparse_ids):
+    """``fn`` with the fail-loud label checks, reading attached logits if it takes logits.
+
+    * ``takes_logits`` (a Keras loss with ``from_logits=True``, the default base loss): a
+      ``y_pred`` that carries its logits (Keras' softmax, ``_keras_logits``, or a losszoo
+      head) is replaced by them, so a model ending in a softmax trains on its logits.
+    * ``sparse_ids`` (sparse categorical cross-entropy without ``ignore_class``): ``y_true``
+      must hold class ids in ``[0, K)``, whole numbers if floating (Keras would cast NaN or
+      1.5 to some id, and XLA gives any id a finite loss).
+    * otherwise a floating ``y_true`` must not hold NaN.
+
+    Eagerly and in graphs a violation raises naming ``y_true`` (skipped with
+    ``losszoo.set_validation(False)``); under XLA the affected examples' losses are NaN, so a
+    positive weight makes the risk NaN.
+    """
+
+    def checked(y_true, y_pred):
+        logits = attached_logits(y_pred) if takes_logits else None
+        if logits is not None:
+            y_pred = logits
+        if sparse_ids:
+            ids, invalid = class_ids_and_invalid(y_true, tf.convert_to_tensor(y_pred))
+            return nan_where(invalid, fn(ids, y_pred))
+        y_true = tf.convert_to_tensor(y_true)
+        if not y_true.dtype.is_floating:
+            return fn(y_true, y_pred)
+        y_true = check_not_nan(y_true, "y_true")
+        values = tf.convert_to_tensor(fn(y_true, y_pred))
+        return nan_where(_per_row(tf.math.is_nan(y_true), values), values)
+
+    return checked
+
+
+def _per_row(flags, values):
+    """``flags`` (``y_true``'s shape) reduced to ``values``' shape: per example when
+    ``y_true``'s leading axes are the losses' axes, else one flag for the whole batch."""
+    r, k = values.shape.rank, flags.shape.rank
+    if (
+        r is not None
+        and k is not None
+        and k >= r
+        and flags.shape[:r].is_compatible_with(values.shape)
+    ):
+        return tf.reduce_any(flags, axis=list(range(r, k)))
+    return tf.reduce_any(flags)
+
+
+def per_example(fn, y_true, y_pred):
+    """``fn(y_true, y_pred)`` per example (float32, or float64 if it gives float64); a scalar
+    result raises (the risks need one loss per example)."""
+    values = fn(y_true, y_pred)
+    values = tf.convert_to_tensor(values)
+    if values.shape.rank == 0:
+        raise ValueError(
+            "`base_loss` returned a scalar; the DRO risk needs per-example losses. Pass a "
+            "Keras loss that reduces over the batch only via its `reduction` (instances are "
+            "re-created with reduction=None) or a function returning shape [batch, ...]."
+        )
+    return tf.cast(values, tf.float32) if values.dtype != tf.float64 else values

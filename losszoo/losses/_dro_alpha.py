@@ -1,0 +1,90 @@
+"""The update rule of the safe-KL loss's dual scalar alpha (spec safe_kl_dro.md 2.6, 3.1).
+
+The state is one float32 vector ``[alpha, initialised, m, v, t]`` (alpha, the first-batch
+flag and the moments of alpha's own SGD / Adam). :func:`next_state` moves alpha from the
+exact statistics of the risk's pass: ``mean_w = sum pi w`` (the stationarity equation is
+``mean_w = 1``, the gradient in alpha ``1 - mean_w``) and ``curvature = sum pi w (1 - rho w)``.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+__all__ = ["RULES", "gradient_rule", "newton_step", "next_state", "step_size"]
+
+#: ``alpha_optimizer`` values: damped Newton, the model optimiser's family, SGD, Adam.
+RULES = ("newton", "auto", "sgd", "adam")
+
+
+def newton_step(mean_w, curvature, nonempty, lam, rho, damping):
+    """Damped Newton step on ``log(sum pi w) = 0`` with the exact curvature.
+
+    ``f(alpha) = log mean_w`` is decreasing with ``f' = -curvature / (lam mean_w)``, so the
+    Newton step is ``lam log(mean_w) mean_w / curvature``: exactly ``lam log mean_w`` in
+    the KL regime (rho w << 1, one step solves the batch), larger where the cap binds.
+    The ratio ``mean_w / curvature`` is clipped to ``[1, 1/rho]`` (it diverges when every
+    weight is saturated) and ``mean_w`` floored at 1e-30 (underflow), so a step is at most
+    ``lam * 69`` down and ``lam log(1/rho) / rho`` up, before the ``damping``; 0 for an empty
+    batch.
+    """
+    tiny = tf.constant(1e-30, tf.float32)
+    ratio = tf.clip_by_value(
+        tf.math.divide_no_nan(mean_w, tf.maximum(curvature, tiny)), 1.0, 1.0 / rho
+    )
+    step = (damping * lam) * tf.math.log(tf.maximum(mean_w, tiny)) * ratio
+    return tf.where(nonempty, step, tf.zeros_like(step))
+
+
+def step_size(alpha_learning_rate, multiplier, optimizer):
+    """``multiplier`` times ``alpha_learning_rate``, or (``None``) the model optimiser's
+    current learning rate (schedules included; 1e-3 without an optimiser), float32."""
+    if alpha_learning_rate is not None:
+        lr = tf.constant(alpha_learning_rate, tf.float32)
+    elif optimizer is not None:
+        lr = tf.cast(tf.convert_to_tensor(optimizer.learning_rate), tf.float32)
+    else:
+        lr = tf.constant(1e-3, tf.float32)
+    return lr * tf.constant(multiplier, tf.float32)
+
+
+def gradient_rule(alpha_optimizer, optimizer):
+    """``(kind, momentum, nesterov)`` of a gradient rule: ``"auto"`` mirrors the model's
+    optimiser (its SGD with momentum / Nesterov flag, else Adam)."""
+    if alpha_optimizer != "auto":
+        return alpha_optimizer, 0.0, False
+    optimizer = getattr(optimizer, "inner_optimizer", optimizer)
+    if isinstance(optimizer, keras.optimizers.SGD):
+        return "sgd", float(optimizer.momentum), bool(optimizer.nesterov)
+    return "adam", 0.0, False
+
+
+def next_state(state, alpha, mean_w, curvature, nonempty, *, rule, lam, rho, damping, lr, opt):
+    """The state after one step from ``alpha`` (the alpha the risk used).
+
+    ``rule`` is one of :data:`RULES`; ``lr`` the step size of the gradient rules
+    (:func:`step_size`) and ``opt`` the model's optimiser (``None`` outside a trainer).
+    Adam uses beta 0.9 / 0.999 and epsilon 1e-7; the flag is set to 1.
+    """
+    one = tf.ones([], tf.float32)
+    if rule == "newton":
+        step = newton_step(mean_w, curvature, nonempty, lam, rho, damping)
+        return tf.stack([alpha + step, one, state[2], state[3], state[4]])
+    grad = tf.where(nonempty, 1.0 - mean_w, tf.zeros_like(mean_w))
+    kind, momentum, nesterov = gradient_rule(rule, opt)
+    m, v, t = state[2], state[3], state[4]
+    if kind == "sgd":
+        if momentum > 0.0:
+            m = momentum * m - lr * grad
+            step = momentum * m - lr * grad if nesterov else m
+        else:
+            step = -lr * grad
+    else:
+        b1, b2, eps = 0.9, 0.999, 1e-7
+        t = t + 1.0
+        m = b1 * m + (1.0 - b1) * grad
+        v = b2 * v + (1.0 - b2) * grad * grad
+        m_hat = m / (1.0 - tf.pow(b1, t))
+        v_hat = v / (1.0 - tf.pow(b2, t))
+        step = -lr * m_hat / (tf.sqrt(v_hat) + eps)
+    return tf.stack([alpha + step, one, m, v, t])

@@ -1,0 +1,143 @@
+"""How the safe-KL loss tells a training step from evaluation, and its Keras 3 trainer glue.
+
+The first :class:`~losszoo.losses.SafeKLDRORisk` built wraps Keras 3's private
+``Trainer._compute_loss`` (:func:`install_trainer_hook`) so that it publishes
+``(model, training)`` to a thread-local stack during the call; :func:`training_flag` reads it
+at trace time, with :func:`alpha_updates` as an override and "a GradientTape is recording" as
+the rule outside a Keras 3 trainer (see :mod:`losszoo.losses.dro`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import warnings
+
+import keras
+from tensorflow.python.eager import record as _tf_record
+
+__all__ = [
+    "alpha_updates",
+    "attach_metrics",
+    "current_trainer",
+    "install_trainer_hook",
+    "store_instance_in_compile_config",
+    "training_flag",
+]
+
+_state = threading.local()
+
+
+def _stack(name):
+    if not hasattr(_state, name):
+        setattr(_state, name, [])
+    return getattr(_state, name)
+
+
+@contextlib.contextmanager
+def alpha_updates(enabled: bool):
+    """Force (``True``) or forbid (``False``) alpha updates of safe-KL losses in this block.
+
+    The decision is taken when a step is traced, so use it around the first call of a
+    ``tf.function`` (or around eager code).
+    """
+    _stack("override").append(bool(enabled))
+    try:
+        yield
+    finally:
+        _stack("override").pop()
+
+
+def install_trainer_hook():
+    """Wrap ``keras.src.trainers.trainer.Trainer._compute_loss`` to publish the training flag.
+
+    Called by :class:`~losszoo.losses.SafeKLDRORisk` when one is built, never at import: Keras stays
+    untouched for users who do not use a DRO loss. Idempotent. The wrapper only pushes
+    ``(model, training)`` to a thread-local stack around the original call. Returns whether
+    the hook is in place; if this Keras has no such method, the loss falls back to the
+    tape rule (alpha moves when a ``GradientTape`` records) and warns once.
+    """
+    try:
+        from keras.src.trainers import trainer as trainer_module
+
+        cls = trainer_module.Trainer
+    except (ImportError, AttributeError):  # pragma: no cover - Keras layout changed
+        cls = None
+    original = None if cls is None else cls.__dict__.get("_compute_loss")
+    if original is None:  # pragma: no cover - Keras layout changed
+        if not _HOOK["warned"]:
+            _HOOK["warned"] = True
+            warnings.warn(
+                "losszoo.SafeKLDRORisk could not find Keras' Trainer._compute_loss in this "
+                f"Keras ({keras.__version__}); it tells training from evaluation by the "
+                "GradientTape rule instead and cannot add its diagnostics to the logs.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return False
+    if getattr(original, "_losszoo_dro_hook", False):
+        return True
+
+    def _compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        _stack("trainer").append((self, bool(training)))
+        try:
+            return original(self, x, y, y_pred, sample_weight=sample_weight, training=training)
+        finally:
+            _stack("trainer").pop()
+
+    _compute_loss._losszoo_dro_hook = True
+    _compute_loss.__wrapped__ = original
+    _compute_loss.__doc__ = original.__doc__
+    cls._compute_loss = _compute_loss
+    return True
+
+
+_HOOK = {"warned": False}
+
+
+def current_trainer():
+    """``(model, training)`` of the innermost Keras 3 loss computation, or ``(None, None)``."""
+    st = _stack("trainer")
+    return st[-1] if st else (None, None)
+
+
+def training_flag(update_alpha):
+    """``(training, trainer)``: whether alpha moves in the step being traced, and the Keras 3
+    model computing the loss (``None`` outside one, or under :func:`alpha_updates`).
+
+    ``update_alpha`` is ``"auto"`` (a Keras 3 train step; outside a trainer, a recording
+    GradientTape), ``True`` or ``False``; :func:`alpha_updates` overrides all three.
+    """
+    override = _stack("override")
+    if override:
+        return override[-1], None
+    trainer, training = current_trainer()
+    if update_alpha is not True and update_alpha is not False:
+        if trainer is not None:
+            return training, trainer
+        return bool(_tf_record.could_possibly_record()), None
+    return bool(update_alpha), trainer
+
+
+def attach_metrics(trainer, metrics):
+    """Append ``metrics`` to a Keras 3 model's own metrics (once), so they reach the logs."""
+    if trainer is None:
+        return
+    own = getattr(trainer, "_metrics", None)
+    if own is None:
+        return
+    for m in metrics:
+        if not any(x is m for x in own):
+            own.append(m)
+
+
+def store_instance_in_compile_config(trainer, loss):
+    """Make ``model.save`` store ``loss`` (with its state), not the name the model was
+    compiled with: Keras serialises ``compile(loss=...)`` as given. Only a single loss given
+    by name is replaced."""
+    compiled = getattr(getattr(trainer, "_compile_config", None), "config", None)
+    if not isinstance(compiled, dict) or not isinstance(compiled.get("loss"), str):
+        return
+    entries = getattr(getattr(trainer, "_compile_loss", None), "_flat_losses", None) or []
+    if any(entry.loss is loss for entry in entries):
+        compiled["loss"] = loss

@@ -1,0 +1,286 @@
+"""DRO risks of the global batch under ``tf.distribute``, and the cross-replica sums and
+gathers they use (spec ``shared/specs/safe_kl_dro.md``; kernels in :mod:`losszoo.ops._dro`).
+
+Inside the replica context of a strategy with ``N > 1`` replicas, each ``*_global`` risk
+computes the risk ``V`` of the global batch (every replica's examples) with cross-replica
+sums or gathers in the forward pass only, and returns ``V / N`` with the exact gradient of
+``V`` for this replica's examples: Keras (and any loop that sums the replicas' losses and
+gradients) then gets exactly the value and gradient of one device with the global batch,
+however unevenly the batch is split. Elsewhere (one replica, or a cross-replica context)
+each is its single-device op.
+
+Under a single-process ``MirroredStrategy`` the cross-replica sums and gathers are plain
+copies inside ``merge_call``, not collective ops: TF starts every ``MirroredStrategy``'s
+collective keys at the same numbers, so collectives under a second strategy in the same
+process met the first strategy's gradient all-reduce at the same keys and aborted (issue 19
+item 15). Other strategies (multi-worker) use collectives.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+from tensorflow.python.eager import record as _tf_record
+
+from losszoo.ops._dro import (
+    _any,
+    _batch_lse_exp,
+    _batch_lse_parts,
+    _batch_lse_value,
+    _cvar_tail_mass,
+    _live_nan,
+    _poison,
+    _prepare,
+    _prepare_optional,
+    _risk_and_stats,
+    _scalar_alpha,
+    check_bool,
+    check_lam,
+    check_rho,
+    cvar_risk,
+    kl_dro_batch_lse,
+    kl_dro_sumexp,
+    safe_kl_dro_solve_alpha,
+)
+
+__all__ = [
+    "cvar_risk_global",
+    "in_replica_context",
+    "kl_dro_batch_lse_global",
+    "kl_dro_sumexp_global",
+    "num_replicas",
+    "replica_gather",
+    "replica_max",
+    "replica_sum",
+    "safe_kl_dro_risk_and_stats_global",
+]
+
+
+# ----------------------------------------------------------------------------- collectives
+def num_replicas() -> int:
+    """Replicas in sync of the current strategy (1 without distribution)."""
+    return tf.distribute.get_strategy().num_replicas_in_sync
+
+
+def in_replica_context() -> bool:
+    """Whether the code runs in a replica context of a strategy with more than one replica."""
+    return num_replicas() > 1 and tf.distribute.get_replica_context() is not None
+
+
+def _cross_replica(values, combine, collective):
+    """Combine a list of per-replica tensors across replicas (identity without distribution):
+    by ``combine`` on the local copies inside ``merge_call`` under a single-process
+    ``MirroredStrategy`` (see the module docstring), else by ``collective(ctx, values)``."""
+    ctx = tf.distribute.get_replica_context()
+    if num_replicas() == 1 or ctx is None:  # cross-replica context (e.g. symbolic build)
+        return values
+    strategy = tf.distribute.get_strategy()
+    use_merge = getattr(strategy.extended, "_use_merge_call", lambda: True)()
+    if isinstance(strategy, tf.distribute.MirroredStrategy) and use_merge:
+        return ctx.merge_call(
+            lambda s, *vs: [combine(list(s.experimental_local_results(v))) for v in vs],
+            args=tuple(values),
+        )
+    return collective(ctx, values)
+
+
+def replica_sum(values):
+    """Sum a list of tensors across replicas (identity without distribution)."""
+    return _cross_replica(
+        values, tf.add_n, lambda ctx, vs: ctx.all_reduce(tf.distribute.ReduceOp.SUM, vs)
+    )
+
+
+def replica_gather(values):
+    """Concatenate a tensor (or each of a list of tensors) of every replica along axis 0, in
+    replica order (identity without distribution)."""
+    flat = values if isinstance(values, list) else [values]
+    out = _cross_replica(
+        flat,
+        lambda parts: tf.concat(parts, 0),
+        lambda ctx, vs: [ctx.all_gather(v, axis=0) for v in vs],
+    )
+    return out if isinstance(values, list) else out[0]
+
+
+def replica_max(value):
+    """The maximum of a scalar over the replicas."""
+    return tf.reduce_max(replica_gather(tf.reshape(value, [1])))
+
+
+def _replica_any(flag, dtype):
+    """A scalar bool that is true on every replica if it is true on any (``None`` stays)."""
+    if flag is None:
+        return None
+    return replica_sum([tf.cast(flag, dtype)])[0] > 0
+
+
+def _global_share(fn, l):
+    """``V / N`` with the gradient ``g``, where ``fn(l)`` returns the global-batch risk ``V``
+    (the same on every replica) and its exact gradient ``g = dV/dl`` for this replica's
+    losses. No collective runs in the backward pass."""
+    inv_n = 1.0 / num_replicas()
+
+    @tf.custom_gradient
+    def share(l):
+        value, g = fn(l)
+
+        def grad(dv):
+            return dv * g
+
+        return value * tf.constant(inv_n, value.dtype), grad
+
+    return share(l)
+
+
+def _shown_as(x, shown):
+    """``shown`` as the value, with the gradient of ``x`` (``shown`` gets none)."""
+    shown = tf.stop_gradient(tf.cast(shown, x.dtype))
+
+    @tf.custom_gradient
+    def f(x):
+        return tf.identity(shown), lambda dv: dv
+
+    return f(x)
+
+
+def _cast_back(val, original):
+    return tf.cast(val, original) if original != val.dtype else val
+
+
+# ----------------------------------------------------------------------------- global risks
+def kl_dro_batch_lse_global(losses, lam, sample_weight=None):
+    """:func:`losszoo.ops.kl_dro_batch_lse` of the global batch (shared max shift, summed
+    parts); ``V / N`` per replica as the module docstring describes.
+
+    Example:
+      >>> float(losszoo.ops.kl_dro_batch_lse_global([0.0, 0.0], lam=1.0))  # one replica
+      0.0
+    """
+    if not in_replica_context():
+        return kl_dro_batch_lse(losses, lam, sample_weight)
+    lam = check_lam(lam)
+    l, s, original, bad = _prepare(losses, sample_weight)
+    bad = _replica_any(_any(bad, _live_nan(l, s)), l.dtype)
+
+    def fn(l):
+        a, m = _batch_lse_parts(l, s, lam)
+        ex, m_safe, m_inf = _batch_lse_exp(a, s, replica_max(m))
+        tot, s_sum = replica_sum([tf.reduce_sum(ex), tf.reduce_sum(s)])
+        val = _batch_lse_value(lam, m_safe, m_inf, tot, s_sum)
+        return _poison(bad, val), _poison(bad, tf.math.divide_no_nan(ex, tot))
+
+    return _cast_back(_global_share(fn, l), original)
+
+
+def kl_dro_sumexp_global(losses, lam, sample_weight=None):
+    """:func:`losszoo.ops.kl_dro_sumexp` of the global batch (``pi`` normalised by the global
+    weight sum); ``V / N`` per replica as the module docstring describes."""
+    if not in_replica_context():
+        return kl_dro_sumexp(losses, lam, sample_weight)
+    lam = check_lam(lam)
+    l, s, original, bad = _prepare(losses, sample_weight)
+    bad = _replica_any(bad, l.dtype)
+
+    def fn(l):
+        (s_sum,) = replica_sum([tf.reduce_sum(s)])
+        live = s > 0
+        pi = tf.where(live, tf.math.divide_no_nan(s, s_sum), tf.zeros_like(s))
+        ex = tf.where(live, tf.exp(l * tf.constant(1.0 / lam, l.dtype)), tf.zeros_like(l))
+        (val,) = replica_sum([tf.reduce_sum(pi * ex)])
+        return _poison(bad, val), _poison(bad, pi * ex * tf.constant(1.0 / lam, l.dtype))
+
+    return _cast_back(_global_share(fn, l), original)
+
+
+def cvar_risk_global(losses, rho, sample_weight=None):
+    """:func:`losszoo.ops.cvar_risk` of the global batch: the tail masses come from the
+    all-gathered losses in replica order (ties split as on one device), each replica keeps
+    its own slice; ``V / N`` per replica as the module docstring describes."""
+    if not in_replica_context():
+        return cvar_risk(losses, rho, sample_weight)
+    rho = check_rho(rho)
+    l, s, original, bad = _prepare(losses, sample_weight)
+    bad = _replica_any(_any(bad, _live_nan(l, s)), l.dtype)
+    ctx = tf.distribute.get_replica_context()
+    n_local = tf.shape(l)[:1]
+    sizes, l_all, s_all = replica_gather([n_local, tf.stop_gradient(l), s])
+    offset = tf.reduce_sum(sizes[: ctx.replica_id_in_sync_group])
+    q = tf.slice(_cvar_tail_mass(l_all, s_all, rho), offset[None], n_local)
+    q = tf.stop_gradient(q)
+
+    def fn(l):
+        dt = l.dtype
+        (val,) = replica_sum([tf.reduce_sum(tf.where(q > 0, q * l, tf.zeros_like(l)))])
+        val = val * tf.constant(1.0 / rho, dt)
+        return _poison(bad, val), _poison(bad, q * tf.constant(1.0 / rho, dt))
+
+    return _cast_back(_global_share(fn, l), original)
+
+
+def safe_kl_dro_risk_and_stats_global(
+    losses, alpha, lam, rho, sample_weight=None, calibrate=True, solve_alpha=None
+):
+    """:func:`losszoo.ops.safe_kl_dro_risk_and_stats` of the global batch, for a trainer
+    that owns ``alpha`` (the safe-KL loss): ``alpha`` is used as given, not checked (a
+    non-finite alpha gives a non-finite value).
+
+    With more than one replica the value is this replica's share of the global weighted
+    mean (gradient) shown as ``V / N`` (value), and the statistics are those of the global
+    batch (all-reduced sums; ``saturation`` the replicas' maximum).
+
+    Args:
+      losses, lam, rho, sample_weight, calibrate: as for :func:`losszoo.ops.safe_kl_dro_risk`.
+      alpha: scalar tensor (its dtype is kept for ``stats["alpha"]``) or Python number.
+      solve_alpha: ``None``, or a scalar bool tensor: where true, ``alpha`` is replaced by
+        the optimal alpha of the global batch (:func:`losszoo.ops.safe_kl_dro_solve_alpha`
+        on the all-gathered batch, run only then by a ``tf.cond``, no gradient).
+
+    Returns:
+      ``(value, stats)``: ``stats`` holds ``mean_w``, ``saturation``, ``grad_alpha`` and
+      ``curvature`` as :func:`losszoo.ops.safe_kl_dro_risk_and_stats` gives them, plus
+      ``alpha`` (the alpha used) and ``total_weight`` (``sum s``, the example count without
+      weights, over the global batch).
+    """
+    lam, rho = check_lam(lam), check_rho(rho)
+    calibrate = check_bool(calibrate, "calibrate")
+    l, s, original, bad = _prepare_optional(losses, sample_weight)
+    multi = num_replicas() > 1
+    if isinstance(alpha, (tf.Tensor, tf.Variable)):
+        alpha = tf.convert_to_tensor(alpha)
+    else:
+        alpha = _scalar_alpha(alpha, l.dtype)
+    if solve_alpha is not None:
+        # No cross-replica synchronisation is allowed inside the cond, so the global batch
+        # is all-gathered before it (every replica then solves the same global problem).
+        l_all, s_all = tf.stop_gradient(l), s
+        if multi:
+            l_all = replica_gather(l)
+            s_all = None if s is None else replica_gather(s)
+        with _tf_record.stop_recording():  # no gradient: keeps XLA free of cond grads
+            solved = tf.cond(
+                solve_alpha,
+                lambda: tf.cast(safe_kl_dro_solve_alpha(l_all, lam, rho, s_all), alpha.dtype),
+                lambda: tf.zeros([], alpha.dtype),
+            )
+        alpha = tf.where(solve_alpha, solved, alpha)
+    value, stats = _risk_and_stats(l, _scalar_alpha(alpha, l.dtype), s, bad, lam, rho, calibrate)
+    total = tf.cast(tf.size(l), l.dtype) if s is None else tf.reduce_sum(s)
+    if multi:
+        mean_w, curv = stats["mean_w"], stats["curvature"]
+        sw_glob, s_glob, sc_glob, v_glob = replica_sum(
+            [mean_w * total, total, curv * total, tf.where(total > 0, value * total, 0.0)]
+        )
+        saturation = replica_max(stats["saturation"])
+        value = _shown_as(
+            value * tf.math.divide_no_nan(total, s_glob),
+            tf.math.divide_no_nan(v_glob, s_glob) / num_replicas(),
+        )
+        mean_w = tf.math.divide_no_nan(sw_glob, s_glob)
+        stats = {
+            "mean_w": mean_w,
+            "saturation": saturation,
+            "grad_alpha": tf.where(s_glob > 0, 1.0 - mean_w, tf.zeros_like(mean_w)),
+            "curvature": tf.math.divide_no_nan(sc_glob, s_glob),
+        }
+        total = s_glob
+    return _cast_back(value, original), {**stats, "alpha": alpha, "total_weight": total}
