@@ -7,6 +7,7 @@ import numpy as np
 import tensorflow as tf
 
 from losszoo import ops
+from losszoo.ops._bcsoftmax import METHODS
 from losszoo.ops._common import check_choice, check_number
 from losszoo.registry import register
 
@@ -79,7 +80,7 @@ class BCSoftmax(keras.layers.Layer):
         self.learn_bounds = learn_bounds
         self.learn_temperature = learn_temperature
         self.axis = check_number(axis, "axis", integer=True)
-        self.method = check_choice(method, "method", ops._bcsoftmax.METHODS)
+        self.method = check_choice(method, "method", METHODS)
         self._check_fixed_bounds()
 
     def _check_fixed_bounds(self):

@@ -22,6 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from losszoo import ops
+from losszoo.ops._bcsoftmax import METHODS
 from losszoo.ops._common import (
     check_choice,
     check_number,
@@ -248,7 +249,7 @@ class ProbabilityBounding(_Calibrator):
         self.bounds = check_choice(bounds, "bounds", ("both", "lower", "upper"))
         self.init_lower = check_number(init_lower, "init_lower")
         self.init_upper = check_number(init_upper, "init_upper")
-        self.method = check_choice(method, "method", ops._bcsoftmax.METHODS)
+        self.method = check_choice(method, "method", METHODS)
 
     def build(self, input_shape):
         logits_shape, feat_shape = _shapes(input_shape)

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import keras
 
+from losszoo import ops
 from losszoo._logits import attached_logits
-from losszoo.losses._targets import SampleWeightCheck, is_sparse
-from losszoo.ops import _rankmax as rankmax_ops
-from losszoo.ops._common import check_choice, check_static_rank, to_compute_dtype
-from losszoo.ops._rankmax import LABEL_FORMATS
+from losszoo.losses._targets import SampleWeightCheck
+from losszoo.ops._common import check_choice, to_compute_dtype
+from losszoo.ops._rankmax import check_loss_arguments
 from losszoo.registry import register
+
+# The loss' label formats and the op's reading of each: "auto" is the op's shape-only rule.
+_LABEL_FORMATS = {"auto": "keras", "ids": "ids", "dense": "dense"}
 
 
 @register(
@@ -34,8 +37,9 @@ class RankmaxLoss(SampleWeightCheck, keras.losses.Loss):
     ``y_pred`` (a model ending in Keras' softmax, see :func:`losszoo._logits.attached_logits`)
     are used instead of the probabilities.
 
-    Targets (``label_format="auto"``, the rule Keras users expect; Keras 3 casts ``y_true`` to
-    float, so the rule looks at shapes, never at the dtype): ids ``[B]`` or ``[B, 1]`` (as
+    Targets (``label_format="auto"``, the rule Keras users expect and the op's
+    ``label_format="keras"``; Keras 3 casts ``y_true`` to float, so the rule looks at shapes,
+    never at the dtype): ids ``[B]`` or ``[B, 1]`` (as
     ``SparseCategoricalCrossentropy``); padded ids ``[B, M]`` when both ``M`` and ``n`` are
     static and ``M != n`` (``-1`` pads; several positives per example); otherwise ``[B, n]``
     (also when a size is unknown, e.g. TFRS's ``tf.eye(B)`` in-batch labels) is dense
@@ -52,7 +56,7 @@ class RankmaxLoss(SampleWeightCheck, keras.losses.Loss):
 
     Bad input (fail-loud contract): ids outside ``[0, n)`` (other than -1 padding), NaN or
     non-whole ids, negative / NaN / inf dense targets and NaN scores raise naming ``y_true``
-    or ``scores`` (eagerly and in graphs; skipped with ``losszoo.set_validation(False)``).
+    or ``y_pred`` (eagerly and in graphs; skipped with ``losszoo.set_validation(False)``).
     Under XLA: assertions vanish and those examples' loss is NaN (never a clamped id). A
     positive masked with a ``-inf`` score gives loss ``+inf``. ``sample_weight`` that does not
     fit ``y_pred``'s batch shape raises ``ValueError`` naming it.
@@ -88,33 +92,21 @@ class RankmaxLoss(SampleWeightCheck, keras.losses.Loss):
         dtype=None,
     ):
         super().__init__(reduction=reduction, name=name, dtype=dtype)
-        rankmax_ops._check_k_margin(k, margin, None)
-        if max_positives is not None:
-            rankmax_ops._check_max_positives(max_positives, None)
-        self.k = int(k)
-        self.margin = float(margin)
-        self.max_positives = None if max_positives is None else int(max_positives)
-        self.label_format = check_choice(label_format, "label_format", LABEL_FORMATS)
+        self.k, self.margin, self.max_positives = check_loss_arguments(k, margin, max_positives)
+        self.label_format = check_choice(label_format, "label_format", tuple(_LABEL_FORMATS))
 
     def call(self, y_true, y_pred):
         logits = attached_logits(y_pred)
         y_pred, _ = to_compute_dtype(y_pred if logits is None else logits, "y_pred")
-        check_static_rank(y_pred, 1, "y_pred")
-        y_true, label_format = rankmax_ops._labels_and_format(y_true, self.label_format, "y_true")
-        if label_format == "auto":
-            same_rank = y_true.shape.rank == y_pred.shape.rank
-            m, n = y_true.shape[-1] if same_rank else None, y_pred.shape[-1]
-            padded = same_rank and m is not None and n is not None and m != n
-            label_format = "ids" if is_sparse(y_true, y_pred) or padded else "dense"
-        return rankmax_ops._loss(
+        return ops.rankmax_loss(
             y_true,
             y_pred,
             self.k,
             self.margin,
             self.max_positives,
-            label_format,
-            "y_true",
-            "y_pred",
+            _LABEL_FORMATS[self.label_format],
+            labels_name="y_true",
+            scores_name="y_pred",
         )
 
     def get_config(self):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from losszoo import ops
 from losszoo._logits import attached_logits
 from losszoo.losses._targets import SampleWeightCheck, target_distribution
-from losszoo.ops import _sparsemax
 from losszoo.ops._common import check_static_rank, dense_labels, to_compute_dtype
 from losszoo.registry import register
 
@@ -107,7 +107,7 @@ class SparsemaxLoss(SampleWeightCheck, keras.losses.Loss):
         top = tf.cast(tf.equal(y_pred, tf.reduce_max(y_pred, -1, keepdims=True)), q.dtype)
         stand_in = top / tf.reduce_sum(top, -1, keepdims=True)
         q = tf.where(tf.equal(has_target, 0.0)[..., None], stand_in, q)
-        return _sparsemax._loss(q, y_pred, labels_name="y_true") * has_target
+        return ops.sparsemax_loss(q, y_pred, labels_name="y_true") * has_target
 
     def get_config(self):
         return {

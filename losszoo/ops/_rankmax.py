@@ -38,13 +38,15 @@ is read with one matmul over the labels (``sum_i i w_i / sum_i w_i``) and the id
 on it; the check that the reading is right (every other weight exactly 0) is fused into the
 kernel's relu-sum pass: the O(n) cost of ids plus two reads of the labels. Otherwise an
 exact merged sort per row runs (spec A6 (ii), O(n log n)); the choice is made at run time
-with ``tf.cond``. ``"auto"``
-(default): floating labels of the scores' shape are dense, labels one rank lower are ids,
-integer labels ``[..., M]`` with a static ``M != n`` are padded ids; integer labels ``[..., n]``
-(or with an unknown last axis) are ambiguous (a one-hot row or n padded ids?) and are
-rejected: pass ``label_format``. ``rankmax`` (the projection) reads labels by the same rule
-and rejects dense ones. A ``tf.RaggedTensor`` (positive ids per row) is read as ids padded
-with -1; a ``tf.SparseTensor`` is densified, its absent entries -1 for ids, 0 for dense
+with ``tf.cond``. ``"auto"`` (default): floating labels of the scores' shape are dense,
+labels one rank lower are ids, integer labels ``[..., M]`` with a static ``M != n`` are padded
+ids; integer labels ``[..., n]`` (or with an unknown last axis) are ambiguous (a one-hot row or
+n padded ids?) and are rejected: pass ``label_format``. ``"keras"`` (the rule of
+``RankmaxLoss``, as Keras 3 casts ``y_true`` to float) reads shapes only: ids one rank lower or
+with a last axis of 1, padded ids ``[..., M]`` when ``M`` and ``n`` are static and differ,
+dense otherwise. ``rankmax`` (the projection) reads labels by the same rules and rejects dense
+ones. A ``tf.RaggedTensor`` (positive ids per row) is read as ids padded with -1; a
+``tf.SparseTensor`` is densified, its absent entries -1 for ids, 0 for dense
 weights (both raise ``TypeError`` under ``jit_compile=True``, where XLA cannot densify them).
 Rows without a positive (all ids -1, or all-zero dense labels) contribute loss 0 and
 gradient 0.
@@ -83,7 +85,7 @@ from losszoo.ops._common import (
 
 __all__ = ["rankmax", "rankmax_loss"]
 
-LABEL_FORMATS = ("auto", "ids", "dense")
+LABEL_FORMATS = ("auto", "keras", "ids", "dense")
 
 
 # --------------------------------------------------------------------------- validation
@@ -266,13 +268,17 @@ def _resolve_format(labels, z, label_format, name):
     labels the same way.
     """
     check_choice(label_format, "label_format", LABEL_FORMATS)
-    if label_format != "auto":
+    if label_format in ("ids", "dense"):
         return label_format
     rank, zrank = labels.shape.rank, z.shape.rank
     if rank is None:
         raise ValueError(f"`{name}` must have a known rank.")
     if rank == zrank - 1:
         return "ids"
+    if label_format == "keras":  # shapes only: Keras 3 casts y_true to float
+        m, n = labels.shape[-1] if rank == zrank else None, z.shape[-1]
+        ids = m is not None and (m == 1 or n is not None) and m != n
+        return "ids" if ids else "dense"
     if rank == zrank:
         if labels.dtype.is_floating or labels.dtype == tf.bool:
             return "dense"
@@ -616,11 +622,26 @@ def _rankmax_loss_dense(z, w, k, eta):
 
 
 def _check_max_positives(max_positives, n):
+    if max_positives is None:
+        return None
     if isinstance(max_positives, bool) or not isinstance(max_positives, numbers.Integral):
         raise TypeError(f"`max_positives` must be None or a Python int, got {max_positives!r}.")
     if max_positives < 1 or (_static(n) is not None and max_positives > n):
         raise ValueError(f"`max_positives` must be in [1, n={n}], got {max_positives}.")
     return int(max_positives)
+
+
+def check_loss_arguments(k, margin, max_positives, n=None):
+    """``(k, margin, max_positives)`` of :func:`rankmax_loss` checked by its rules.
+
+    ``n`` (the number of candidates, when known) also bounds ``k`` and ``max_positives``.
+    Keras losses call it at construction, with ``n=None``.
+
+    Raises:
+      ValueError: (or TypeError) naming the argument.
+    """
+    k, margin = _check_k_margin(k, margin, n)
+    return k, margin, _check_max_positives(max_positives, n)
 
 
 def _dense_to_ids(w, m):
@@ -629,22 +650,78 @@ def _dense_to_ids(w, m):
     return ids, wv
 
 
-def _loss(labels, scores, k, margin, max_positives, label_format, name, score_name="scores"):
-    z, dtype, n = _prepare_scores(scores, score_name)
-    k, eta = _check_k_margin(k, margin, _static(n))
-    if max_positives is not None:
-        max_positives = _check_max_positives(max_positives, n)
+def rankmax_loss(
+    labels,
+    scores,
+    k: int = 1,
+    margin: float = 1.0,
+    max_positives=1,
+    label_format: str = "auto",
+    *,
+    labels_name: str = "labels",
+    scores_name: str = "scores",
+):
+    """Rankmax loss, ``-sum_{y in positives} w_y log min(1, alpha_y (z_y - mu_y))`` per row.
+
+    For k = 1: ``w_y (log sum_i (z_i - z_y + margin)_+ - log margin)``.
+
+    Args:
+      labels: the positives of each row, read according to ``label_format``. Ids: shape
+        ``scores.shape[:-1]`` (one positive per row) or ``scores.shape[:-1] + [M]`` (several
+        positives, ``-1`` pads), integer or whole-number floats. Dense: non-negative weights
+        with the shape of ``scores`` (multi-hot 0/1, or e.g. TFRS's identity matrix); each
+        positive's loss is multiplied by its weight. A row without positives has loss 0.
+      scores: ``[..., n]`` logits over n candidates (n may be dynamic, e.g. in-batch [B, B]).
+        ``-inf`` masks a candidate; a masked positive gives loss ``+inf``.
+      k: static int, ``1 <= k < n``; the projection puts mass k on the (n, k)-simplex.
+      margin: ``eta > 0``; the threshold is ``min(z_y, z_[k]) - margin``. The paper uses 1.
+      max_positives: dense labels only; the result is exact either way. When every row of
+        the batch has at most this many positives (default 1: one-hot or identity labels),
+        a fast O(M n) path runs (for 1: the ids kernel on the read-off index); otherwise, and
+        always when ``None``, one merged sort per row handles any number of positives
+        (O(n log n), slow under XLA on CPU). Both branches are compiled (``tf.cond``).
+      label_format: ``"auto"`` (default), ``"keras"``, ``"ids"`` or ``"dense"``. A
+        ``tf.RaggedTensor`` of positive ids per row is read as ids (-1 pads); a
+        ``tf.SparseTensor`` is densified (absent entries -1 for ids, 0 for dense). Auto:
+        floating labels of the scores' shape are dense; labels one rank lower are ids; integer
+        ``[..., M]`` with a static ``M != n`` are padded ids; integer ``[..., n]`` (or an
+        unknown last axis) is ambiguous and raises, so ``np.eye(3, dtype=int)`` needs
+        ``label_format="dense"``. Keras (what :class:`losszoo.losses.RankmaxLoss` passes, as
+        Keras 3 casts ``y_true`` to float): shapes only, never the dtype: ids one rank lower
+        or with a last axis of 1 (``n != 1``); padded ids ``[..., M]`` when ``M`` and ``n`` are
+        static and differ; otherwise (also when a size is unknown) dense.
+      labels_name: the name ``labels`` goes by in error messages (``"y_true"`` in a loss).
+      scores_name: the name ``scores`` goes by in error messages (``"y_pred"`` in a loss).
+
+    Returns:
+      Per-row loss with shape ``scores.shape[:-1]`` and the dtype of ``scores``.
+
+    Raises:
+      ValueError: (or TypeError) naming the argument: NaN scores, ids outside ``[0, n)`` other
+        than -1 padding, non-whole or NaN ids, negative/NaN/inf dense weights, ambiguous
+        labels, bad ``k`` / ``margin`` / ``max_positives`` / ``label_format``. Value checks
+        are skipped with ``losszoo.set_validation(False)``.
+
+    Under XLA: assertions vanish; rows with NaN scores or invalid labels get a NaN loss (and
+    NaN gradients for NaN scores); ids are never clamped.
+
+    Example:
+      >>> rankmax_loss([0], [[2.0, 1.5, -3.0]]).numpy()  # log(1 + 0.5)
+      array([0.4054651], dtype=float32)
+    """
+    z, dtype, n = _prepare_scores(scores, scores_name)
+    k, eta, max_positives = check_loss_arguments(k, margin, max_positives, _static(n))
     z = _check_k_against(z, k, n)
     lead = tf.shape(z)[:-1]
     z2 = tf.reshape(z, [-1, n])
-    labels, label_format = _labels_and_format(labels, label_format, name)
-    label_format = _resolve_format(labels, z, label_format, name)
-    labels = _densify(labels, label_format, name)
+    labels, label_format = _labels_and_format(labels, label_format, labels_name)
+    label_format = _resolve_format(labels, z, label_format, labels_name)
+    labels = _densify(labels, label_format, labels_name)
     if label_format == "ids":
-        ids, w, _, invalid = _ids_to_positives(labels, z, n, name)
+        ids, w, _, invalid = _ids_to_positives(labels, z, n, labels_name)
         loss = _rankmax_loss_ids(z2, ids, w, k, eta)
     else:
-        w, invalid = _check_dense_labels(labels, z, name)
+        w, invalid = _check_dense_labels(labels, z, labels_name)
         w = tf.reshape(w, [-1, n])
         invalid = tf.reshape(invalid, [-1])
         if max_positives is None:
@@ -667,54 +744,6 @@ def _loss(labels, scores, k, margin, max_positives, label_format, name, score_na
     if _static(n) is None:
         loss = nan_where(k >= n, loss)  # XLA: the graph assertion on k < n is gone
     return tf.cast(tf.reshape(loss, lead), dtype)
-
-
-def rankmax_loss(
-    labels, scores, k: int = 1, margin: float = 1.0, max_positives=1, label_format: str = "auto"
-):
-    """Rankmax loss, ``-sum_{y in positives} w_y log min(1, alpha_y (z_y - mu_y))`` per row.
-
-    For k = 1: ``w_y (log sum_i (z_i - z_y + margin)_+ - log margin)``.
-
-    Args:
-      labels: the positives of each row, read according to ``label_format``. Ids: shape
-        ``scores.shape[:-1]`` (one positive per row) or ``scores.shape[:-1] + [M]`` (several
-        positives, ``-1`` pads), integer or whole-number floats. Dense: non-negative weights
-        with the shape of ``scores`` (multi-hot 0/1, or e.g. TFRS's identity matrix); each
-        positive's loss is multiplied by its weight. A row without positives has loss 0.
-      scores: ``[..., n]`` logits over n candidates (n may be dynamic, e.g. in-batch [B, B]).
-        ``-inf`` masks a candidate; a masked positive gives loss ``+inf``.
-      k: static int, ``1 <= k < n``; the projection puts mass k on the (n, k)-simplex.
-      margin: ``eta > 0``; the threshold is ``min(z_y, z_[k]) - margin``. The paper uses 1.
-      max_positives: dense labels only; the result is exact either way. When every row of
-        the batch has at most this many positives (default 1: one-hot or identity labels),
-        a fast O(M n) path runs (for 1: the ids kernel on the read-off index); otherwise, and
-        always when ``None``, one merged sort per row handles any number of positives
-        (O(n log n), slow under XLA on CPU). Both branches are compiled (``tf.cond``).
-      label_format: ``"auto"`` (default), ``"ids"`` or ``"dense"``. A ``tf.RaggedTensor`` of
-        positive ids per row is read as ids (-1 pads); a ``tf.SparseTensor`` is densified
-        (absent entries -1 for ids, 0 for dense). Auto: floating labels of
-        the scores' shape are dense; labels one rank lower are ids; integer ``[..., M]`` with
-        a static ``M != n`` are padded ids; integer ``[..., n]`` (or an unknown last axis) is
-        ambiguous and raises, so ``np.eye(3, dtype=int)`` needs ``label_format="dense"``.
-
-    Returns:
-      Per-row loss with shape ``scores.shape[:-1]`` and the dtype of ``scores``.
-
-    Raises:
-      ValueError: (or TypeError) naming the argument: NaN scores, ids outside ``[0, n)`` other
-        than -1 padding, non-whole or NaN ids, negative/NaN/inf dense weights, ambiguous
-        labels, bad ``k`` / ``margin`` / ``max_positives`` / ``label_format``. Value checks
-        are skipped with ``losszoo.set_validation(False)``.
-
-    Under XLA: assertions vanish; rows with NaN scores or invalid labels get a NaN loss (and
-    NaN gradients for NaN scores); ids are never clamped.
-
-    Example:
-      >>> rankmax_loss([0], [[2.0, 1.5, -3.0]]).numpy()  # log(1 + 0.5)
-      array([0.4054651], dtype=float32)
-    """
-    return _loss(labels, scores, k, margin, max_positives, label_format, "labels")
 
 
 def _rankmax_projection_ids(z, ids, w, k, eta):
@@ -782,7 +811,8 @@ def rankmax(scores, labels, k: int = 1, margin: float = 1.0, label_format: str =
         have no projection (TypeError: use ``rankmax_loss``).
       k: static int, ``1 <= k < n``. Each projection lies in [0, 1] and sums to k.
       margin: ``eta > 0`` (paper: 1).
-      label_format: ``"auto"`` (default) or ``"ids"`` (``"dense"`` raises TypeError).
+      label_format: ``"auto"`` (default), ``"keras"`` or ``"ids"`` (see :func:`rankmax_loss`;
+        labels read as dense raise TypeError).
 
     Returns:
       The projection(s), dtype of ``scores``. The positive is always in the support; the

@@ -242,7 +242,9 @@ def _sparsemax_loss_last_axis(q, z, tol: float):
     return f(z)
 
 
-def sparsemax_loss(labels, logits, axis: int = -1, name: str | None = None) -> tf.Tensor:
+def sparsemax_loss(
+    labels, logits, axis: int = -1, name: str | None = None, *, labels_name: str = "labels"
+) -> tf.Tensor:
     """Per-example sparsemax loss ``L(z; q) = 1/2||p||^2 + 1/2||q||^2 - <z - tau, q>``.
 
     ``p = sparsemax(z)``. The gradient with respect to the logits is ``p - q``; the labels
@@ -259,13 +261,14 @@ def sparsemax_loss(labels, logits, axis: int = -1, name: str | None = None) -> t
       logits: float tensor of rank >= 1.
       axis: the class axis.
       name: optional name scope.
+      labels_name: the name ``labels`` goes by in error messages (``"y_true"`` in a loss).
 
     Returns:
       The loss per example: ``logits``' shape without ``axis``, in ``logits``' dtype.
 
     Raises:
-      ValueError: naming ``labels`` (eagerly; a graph assertion in ``tf.function``) for NaN,
-        inf or negative targets or rows that do not sum to 1 (skipped with
+      ValueError: naming ``labels`` (or ``labels_name``; eagerly; a graph assertion in
+        ``tf.function``) for NaN, inf or negative targets or rows that do not sum to 1 (skipped with
         ``losszoo.set_validation(False)``; under XLA those rows' loss and gradient are NaN).
         TypeError for ``tf.RaggedTensor`` labels.
 
@@ -274,22 +277,17 @@ def sparsemax_loss(labels, logits, axis: int = -1, name: str | None = None) -> t
       array([0.], dtype=float32)
     """
     with tf.name_scope(name or "sparsemax_loss"):
-        return _loss(labels, logits, axis, "labels")
-
-
-def _loss(labels, logits, axis: int = -1, labels_name: str = "labels") -> tf.Tensor:
-    """:func:`sparsemax_loss` with the labels' argument name for messages (``y_true``)."""
-    z, dtype, _ = _prepare(logits, axis, "logits")
-    labels = dense_labels(labels, labels_name)
-    q = tf.cast(labels, z.dtype)
-    if q.shape.rank is not None and z.shape.rank is not None:
-        q_last, _ = move_axis_last(q, axis) if q.shape.rank == z.shape.rank else (q, None)
-        if not q_last.shape.is_compatible_with(z.shape):
-            raise ValueError(
-                f"`{labels_name}` must have the shape of `logits` {list(z.shape)} (class axis "
-                f"last), got {list(q.shape)}."
-            )
-        q = q_last
-    tol = _sum_tolerance(labels.dtype, z.dtype)
-    q = _check_labels(q, tol, labels_name)
-    return tf.cast(_sparsemax_loss_last_axis(q, z, tol), dtype)
+        z, dtype, _ = _prepare(logits, axis, "logits")
+        labels = dense_labels(labels, labels_name)
+        q = tf.cast(labels, z.dtype)
+        if q.shape.rank is not None and z.shape.rank is not None:
+            q_last, _ = move_axis_last(q, axis) if q.shape.rank == z.shape.rank else (q, None)
+            if not q_last.shape.is_compatible_with(z.shape):
+                raise ValueError(
+                    f"`{labels_name}` must have the shape of `logits` {list(z.shape)} (class axis "
+                    f"last), got {list(q.shape)}."
+                )
+            q = q_last
+        tol = _sum_tolerance(labels.dtype, z.dtype)
+        q = _check_labels(q, tol, labels_name)
+        return tf.cast(_sparsemax_loss_last_axis(q, z, tol), dtype)

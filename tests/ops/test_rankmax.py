@@ -503,3 +503,34 @@ def test_ragged_and_sparse_labels_under_xla_name_the_argument(labels):
         tf.function(lambda y: rankmax_loss(y, z), jit_compile=True)(labels)
     got = tf.function(lambda y: rankmax_loss(y, z))(labels)  # graph without XLA still works
     np.testing.assert_allclose(got.numpy(), rankmax_loss(labels, z).numpy(), rtol=1e-6)
+
+
+def test_keras_label_format_reads_shapes_not_dtypes():
+    # Issue 20: RankmaxLoss's "auto" rule lives in the op as label_format="keras".
+    rng = np.random.default_rng(20)
+    z = rng.normal(size=(4, 5))
+    y = np.array([0, 4, 2, 1])
+    one = [[(t, 1.0)] for t in y]
+    want, _ = _ref_rows(z, one, 1)
+    for labels in (y, y[:, None], y.astype(np.float32)[:, None], np.eye(5, dtype=np.int32)[y]):
+        got = rankmax_loss(labels, z, label_format="keras").numpy()
+        np.testing.assert_allclose(got, want, atol=1e-10)
+    # [B, M] with static M != n: padded ids, integer or float (Keras casts y_true to float).
+    padded = np.array([[0, 2, -1], [4, -1, -1], [-1, -1, -1], [1, 3, 0]])
+    want, _ = _ref_rows(z, [[(i, 1.0) for i in row if i >= 0] for row in padded], 1)
+    for labels in (padded, padded.astype(np.float32)):
+        got = rankmax_loss(labels, z, label_format="keras").numpy()
+        np.testing.assert_allclose(got, want, atol=1e-10)
+    # An unknown last axis of the labels reads as dense weights (TFRS's tf.eye(B)).
+    fn = tf.function(
+        lambda lab, s: rankmax_loss(lab, s, label_format="keras"),
+        input_signature=[tf.TensorSpec([None, None], tf.float32), tf.TensorSpec([None, None])],
+    )
+    zz = rng.normal(size=(3, 3)).astype(np.float32)
+    want, _ = _ref_rows(zz.astype(np.float64), [[(i, 1.0)] for i in range(3)], 1)
+    np.testing.assert_allclose(fn(np.eye(3, dtype=np.float32), zz), want, rtol=1e-5)
+    # "auto" still rejects the ambiguous integer one-hot; both rules name the argument given.
+    with pytest.raises(ValueError, match="`y_true` is ambiguous"):
+        rankmax_loss(np.eye(5, dtype=np.int32)[y], z, labels_name="y_true")
+    with pytest.raises(ValueError, match="`y_pred` must have rank >= 1"):
+        rankmax_loss(np.int32(1), np.float32(2.0), scores_name="y_pred")
