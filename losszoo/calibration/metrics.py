@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from losszoo.metrics.calibration import SUM_TOL  # one tolerance with the streaming metrics
 from losszoo.ops._common import check_number
 
 __all__ = ["accuracy", "adaptive_ece", "brier_score", "classwise_ece", "ece", "nll"]
-
-#: Rows of ``probs`` must sum to 1 within this tolerance (float16 softmax outputs pass).
-SUM_TOL = 1e-3
 
 
 def _prep(probs, labels):

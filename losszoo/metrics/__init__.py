@@ -1,3 +1,25 @@
-"""Keras 3 metrics over losszoo's ops; each is registered by name (kind ``"metric"``)."""
+"""Keras 3 metrics over losszoo's ops; each is registered by name (kind ``"metric"``).
 
+The streaming calibration metrics (:mod:`losszoo.metrics.calibration`) are also exported from
+:mod:`losszoo.calibration`, beside the array functions they agree with.
+"""
+
+from losszoo.metrics.calibration import (
+    Accuracy,
+    AdaptiveECE,
+    BrierScore,
+    ClasswiseECE,
+    ExpectedCalibrationError,
+    NegativeLogLikelihood,
+)
 from losszoo.metrics.dro import ExactKLDRORisk
+
+__all__ = [
+    "Accuracy",
+    "AdaptiveECE",
+    "BrierScore",
+    "ClasswiseECE",
+    "ExactKLDRORisk",
+    "ExpectedCalibrationError",
+    "NegativeLogLikelihood",
+]
