@@ -437,7 +437,8 @@ def possibility_constraints(
       A :class:`PossibilityConstraints` of float64 tensors (no gradient flows to ``pi``).
 
     Raises:
-      TypeError / ValueError naming the option when an option is outside its range.
+      TypeError: an option of the wrong type (the message names it).
+      ValueError: an option outside its range (the message names it).
 
     Example:
       >>> c = possibility_constraints([[1.0, 0.51, 0.5]])
