@@ -8,6 +8,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from losszoo import registry
 from losszoo._logits import attached_logits
 from losszoo.heads.calibration import (
     LogitBounding,
@@ -17,33 +18,44 @@ from losszoo.heads.calibration import (
 )
 from losszoo.ops._common import check_number
 
-_ALIASES = {"ts": "temperature_scaling", "pb": "probability_bounding", "lb": "logit_bounding"}
+_CALIBRATORS = (TemperatureScaling, ProbabilityBounding, LogitBounding)
+
+
+def _calibrator_class(name: str, method: str) -> type:
+    """The calibrator registered (as a head) under ``name`` or an alias (``"ts"``)."""
+    try:
+        cls = registry.get_class(name, "head")
+    except KeyError:
+        cls = None
+    if cls not in _CALIBRATORS:
+        raise ValueError(f"`method`: unknown calibration method {method!r}.")
+    return cls
 
 
 def make_calibrator(method: str = "temperature_scaling", **kwargs) -> keras.layers.Layer:
     """Build a calibrator layer from a name.
 
     ``method`` is ``"temperature_scaling"``/``"ts"``, ``"probability_bounding"``/``"pb"``,
-    ``"logit_bounding"``/``"lb"``, or the paper's short names ``"pb-c"``, ``"pb-l"``,
-    ``"pb-c-l"`` (lower bound only), ``"pb-c-u"`` (upper only), ``"pb-l-l"``, ``"pb-l-u"``,
-    ``"lb-c"``, ``"lb-l"``. ``kwargs`` go to the layer (e.g. ``fit_temperature=False``).
+    ``"logit_bounding"``/``"lb"`` (the calibrators' registered head names and aliases), or
+    the paper's short names ``"pb-c"``, ``"pb-l"``, ``"pb-c-l"`` (lower bound only),
+    ``"pb-c-u"`` (upper only), ``"pb-l-l"``, ``"pb-l-u"``, ``"lb-c"``, ``"lb-l"``. ``kwargs`` go
+    to the layer (e.g. ``fit_temperature=False``).
     """
     if not isinstance(method, str):
         raise TypeError(f"`method` must be a string, got {method!r}.")
     name = method.lower().replace("_", "-") if "-" in method else method.lower()
     parts = name.split("-")
-    head = _ALIASES.get(parts[0], parts[0])
-    if head in ("temperature_scaling",) and len(parts) == 1:
-        return TemperatureScaling(**kwargs)
-    if head not in ("probability_bounding", "logit_bounding") or len(parts) > 3:
+    cls = _calibrator_class(parts[0], method)
+    if cls is TemperatureScaling and len(parts) == 1:
+        return cls(**kwargs)
+    if cls is TemperatureScaling or len(parts) > 3:
         raise ValueError(f"`method`: unknown calibration method {method!r}.")
     if len(parts) >= 2:
         kwargs.setdefault("bound_fn", {"c": "constant", "l": "linear"}.get(parts[1], parts[1]))
     if len(parts) == 3:
-        if head != "probability_bounding":
+        if cls is not ProbabilityBounding:
             raise ValueError(f"`method`: unknown calibration method {method!r}.")
         kwargs.setdefault("bounds", {"l": "lower", "u": "upper"}.get(parts[2], parts[2]))
-    cls = ProbabilityBounding if head == "probability_bounding" else LogitBounding
     return cls(**kwargs)
 
 

@@ -212,38 +212,6 @@ class _BatchRiskLoss(SampleWeightCheck, keras.losses.Loss):
     def _risk(self, l, s):  # pragma: no cover - abstract
         raise NotImplementedError
 
-    @staticmethod
-    def _refine_tf_keras_adapter(adapter):
-        """tf_keras (and so TFRS) adapter that computes the batch risk, not a mean.
-
-        The generic adapter reduces what ``call`` returns per example, which for a batch
-        risk would silently be plain ERM. This one calls the Keras 3 loss's ``__call__``
-        (the whole risk, sample weights as reference probabilities; safe-KL alpha moves in
-        training steps by the GradientTape rule, as tf_keras' and TFRS' ``train_step``
-        record a tape and their ``test_step`` does not). Its ``reduction`` is ``SUM``
-        whatever is asked: the risk is not a per-example mean, and tf_keras then counts
-        the replicas' shares of the global-batch risk correctly in its loss metric.
-        """
-        import tf_keras
-
-        class BatchRiskAdapter(adapter):
-            def __init__(self, reduction=None, name=None, **config):
-                del reduction  # ignored, see above
-                super().__init__(reduction=tf_keras.losses.Reduction.SUM, name=name, **config)
-
-            def __call__(self, y_true, y_pred, sample_weight=None):
-                return self.losszoo_loss(y_true, y_pred, sample_weight=sample_weight)
-
-            def get_config(self):
-                inner = {
-                    k: v
-                    for k, v in self.losszoo_loss.get_config().items()
-                    if k not in ("name", "reduction", "dtype")
-                }
-                return {**super().get_config(), **inner}
-
-        return BatchRiskAdapter
-
     def get_config(self):
         return {**super().get_config(), "base_loss": self._base_config}
 
@@ -291,6 +259,7 @@ class _DRODiagnostics(keras.metrics.Metric):
 @register(
     "safe_kl_dro",
     kind="loss",
+    batch_risk=True,
     aliases=("safe_kl_dro_risk",),
     description=(
         "Safe-KL DRO risk (Gladin et al.): unbiased stochastic KL-DRO, trains its dual alpha"
@@ -526,6 +495,7 @@ class _TemperedBatchRiskLoss(_BatchRiskLoss):
 @register(
     "kl_dro_batch_lse",
     kind="loss",
+    batch_risk=True,
     description=(
         "Naive mini-batch KL-DRO risk lam*log mean exp(l/lam) over the batch (biased baseline)"
     ),
@@ -563,6 +533,7 @@ class KLDROBatchLSE(_TemperedBatchRiskLoss):
 @register(
     "kl_dro_sumexp",
     kind="loss",
+    batch_risk=True,
     description="Sum-of-exp KL-DRO objective mean exp(l/lam) (unbiased, overflow-prone baseline)",
 )
 class KLDROSumExp(_TemperedBatchRiskLoss):
@@ -597,6 +568,7 @@ class KLDROSumExp(_TemperedBatchRiskLoss):
 @register(
     "cvar",
     kind="loss",
+    batch_risk=True,
     aliases=("cvar_risk",),
     description="CVaR at level rho of the per-example losses (mean of the worst rho fraction)",
 )

@@ -1,23 +1,33 @@
-"""Registry of losszoo's losses, heads and metrics: names, Keras lookup, plugins."""
+"""Registry of losszoo's losses, heads and metrics: names, Keras lookup, plugins.
 
+:mod:`~losszoo.registry._core` holds the names; the Keras 3 glue
+(:mod:`~losszoo.registry._keras`) and the tf_keras glue (:mod:`~losszoo.registry._tf_keras`)
+subscribe to it when imported here.
+"""
+
+from losszoo.registry import _keras  # noqa: F401 - subscribes Keras 3's string lookup
 from losszoo.registry._core import (
     KINDS,
     PLUGIN_GROUP,
     Entry,
     entries,
+    entry,
+    entry_of,
     get,
     get_class,
     load_plugins,
     names,
     register,
 )
-from losszoo.registry._keras import tf_keras_loss
+from losszoo.registry._tf_keras import tf_keras_loss
 
 __all__ = [
     "KINDS",
     "PLUGIN_GROUP",
     "Entry",
     "entries",
+    "entry",
+    "entry_of",
     "get",
     "get_class",
     "load_plugins",

@@ -11,8 +11,15 @@ Registering does three things:
    ``python -m losszoo list``;
 2. registers it for Keras serialization under the package ``"losszoo"``, so saved models
    load without ``custom_objects``;
-3. for losses and metrics, makes the plain string usable in ``model.compile`` of Keras 3
-   and, when ``tf_keras`` is installed, of Keras 2 (see :mod:`losszoo.registry._keras`).
+3. tells the subscribers (:func:`subscribe`) about it: for losses and metrics the Keras glue
+   makes the plain string usable in ``model.compile`` of Keras 3
+   (:mod:`losszoo.registry._keras`) and, when ``tf_keras`` is installed, of Keras 2
+   (:mod:`losszoo.registry._tf_keras`). This module imports neither; they import it.
+
+A loss whose value is one risk of the whole batch (the DRO losses) declares it with
+``register(..., batch_risk=True)``: its ``__call__`` computes the risk (sample weights as
+reference probabilities) while its ``call`` gives the per-example base losses, so wrappers
+(tf_keras, the retrieval task) must call the loss, never reduce ``call``.
 
 Third-party packages add entries through the entry-point group ``losszoo.plugins``: each
 entry point names a module (or a callable) whose import registers classes. ``import losszoo``
@@ -34,8 +41,6 @@ from typing import Any
 
 import keras
 
-from losszoo.registry import _keras
-
 #: The kinds of object the registry holds. Keras integration exists for "loss" and "metric".
 KINDS = ("loss", "head", "metric")
 
@@ -53,6 +58,8 @@ class Entry:
       aliases: further names that resolve to the same class.
       description: one line shown by ``python -m losszoo list``.
       source: ``"losszoo"`` or the plugin (entry point) that registered it.
+      batch_risk: for a loss, whether it is one risk of the whole batch (see the module
+        docstring); subclasses of the class share the declaration (:func:`entry_of`).
     """
 
     name: str
@@ -61,6 +68,7 @@ class Entry:
     aliases: tuple[str, ...]
     description: str
     source: str
+    batch_risk: bool = False
 
 
 _entries: dict[tuple[str, str], Entry] = {}  # (kind, canonical name) -> entry
@@ -68,6 +76,16 @@ _lookup: dict[tuple[str, str], str] = {}  # (kind, name or alias) -> canonical n
 _lock = threading.RLock()
 _current_source = "losszoo"
 _plugins_loaded = False
+_subscribers: list[tuple[Callable[[Entry], None], Callable[[Entry], None]]] = []
+
+
+def subscribe(on_register: Callable[[Entry], None], on_unregister: Callable[[Entry], None]):
+    """Call ``on_register(entry)`` for every entry, registered so far and from now on, and
+    ``on_unregister(entry)`` when one is removed (the Keras glue modules subscribe)."""
+    with _lock:
+        _subscribers.append((on_register, on_unregister))
+        for entry in list(_entries.values()):
+            on_register(entry)
 
 
 def register(
@@ -75,6 +93,7 @@ def register(
     kind: str = "loss",
     aliases: tuple[str, ...] | list[str] = (),
     description: str | None = None,
+    batch_risk: bool = False,
 ) -> Callable[[type], type]:
     """Class decorator that registers a loss, head or metric by name.
 
@@ -83,6 +102,8 @@ def register(
       kind: one of ``"loss"``, ``"head"``, ``"metric"``.
       aliases: other names for the same class.
       description: a one-line description; defaults to the first docstring line.
+      batch_risk: the loss is one risk of the whole batch (``__call__``), its ``call`` the
+        per-example base losses (see the module docstring); only for ``kind="loss"``.
 
     Returns:
       The decorator, which returns the class unchanged (apart from Keras registration).
@@ -100,6 +121,10 @@ def register(
     if not isinstance(name, str) or not name:
         raise ValueError(f"`name` must be a non-empty string, got {name!r}.")
     aliases = tuple(aliases)
+    if not isinstance(batch_risk, bool):
+        raise TypeError(f"`batch_risk` must be a bool, got {batch_risk!r}.")
+    if batch_risk and kind != "loss":
+        raise ValueError(f"`batch_risk` applies to losses only, not to kind {kind!r}.")
 
     def decorator(cls: type) -> type:
         with _lock:
@@ -123,11 +148,13 @@ def register(
                 aliases=aliases,
                 description=description or (doc[0] if doc else ""),
                 source=_current_source,
+                batch_risk=batch_risk,
             )
             _entries[(kind, name)] = entry
             for key in (name, *aliases):
                 _lookup[(kind, key)] = name
-            _keras.install(entry)
+            for on_register, _ in _subscribers:
+                on_register(entry)
         return cls
 
     return decorator
@@ -152,6 +179,22 @@ def _resolve(name: str, kind: str) -> Entry:
             f"Known {kind} names: {', '.join(known) or '(none)'}."
         )
     return _entries[(kind, canonical)]
+
+
+def entry(name: str, kind: str = "loss") -> Entry:
+    """Return the :class:`Entry` registered as ``name`` (or an alias) for ``kind``.
+
+    Raises:
+      TypeError, ValueError, KeyError: as :func:`get_class`.
+    """
+    return _resolve(name, kind)
+
+
+def entry_of(cls: type, kind: str = "loss") -> Entry | None:
+    """The entry of ``cls`` or of its nearest registered base class (``None`` if none)."""
+    with _lock:
+        by_class = {e.cls: e for (k, _), e in _entries.items() if k == kind}
+    return next((by_class[c] for c in cls.__mro__ if c in by_class), None)
 
 
 def get_class(name: str, kind: str = "loss") -> type:
@@ -245,4 +288,5 @@ def _unregister(key: tuple[str, str]) -> None:
     entry = _entries.pop(key)
     for alias in (entry.name, *entry.aliases):
         _lookup.pop((entry.kind, alias), None)
-    _keras.uninstall(entry)
+    for _, on_unregister in _subscribers:
+        on_unregister(entry)

@@ -13,7 +13,9 @@ from losszoo.retrieval.sampling import CandidateSampler
 
 
 def _is_batch_risk(cls) -> bool:
-    return callable(getattr(cls, "per_example_losses", None))
+    """Whether ``cls`` was registered as a batch risk (``register(..., batch_risk=True)``)."""
+    entry = registry.entry_of(cls, "loss")
+    return entry is not None and entry.batch_risk
 
 
 def resolve_loss(loss, loss_config=None, reduction="sum"):

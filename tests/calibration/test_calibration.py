@@ -219,3 +219,24 @@ def test_repeated_fit_calibrator_does_not_retrace():
     b = C.fit_calibrator(x, None, y, "pb-c", epochs=3).layers[-1].get_weights()
     for wa, wb in zip(a, b):
         np.testing.assert_array_equal(wa, wb)
+
+
+def test_make_calibrator_resolves_names_through_the_registry():
+    """Issue 20 item 4: calibrator names are the registry's (one alias table). Every name and
+    alias registered for a calibrator head builds that calibrator, the paper's suffixes
+    configure the bounding ones, and other heads or unknown names are rejected."""
+    from losszoo.heads.calibration import LogitBounding, ProbabilityBounding, TemperatureScaling
+
+    classes = (TemperatureScaling, ProbabilityBounding, LogitBounding)
+    found = [e for e in losszoo.entries("head") if e.cls in classes]
+    assert sorted(e.cls.__name__ for e in found) == sorted(c.__name__ for c in classes)
+    for entry in found:
+        for key in (entry.name, *entry.aliases):
+            assert type(C.make_calibrator(key)) is entry.cls
+            assert type(C.make_calibrator(key.upper())) is entry.cls
+    pb = C.make_calibrator("pb-l-u")
+    assert type(pb) is ProbabilityBounding and (pb.bound_fn, pb.bounds) == ("linear", "upper")
+    assert type(C.make_calibrator("lb-c")) is LogitBounding
+    for bad in ("sparsemax", "bcsoftmax", "tsx", "ts-c", "lb-c-l", "pb-c-l-u"):
+        with pytest.raises(ValueError, match="unknown calibration method"):
+            C.make_calibrator(bad)

@@ -281,3 +281,58 @@ def test_backend_error_says_where_the_setting_came_from(tmp_path):
     message = result.stderr.strip().splitlines()[-1]
     assert "the environment variable KERAS_BACKEND is 'numpy'" in message
     assert "keras.json" in message  # the remedy names both places
+
+
+def test_batch_risk_is_declared_at_register():
+    """Issue 20 item 4: the DRO losses declare ``batch_risk=True``; the declaration is read
+    from the entry (aliases and subclasses share it), never inferred from methods."""
+    from losszoo.registry import entry, entry_of
+
+    declared = {e.name for e in losszoo.entries("loss") if e.batch_risk}
+    assert declared == {"safe_kl_dro", "kl_dro_batch_lse", "kl_dro_sumexp", "cvar"}
+    assert entry("cvar_risk").batch_risk and not entry("sparsemax").batch_risk
+
+    class MyCVaR(losszoo.losses.CVaRLoss):
+        pass
+
+    assert entry_of(MyCVaR).name == "cvar" and entry_of(dict) is None
+    with pytest.raises(ValueError, match="batch_risk"):
+        register("some_head", kind="head", batch_risk=True)
+    with pytest.raises(TypeError, match="batch_risk"):
+        register("some_loss", batch_risk=1)
+
+
+@pytest.mark.parametrize("declared", [True, False])
+def test_tf_keras_glue_follows_the_batch_risk_declaration(declared):
+    """The tf_keras adapter and loss function of a loss registered with ``batch_risk=True``
+    call the loss (the risk: here the batch maximum); without the declaration they reduce its
+    per-example ``call`` (the mean), whatever methods the class has."""
+    tf_keras = pytest.importorskip("tf_keras")
+    import tensorflow as tf
+
+    from losszoo.registry import _core
+
+    class ToyMax(keras.losses.Loss):
+        def per_example_losses(self, y_true, y_pred):  # no longer read: not a declaration
+            return self.call(y_true, y_pred)
+
+        def call(self, y_true, y_pred):
+            return tf.reduce_mean(tf.square(y_true - y_pred), -1)
+
+        def __call__(self, y_true, y_pred, sample_weight=None):
+            return tf.reduce_max(self.call(y_true, y_pred))
+
+    name = f"toy_batch_max_{declared}".lower()
+    ToyMax.__name__ = ToyMax.__qualname__ = f"ToyMax{declared}"
+    register(name, kind="loss", batch_risk=declared)(ToyMax)
+    try:
+        y = np.zeros((3, 1), np.float32)
+        p = np.array([[1.0], [2.0], [3.0]], np.float32)
+        want = 9.0 if declared else 14.0 / 3.0
+        adapter = losszoo.tf_keras_loss(name, reduction="sum_over_batch_size")
+        assert float(adapter(y, p)) == pytest.approx(want)
+        fn = tf_keras.utils.get_custom_objects()[name]
+        assert float(tf.reduce_mean(fn(y, p))) == pytest.approx(want)
+    finally:
+        _core._unregister(("loss", name))
+    assert name not in tf_keras.utils.get_custom_objects()
