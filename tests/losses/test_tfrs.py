@@ -197,48 +197,11 @@ def test_tfrs_recipe_mean_reduction_is_what_fails(default_recipe_top10):
 # Keras 3 retrieval without TFRS (examples/keras3_retrieval.py, keras-rs).
 
 
-def _keras3_example():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "examples" / "keras3_retrieval.py"
-    spec = importlib.util.spec_from_file_location("_keras3_retrieval_example", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_keras_rs_remove_accidental_hits_does_not_mask():
-    # Why the example masks by -inf itself: keras-rs 0.4's layer adds a tiny positive number.
+    # Why losszoo.retrieval masks by -inf itself: keras-rs 0.4's layer adds a tiny positive number.
     keras_rs = pytest.importorskip("keras_rs")
     logits = np.array([[1.0, 2.0, 3.0]], np.float32)
     out = keras_rs.layers.RemoveAccidentalHits()(
         logits, np.eye(3, dtype=np.float32)[:1], np.array([7, 7, 9])
     )
     np.testing.assert_array_equal(np.asarray(out), logits)  # duplicate 7 at column 1 kept
-
-
-@pytest.mark.parametrize("name", ["softmax", "sparsemax", "rankmax"])
-def test_keras3_example_in_batch_masking_equals_dropping_accidental_hits(name):
-    pytest.importorskip("keras_rs")
-    example = _keras3_example()
-    args = example.parse_args(["--no-sampling-correction", "--out", "unused"])
-    model = example.build_model(6, 5, "in-batch", args, seed=0)
-    users = np.array([0, 1, 2, 3, 4, 5], np.int32)
-    items = np.array([0, 1, 0, 2, 1, 3], np.int32)  # rows 0/2 and 1/4 share a movie
-    scores = np.asarray(model({"user": users, "item": items}))
-    loss = example.make_loss(name, "in-batch", args)
-    got = float(loss(np.eye(6, dtype=np.float32), scores))
-    assert np.isfinite(got)
-    want = 0.0
-    for i in range(6):
-        keep = [j for j in range(6) if j == i or items[j] != items[i]]
-        row = scores[i, keep].astype(np.float64)
-        target = keep.index(i)
-        if name == "softmax":
-            want += -(row[target] - np.log(np.sum(np.exp(row - row.max()))) - row.max())
-        elif name == "sparsemax":
-            want += LOSSES["sparsemax"](row, target)
-        else:
-            want += LOSSES["rankmax"](row, target)
-    assert got == pytest.approx(want, rel=1e-5, abs=1e-6)
