@@ -214,14 +214,21 @@ def _tf_keras_adapter(keras3_loss_cls: type) -> type:
     if _is_batch_risk(keras3_loss_cls):
         Adapter = _batch_risk_adapter(Adapter)
 
-    Adapter.__name__ = Adapter.__qualname__ = keras3_loss_cls.__name__
-    Adapter.__module__ = keras3_loss_cls.__module__
-    Adapter.__doc__ = (
-        f"tf_keras (Keras 2) version of :class:`{keras3_loss_cls.__module__}."
-        f"{keras3_loss_cls.__name__}`; same arguments plus tf_keras' `reduction` and `name`."
+    return _publish(
+        Adapter, keras3_loss_cls, "same arguments plus tf_keras' `reduction` and `name`"
     )
-    package = keras3_loss_cls.__module__.split(".")[0]
-    return tf_keras.utils.register_keras_serializable(package=package)(Adapter)
+
+
+def _publish(adapter: type, keras3_cls: type, arguments: str) -> type:
+    """Name ``adapter`` after ``keras3_cls`` and register it with tf_keras' serialization."""
+    adapter.__name__ = adapter.__qualname__ = keras3_cls.__name__
+    adapter.__module__ = keras3_cls.__module__
+    adapter.__doc__ = (
+        f"tf_keras (Keras 2) version of :class:`{keras3_cls.__module__}."
+        f"{keras3_cls.__name__}`; {arguments}."
+    )
+    package = keras3_cls.__module__.split(".")[0]
+    return _tf_keras().utils.register_keras_serializable(package=package)(adapter)
 
 
 @functools.cache
@@ -256,14 +263,7 @@ def _tf_keras_metric_adapter(keras3_metric_cls: type) -> type:
         def get_config(self):
             return {**super().get_config(), **self._losszoo_config}
 
-    MetricAdapter.__name__ = MetricAdapter.__qualname__ = keras3_metric_cls.__name__
-    MetricAdapter.__module__ = keras3_metric_cls.__module__
-    MetricAdapter.__doc__ = (
-        f"tf_keras (Keras 2) version of :class:`{keras3_metric_cls.__module__}."
-        f"{keras3_metric_cls.__name__}`; same arguments."
-    )
-    package = keras3_metric_cls.__module__.split(".")[0]
-    return tf_keras.utils.register_keras_serializable(package=package)(MetricAdapter)
+    return _publish(MetricAdapter, keras3_metric_cls, "same arguments")
 
 
 def tf_keras_loss(loss, **config: Any):
