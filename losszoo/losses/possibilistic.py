@@ -5,13 +5,14 @@
 * ``"antipignistic_kl"``: ``KL(pdot(pi) || softmax(z))``, fixed antipignistic target (Model B).
 * ``"vote_kl"``: ``KL(v / sum v || softmax(z))`` with vote counts as labels (Model C).
 
-The maths lives in :mod:`losszoo.ops._possibilistic`; these classes handle config and labels.
+The maths lives in :mod:`losszoo.ops.possibilistic`; these classes handle config and labels.
 :class:`ProjectionDiagnostic` exposes the projection's convergence (mean / p90 cycles,
 non-converged count) as Keras metrics.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import keras
@@ -21,7 +22,7 @@ from losszoo import ops
 from losszoo._logits import attached_logits
 from losszoo.losses._targets import is_sparse, one_hot_targets
 from losszoo.ops._common import to_compute_dtype
-from losszoo.ops._possibilistic import _check_config, _validate_possibility
+from losszoo.ops.possibilistic import ProjectionConfig, validate_possibility
 from losszoo.registry import register
 
 
@@ -131,7 +132,7 @@ class PossibilisticProjectionLoss(keras.losses.Loss):
         dtype=None,
     ):
         super().__init__(reduction=reduction, name=name, dtype=dtype)
-        raw = dict(
+        config = ProjectionConfig(
             tol=tol,
             max_cycles=max_cycles,
             stopping=stopping,
@@ -144,24 +145,14 @@ class PossibilisticProjectionLoss(keras.losses.Loss):
             q_clip=q_clip,
             method=method,
         )
-        _check_config(compute_dtype="float64", **raw)  # before any conversion
-        self.projection_config = {
-            **raw,
-            "tol": float(tol),
-            "max_cycles": int(max_cycles),
-            "gap_tol": float(gap_tol),
-            "floor": float(floor),
-            "eps_cap": float(eps_cap),
-            "tie_tol": float(tie_tol),
-            "q_clip": float(q_clip),
-        }
+        self.projection_config = dataclasses.asdict(config)
         self.from_logits = bool(from_logits)
         self._store = threading.local()
 
     def compute(self, y_true, y_pred):
         """Per-example loss and the projection diagnostics (dict of tensors)."""
         z = _scores(y_pred, self.from_logits)
-        pi = _validate_possibility(_labels(y_true, z, "y_true"), "y_true")
+        pi = validate_possibility(_labels(y_true, z, "y_true"), "y_true")
         loss, info = ops.possibilistic_projection_loss(z, pi, **self.projection_config)
         return loss, info
 

@@ -219,3 +219,22 @@ def test_fit_and_evaluate_with_a_partial_last_batch(name, labels):
     np.testing.assert_allclose(initial, want, rtol=1e-5)
     history = model.fit(x, y, batch_size=16, epochs=3, verbose=0).history["loss"]
     assert np.all(np.isfinite(history)) and history[-1] < history[0]
+
+
+def test_projection_config_is_the_loss_config_payload():
+    """The loss stores the fields of one validated ``ProjectionConfig`` (issue 20 item 2):
+    its ``get_config`` holds exactly them, and a config of the wrong value fails at
+    construction naming the option."""
+    import dataclasses
+
+    from losszoo.ops.possibilistic import ProjectionConfig
+
+    loss = PossibilisticProjectionLoss(tol=1e-7, max_cycles=50, method="dykstra")
+    cfg = ProjectionConfig(tol=1e-7, max_cycles=50, method="dykstra")
+    assert loss.projection_config == dataclasses.asdict(cfg)
+    config = loss.get_config()
+    assert {k: config[k] for k in loss.projection_config} == dataclasses.asdict(cfg)
+    clone = PossibilisticProjectionLoss.from_config(config)
+    assert clone.projection_config == loss.projection_config
+    with pytest.raises(ValueError, match="`gap_policy`"):
+        PossibilisticProjectionLoss(gap_policy="narrow")

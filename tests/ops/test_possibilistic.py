@@ -841,3 +841,30 @@ def test_possibility_constraints_rejects_bad_options():
     # the boundary values that are allowed still work
     c = possibility_constraints(pi, tie_tol=0.0, eps_cap=0.0, floor=0.5)
     np.testing.assert_allclose(c.sorted_possibility.numpy(), [[1.0, 0.5, 0.5]])
+
+
+def test_projection_config_is_checked_once_and_frozen():
+    """Issue 20 item 2: the options are validated where ``ProjectionConfig`` is built (the
+    error names the option), numbers are stored as Python int / float, ``solver`` resolves
+    ``method=None`` by the stopping rule, and the object cannot change after the check."""
+    import dataclasses
+
+    from losszoo.ops.possibilistic import ProjectionConfig
+
+    cfg = ProjectionConfig(tol=np.float32(1e-6), max_cycles=np.int64(50), method="dykstra")
+    assert type(cfg.max_cycles) is int and cfg.max_cycles == 50
+    assert type(cfg.tol) is float and cfg.tol == float(np.float32(1e-6))
+    assert cfg.solver == "dykstra"
+    assert ProjectionConfig().solver == "interior_point"
+    assert ProjectionConfig(stopping="paper").solver == "dykstra"
+    for bad, name in [
+        (dict(tol=0.0), "tol"),
+        (dict(max_cycles=2.5), "max_cycles"),
+        (dict(eps_cap=0.5), "eps_cap"),
+        (dict(support_mode="all"), "support_mode"),
+        (dict(method="interior_point", stopping="paper"), "method"),
+    ]:
+        with pytest.raises(ValueError, match=f"`{name}`"):
+            ProjectionConfig(**bad)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.tol = 1e-3

@@ -151,7 +151,7 @@ def test_cyclic_reduction_solves_pentadiagonal_systems(n, log_weight_range):
     """The Newton solve (cyclic reduction in 2x2 blocks) against NumPy's dense solve:
     backward error at rounding level at any condition, forward error within cond * eps."""
     tf = pytest.importorskip("tensorflow")
-    from losszoo.ops import _possibilistic as P
+    from losszoo.ops.possibilistic._banded import penta_factor, penta_solve
 
     rng = np.random.default_rng(n)
     batch = 3
@@ -161,9 +161,9 @@ def test_cyclic_reduction_solves_pentadiagonal_systems(n, log_weight_range):
         np.stack([np.append(np.diagonal(m, j), np.zeros(j))[:n] for m in h], 1) for j in range(3)
     ]
     rhs = rng.normal(size=(n, batch))
-    factors, dropped = P._penta_factor(*(tf.constant(b) for b in band))
+    factors, dropped = penta_factor(*(tf.constant(b) for b in band))
     assert not dropped.numpy().any()
-    x = P._penta_solve(factors, tf.constant(rhs)).numpy()
+    x = penta_solve(factors, tf.constant(rhs)).numpy()
     for i in range(batch):
         ref = np.linalg.solve(h[i], rhs[:, i])
         norm_h = np.linalg.norm(h[i], 2)
@@ -177,7 +177,7 @@ def test_batch_compaction_keeps_every_row(monkeypatch):
     """Once a quarter of the rows are left they continue in a narrower batch; the rows
     must come back to their places with the answer of an uncompacted run."""
     tf = pytest.importorskip("tensorflow")
-    from losszoo.ops import _possibilistic as P
+    from losszoo.ops.possibilistic import _interior_point, _projection
 
     rng = np.random.default_rng(14)
     k, batch = 24, 40
@@ -187,8 +187,9 @@ def test_batch_compaction_keeps_every_row(monkeypatch):
     iters = info["iterations"]
     assert len(set(iters.tolist())) > 2  # rows finish at different times
     assert np.sum(iters == iters.max()) <= batch // 4  # the last iterations are compacted
-    monkeypatch.setattr(P, "_IPM_COMPACT_MIN_BATCH", 10**9)
-    monkeypatch.setattr(P, "_IPM_JIT", tf.function(P._ipm_solve, jit_compile=True))
+    monkeypatch.setattr(_interior_point, "_IPM_COMPACT_MIN_BATCH", 10**9)
+    ipm = tf.function(_interior_point._ipm_solve, jit_compile=True)
+    monkeypatch.setattr(_projection, "_IPM_JIT", ipm)
     ref, ref_info = run(z, pi, max_cycles=1)
     np.testing.assert_array_equal(info["iterations"], ref_info["iterations"])
     np.testing.assert_allclose(p, ref, atol=1e-13, rtol=0)
@@ -200,7 +201,7 @@ def test_cyclic_reduction_drops_a_zero_pivot_and_solves_the_rest():
     float64 runs out): its pivot is dropped, that component of the step is 0 and the
     other components solve their own system exactly; nothing becomes inf or NaN."""
     tf = pytest.importorskip("tensorflow")
-    from losszoo.ops import _possibilistic as P
+    from losszoo.ops.possibilistic._banded import penta_factor, penta_solve
 
     rng = np.random.default_rng(15)
     n, dead = 9, 4
@@ -209,8 +210,8 @@ def test_cyclic_reduction_drops_a_zero_pivot_and_solves_the_rest():
     h[:, dead] = 0.0
     band = [np.append(np.diagonal(h, j), np.zeros(j))[:n, None] for j in range(3)]
     rhs = rng.normal(size=(n, 1))
-    factors, dropped = P._penta_factor(*(tf.constant(b) for b in band))
-    x = P._penta_solve(factors, tf.constant(rhs)).numpy()[:, 0]
+    factors, dropped = penta_factor(*(tf.constant(b) for b in band))
+    x = penta_solve(factors, tf.constant(rhs)).numpy()[:, 0]
     assert dropped.numpy().all()
     assert np.all(np.isfinite(x)) and x[dead] == 0.0
     keep = np.arange(n) != dead
