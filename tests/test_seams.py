@@ -275,6 +275,27 @@ def _op_cases():
         ("antipignistic_kl_loss", ops.antipignistic_kl_loss, (z, pi), (b0, b0), 0),
         ("vote_kl_loss", ops.vote_kl_loss, (z, votes), (b0, b0), 0),
         ("cvar_risk", lambda l, s: ops.cvar_risk(l, 0.3, s), (losses, weights), (b0, b0), 0),
+        (  # the global-batch risks: outside a replica context, the batch risk itself
+            "cvar_risk_global",
+            lambda l, s: ops.cvar_risk_global(l, 0.3, s),
+            (losses, weights),
+            (b0, b0),
+            0,
+        ),
+        (
+            "kl_dro_batch_lse_global",
+            lambda l, s: ops.kl_dro_batch_lse_global(l, 0.7, s),
+            (losses, weights),
+            (b0, b0),
+            0,
+        ),
+        (
+            "kl_dro_sumexp_global",
+            lambda l, s: ops.kl_dro_sumexp_global(l, 0.7, s),
+            (losses, weights),
+            (b0, b0),
+            0,
+        ),
         (
             "kl_dro_batch_lse",
             lambda l, s: ops.kl_dro_batch_lse(l, 0.7, s),
