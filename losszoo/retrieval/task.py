@@ -6,8 +6,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from losszoo import registry
 from losszoo.ops._common import check_number
-from losszoo.registry import _core as registry
 from losszoo.retrieval._checks import check_shape, checked, checked_ids, nan_where
 from losszoo.retrieval.sampling import CandidateSampler
 
