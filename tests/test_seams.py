@@ -223,6 +223,19 @@ def test_per_token_scores_work_like_categorical_crossentropy(name):
     np.testing.assert_allclose(value, flat, rtol=1e-6, err_msg=f"{name}: [B, T, K] != flattened")
 
 
+@pytest.mark.parametrize("name", losszoo.names("loss"))
+def test_sample_weight_of_the_wrong_length_names_the_argument(name):
+    rng = np.random.default_rng(2)
+    ids = rng.integers(0, K, 5)
+    labels = labels_for(losszoo.get_class(name, "loss"), ids, K)
+    scores = rng.normal(size=(5, K)).astype(np.float32)
+    loss = losszoo.get(name)
+    # Weights of ones are the unweighted loss; one weight too many is an error naming them.
+    np.testing.assert_allclose(loss(labels, scores, sample_weight=np.ones(5)), loss(labels, scores))
+    with pytest.raises(ValueError, match="`sample_weight`"):
+        loss(labels, scores, sample_weight=np.ones(6))
+
+
 # ----------------------------------------------------------------------------- ops, None dims
 def _spec(array, dynamic):
     """A TensorSpec of ``array`` with its axes in ``dynamic`` unknown."""

@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from losszoo import ops
 from losszoo._logits import attached_logits
-from losszoo.losses._targets import is_sparse, one_hot_targets
+from losszoo.losses._targets import SampleWeightCheck, is_sparse, one_hot_targets
 from losszoo.ops._common import to_compute_dtype
 from losszoo.ops.possibilistic import ProjectionConfig, validate_possibility
 from losszoo.registry import register
@@ -58,7 +58,7 @@ _STATS = ("mean_cycles", "p90_cycles", "nonconverged")
     aliases=("possibilistic_kl_projection",),
     description="KL(p*||softmax(z)), p* = KL projection onto a possibility credal set (certified)",
 )
-class PossibilisticProjectionLoss(keras.losses.Loss):
+class PossibilisticProjectionLoss(SampleWeightCheck, keras.losses.Loss):
     """KL projection loss for possibility-distribution labels (Baaj & Marquis, 2026).
 
     For logits ``z``, ``q = softmax(z)`` and a possibility label ``pi``::
@@ -265,7 +265,7 @@ class ProjectionDiagnostic(keras.metrics.Metric):
     kind="loss",
     description="KL(pdot(pi)||softmax(z)) with the fixed antipignistic target (paper's Model B)",
 )
-class AntipignisticKLLoss(keras.losses.Loss):
+class AntipignisticKLLoss(SampleWeightCheck, keras.losses.Loss):
     """KL to the antipignistic probability of a possibility label (the paper's Model B).
 
         loss(z; pi) = KL(pdot(pi) || softmax(z)),
@@ -314,7 +314,7 @@ class AntipignisticKLLoss(keras.losses.Loss):
     kind="loss",
     description="KL(v/sum(v)||softmax(z)) with vote-count labels (paper's Model C)",
 )
-class VoteKLLoss(keras.losses.Loss):
+class VoteKLLoss(SampleWeightCheck, keras.losses.Loss):
     """KL to the vote proportions (the paper's Model C): labels are vote counts.
 
         loss(z; v) = KL(v / sum(v) || softmax(z)),   gradient softmax(z) - v / sum(v).

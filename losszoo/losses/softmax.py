@@ -5,7 +5,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from losszoo.losses._targets import target_distribution
+from losszoo.losses._targets import SampleWeightCheck, target_distribution
 from losszoo.ops._common import check_not_nan, to_compute_dtype
 from losszoo.registry import register
 
@@ -16,7 +16,7 @@ from losszoo.registry import register
     aliases=("softmax_ce",),
     description="Softmax cross-entropy on logits (ids or dense targets); -inf = not a candidate",
 )
-class SoftmaxCrossEntropyLoss(keras.losses.Loss):
+class SoftmaxCrossEntropyLoss(SampleWeightCheck, keras.losses.Loss):
     """Softmax cross-entropy on logits, with ``-inf`` read as "not a candidate".
 
     For logits ``z`` and a target distribution ``q``:
