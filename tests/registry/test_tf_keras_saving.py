@@ -5,6 +5,10 @@ is saved, loaded without ``custom_objects``, and must evaluate to the same value
 saving, which is checked against the Keras 3 loss on the same predictions.
 """
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -47,10 +51,36 @@ def _keras3_value(name, y, logits, reduction):
 
 
 STATELESS = [n for n in losszoo.names("loss") if n != "safe_kl_dro"]
+_IN_FRESH_PROCESS = "LOSSZOO_TEST_FRESH_PROCESS"
+
+
+def _ran_in_fresh_process(request, name) -> bool:
+    """Run the possibilistic cases in a Python process of their own; True once that passed.
+
+    Open problem (session 6): after the ~640 tests before this file in one process, tf_keras'
+    evaluate of the possibilistic loss crashes the interpreter (SIGSEGV / SIGABRT inside
+    TensorFlow's eager execute; the op's inner XLA function runs in a non-XLA tf_keras graph).
+    Alone, or after the possibilistic op, loss and solver tests, it passes; no smaller
+    reproduction was found yet. A fresh process keeps the check without taking the suite down.
+    """
+    if name != "possibilistic_projection" or os.environ.get(_IN_FRESH_PROCESS):
+        return False
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", request.node.nodeid, "-q", "-p", "no:cacheprovider"],
+        cwd=request.config.rootpath,
+        env={**os.environ, _IN_FRESH_PROCESS: "1"},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    return True
 
 
 @pytest.mark.parametrize("name", STATELESS)
-def test_compiled_by_name_saves_loads_and_evaluates(name, tmp_path):
+def test_compiled_by_name_saves_loads_and_evaluates(name, tmp_path, request):
+    if _ran_in_fresh_process(request, name):
+        return
     x, y = _data(name)
     model = _model(name)
     before = model.evaluate(x, y, batch_size=32, verbose=0)
@@ -65,7 +95,9 @@ def test_compiled_by_name_saves_loads_and_evaluates(name, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["rankmax", "sparsemax", "cvar", "possibilistic_projection"])
-def test_configured_adapter_saves_loads_and_evaluates(name, tmp_path):
+def test_configured_adapter_saves_loads_and_evaluates(name, tmp_path, request):
+    if _ran_in_fresh_process(request, name):
+        return
     x, y = _data(name)
     config = {"rankmax": {"k": 2, "margin": 0.5}, "cvar": {"rho": 0.3}}.get(name, {})
     model = _model(losszoo.tf_keras_loss(name, **config))
