@@ -27,6 +27,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "calibration",
+    "contract",
     "datasets",
     "entries",
     "get",
@@ -69,18 +70,16 @@ def __getattr__(name: str):
 
 _DEFERRED = _launched_by_cli() and not globals().get("_LOAD_NOW", False)
 if not _DEFERRED:
-    from losszoo._backend import require_tensorflow_backend
-
-    require_tensorflow_backend()
     from losszoo import (
         calibration,
+        contract,
         heads,
         losses,
         metrics,
         ops,
         retrieval,
     )  # calibration needs heads
-    from losszoo.ops._common import set_validation, validation, validation_enabled
+    from losszoo.contract import set_validation, validation, validation_enabled
     from losszoo.registry import (
         entries,
         get,

@@ -1,53 +1,257 @@
-"""Backend guard: losszoo's kernels are TensorFlow ops, so Keras must run on TensorFlow."""
+"""The one place that knows which Keras backend runs: TensorFlow, JAX or PyTorch.
 
-import json
-import os
-import sys
+Kernels are written once with ``keras.ops``; this module supplies what ``keras.ops`` lacks or
+does differently per backend: custom gradients (any number of tensor inputs and outputs),
+reading a value on the host when it is known, graph assertions (TensorFlow graphs only),
+whether XLA compiles the code being traced, float64 availability and cross-replica sums.
+
+Conventions of :func:`custom_gradient`, the same on every backend: the decorated function
+takes tensors only, positionally (bind Python options with a closure), and returns
+``(outputs, grad)`` where ``grad(*upstream)`` returns one gradient per input (``None`` for an
+input without gradient, e.g. integer ids). Keras' own ``ops.custom_gradient`` cannot take
+two outputs or a non-tensor argument on PyTorch, and swallows exceptions there.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import keras
+import numpy as np
+
+NAME = keras.backend.backend()
+"""The Keras backend losszoo runs on (read once, at import, as Keras itself does)."""
+
+TENSORFLOW = NAME == "tensorflow"
 
 
-def _keras_json_backend():
-    """``(path, backend)`` of the ``keras.json`` Keras reads (``$KERAS_HOME`` or ``~/.keras``);
-    ``backend`` is None when the file is missing, unreadable or has no ``"backend"`` key."""
-    home = os.environ.get("KERAS_HOME")  # the lookup of keras/src/backend/config.py
-    if home is None:
-        base = os.path.expanduser("~")
-        home = os.path.join(base if os.access(base, os.W_OK) else "/tmp", ".keras")
-    path = os.path.expanduser(os.path.join(home, "keras.json"))
-    try:
-        with open(path) as f:
-            return path, json.load(f).get("backend")
-    except (OSError, ValueError, AttributeError):
-        return path, None
+def require_tensorflow(feature: str) -> None:
+    """Raise ImportError naming ``feature`` unless Keras runs on TensorFlow."""
+    if not TENSORFLOW:
+        raise ImportError(
+            f"{feature} needs the TensorFlow backend of Keras (it is built on TensorFlow-only "
+            f"APIs); Keras runs on {NAME!r}. Set KERAS_BACKEND=tensorflow before importing "
+            "keras or losszoo to use it."
+        )
 
 
-def require_tensorflow_backend() -> None:
-    """Raise ImportError unless Keras 3 runs on the TensorFlow backend.
+# --------------------------------------------------------------------------------------------
+# Custom gradients
 
-    When Keras is not imported yet, a set ``KERAS_BACKEND`` is checked first, so that the
-    error comes before Keras loads another backend's heavy machinery; otherwise the backend
-    Keras runs on is checked. The message says where the setting came from: the environment
-    variable ``KERAS_BACKEND`` or the ``"backend"`` key of Keras' ``keras.json`` (its path).
+
+def _as_tuple(x):
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+def _tf_custom_gradient(f):
+    import tensorflow as tf
+
+    return tf.custom_gradient(f)
+
+
+def _jax_custom_gradient(f):
+    import jax
+    import jax.numpy as jnp
+
+    @functools.wraps(f)
+    def wrapper(*args):
+        args = tuple(jnp.asarray(a) for a in args)
+
+        @jax.custom_gradient
+        def g(*a):
+            outputs, grad = f(*a)
+            several = isinstance(outputs, (tuple, list))
+
+            def vjp(cotangent):
+                upstream = tuple(cotangent) if several else (cotangent,)
+                grads = _as_tuple(grad(*upstream))
+                return tuple(
+                    _jax_zero_cotangent(x) if gx is None else jnp.asarray(gx, x.dtype)
+                    for x, gx in zip(a, grads)
+                )
+
+            return (tuple(outputs) if several else outputs), vjp
+
+        return g(*args)
+
+    return wrapper
+
+
+def _jax_zero_cotangent(x):
+    import jax
+    import jax.numpy as jnp
+
+    if jnp.issubdtype(x.dtype, jnp.inexact):
+        return jnp.zeros_like(x)
+    return np.zeros(x.shape, jax.dtypes.float0)
+
+
+def _torch_custom_gradient(f):
+    import torch
+
+    class _Function(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *args):
+            outputs, grad = f(*args)
+            ctx.grad = grad
+            ctx.input_meta = [(a.dtype, a.shape) for a in args]
+            return outputs
+
+        @staticmethod
+        def backward(ctx, *upstream):
+            grads = _as_tuple(ctx.grad(*upstream))
+            return tuple(
+                None if g is None or not dtype.is_floating_point else g.to(dtype)
+                for g, (dtype, _) in zip(grads, ctx.input_meta)
+            )
+
+    @functools.wraps(f)
+    def wrapper(*args):
+        args = tuple(keras.ops.convert_to_tensor(a) for a in args)
+        return _Function.apply(*args)
+
+    return wrapper
+
+
+def custom_gradient(f):
+    """Decorate ``f(*tensors) -> (outputs, grad)`` with a hand-derived gradient.
+
+    ``outputs`` is a tensor or a tuple of tensors; ``grad(*upstream)`` gets one upstream
+    gradient per output and returns one gradient per input (a tensor, or ``None``).
+    TensorFlow: ``tf.custom_gradient``; JAX: ``jax.custom_gradient`` (works under ``jit`` and
+    ``vmap``; integer inputs get the float0 zero cotangent); PyTorch: a
+    ``torch.autograd.Function`` (exceptions in ``f`` propagate).
     """
-    env = os.environ.get("KERAS_BACKEND") or None  # Keras ignores an empty value too
-    if env is not None and "keras" not in sys.modules:
-        backend = env
-    else:
-        import keras
+    if NAME == "tensorflow":
+        return _tf_custom_gradient(f)
+    if NAME == "jax":
+        return _jax_custom_gradient(f)
+    if NAME == "torch":
+        return _torch_custom_gradient(f)
+    raise NotImplementedError(f"losszoo does not support the {NAME!r} backend of Keras.")
 
-        backend = keras.backend.backend()
-    if backend == "tensorflow":
-        return
-    path, from_json = _keras_json_backend()
-    if env == backend:
-        source = f"the environment variable KERAS_BACKEND is {backend!r}"
-    elif from_json == backend:
-        source = f'Keras\' configuration file {path} sets "backend": {backend!r}'
-        if env is not None:
-            source += f" (KERAS_BACKEND={env!r} was set after keras was imported: too late)"
-    else:
-        source = f"Keras was started with the {backend!r} backend"
-    raise ImportError(
-        f"losszoo needs the TensorFlow backend of Keras 3, but {source}. Set "
-        "KERAS_BACKEND=tensorflow before importing keras or losszoo (for example "
-        '`export KERAS_BACKEND=tensorflow`), or set "backend": "tensorflow" in keras.json.'
-    )
+
+# --------------------------------------------------------------------------------------------
+# Host values, tracing and assertions
+
+
+def static_value(x):
+    """``x`` as a numpy array when its value is known without running a graph, else None.
+
+    Python numbers, numpy arrays, eager TensorFlow tensors, concrete JAX arrays and PyTorch
+    tensors are known (reading them syncs with the device); TensorFlow graph tensors, JAX
+    tracers, variables and Keras symbolic tensors are not.
+    """
+    if isinstance(x, (int, float, np.ndarray, np.generic, list, tuple)):
+        return np.asarray(x)
+    if isinstance(x, keras.KerasTensor) or isinstance(x, keras.Variable):
+        return None
+    if NAME == "tensorflow":
+        import tensorflow as tf
+
+        if isinstance(x, tf.Tensor) and not tf.is_symbolic_tensor(x):
+            return x.numpy()
+        if isinstance(x, tf.Variable):
+            return None
+        try:
+            return tf.get_static_value(x)
+        except (TypeError, ValueError):
+            return None
+    if NAME == "jax":
+        import jax
+
+        if isinstance(x, jax.core.Tracer):
+            return None
+        return np.asarray(x)
+    if NAME == "torch":
+        import torch
+
+        if isinstance(x, torch.Tensor):
+            if _torch_compiling():
+                return None
+            return x.detach().cpu().numpy()
+    return None
+
+
+def _torch_compiling() -> bool:
+    import torch
+
+    compiler = getattr(torch, "compiler", None)
+    return bool(compiler is not None and compiler.is_compiling())
+
+
+def in_graph_without_xla() -> bool:
+    """Whether code is being traced into a TensorFlow graph that XLA will not compile (the
+    one place where assertion ops run; under XLA they vanish, on JAX they do not exist)."""
+    if NAME != "tensorflow":
+        return False
+    import tensorflow as tf
+
+    return not tf.executing_eagerly() and not in_xla_context()
+
+
+def in_xla_context() -> bool:
+    """Whether TensorFlow is tracing code that XLA will compile (``jit_compile=True``).
+
+    On JAX and PyTorch this is False: there the question is only whether a value is known
+    (:func:`static_value`), since neither has assertion ops.
+    """
+    if NAME != "tensorflow":
+        return False
+    import tensorflow as tf
+    from tensorflow.python.ops import control_flow_util  # no public equivalent
+
+    if tf.executing_eagerly():
+        return False
+    return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+
+
+def assert_all(condition, message: str, x):
+    """``x`` depending on a graph assertion that ``condition`` (a bool tensor) holds
+    everywhere. Only inside a TensorFlow graph without XLA; elsewhere ``x`` unchanged (eager
+    values are checked on the host before, traced XLA code poisons with NaN instead)."""
+    if not in_graph_without_xla():
+        return x
+    import tensorflow as tf
+
+    check = tf.debugging.Assert(tf.reduce_all(condition), [message])
+    with tf.control_dependencies([check]):
+        return tf.identity(x)
+
+
+# --------------------------------------------------------------------------------------------
+# Dtypes and replicas
+
+
+def float64_available() -> bool:
+    """Whether float64 tensors exist (JAX needs ``jax_enable_x64``; otherwise it silently
+    computes float64 requests in float32)."""
+    if NAME != "jax":
+        return True
+    import jax
+
+    return bool(jax.config.read("jax_enable_x64"))
+
+
+def require_float64(feature: str) -> None:
+    """Raise RuntimeError naming ``feature`` when float64 is not available (JAX without x64)."""
+    if not float64_available():
+        raise RuntimeError(
+            f"{feature} computes in float64, which JAX provides only with 64-bit mode on: run "
+            "`jax.config.update('jax_enable_x64', True)` (or set JAX_ENABLE_X64=1) before "
+            "building tensors."
+        )
+
+
+def replica_sum(x):
+    """Sum of ``x`` over the replicas of a ``tf.distribute`` replica context; ``x`` itself
+    elsewhere (a single replica, or JAX / PyTorch, where ``keras.distribution`` shards one
+    global computation, so a batch reduction is already global)."""
+    if NAME != "tensorflow":
+        return x
+    import tensorflow as tf
+
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        return x
+    return context.all_reduce(tf.distribute.ReduceOp.SUM, x)

@@ -1,8 +1,8 @@
 """The package's layering (issue 20 item 5), declared as import-linter contracts in
-``pyproject.toml`` (``[tool.importlinter]``): ops import no Keras and no other subpackage,
-imports run one way (calibration, retrieval > metrics > losses, heads > registry > ops), and no
-subpackage imports another's private modules except the shared ``losszoo._logits``,
-``losszoo._backend`` and ``losszoo.ops._common``. The contracts' ``ignore_imports`` lists what
+``pyproject.toml`` (``[tool.importlinter]``): ops use keras.ops and the backend module (no
+tf_keras, no other subpackage), imports run one way (calibration, retrieval > metrics >
+losses, heads > registry > ops), and no subpackage imports another's private modules except the shared ``losszoo._logits``,
+``losszoo._backend`` and ``losszoo.contract``. The contracts' ``ignore_imports`` lists what
 still breaks them (the burn-down); import-linter fails on an entry that no longer matches.
 """
 
@@ -41,13 +41,13 @@ def test_layering_contracts_hold():
 
 
 def test_contracts_see_every_ignored_import(tmp_path):
-    """Without its burn-down entries (every ``ignore_imports`` entry but the shared vocabulary
-    ``ops._common``) exactly those imports break the contracts: the contracts read the real
-    import graph, and the list names what remains to fix."""
+    """Without its burn-down entries (every ``ignore_imports`` entry) exactly those imports
+    break the contracts: the contracts read the real import graph, and the list names what
+    remains to fix."""
     text = (ROOT / "pyproject.toml").read_text()
     config = text[text.index("\n[tool.importlinter]\n") :]
     entry = r'^\s*"(losszoo[\w.]* -> losszoo[\w.]*)",\n'
-    burn_down = [e for e in re.findall(entry, config, re.M) if not e.endswith("ops._common")]
+    burn_down = re.findall(entry, config, re.M)
     assert burn_down
     bare = re.sub(entry, lambda m: "" if m[1] in burn_down else m[0], config, flags=re.M)
     (tmp_path / "pyproject.toml").write_text(bare)

@@ -10,13 +10,13 @@ import tensorflow as tf
 
 from losszoo import registry
 from losszoo._logits import attached_logits
+from losszoo.contract import check_number
 from losszoo.heads.calibration import (
     LogitBounding,
     ProbabilityBounding,
     TemperatureScaling,
     check_logits,
 )
-from losszoo.ops._common import check_number
 
 _CALIBRATORS = (TemperatureScaling, ProbabilityBounding, LogitBounding)
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from losszoo.contract import check_number
 from losszoo.metrics.calibration import SUM_TOL  # one tolerance with the streaming metrics
-from losszoo.ops._common import check_number
 
 __all__ = ["accuracy", "adaptive_ece", "brier_score", "classwise_ece", "ece", "nll"]
 

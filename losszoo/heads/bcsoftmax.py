@@ -7,8 +7,8 @@ import numpy as np
 import tensorflow as tf
 
 from losszoo import ops
+from losszoo.contract import check_choice, check_number
 from losszoo.ops._bcsoftmax import METHODS
-from losszoo.ops._common import check_choice, check_number
 from losszoo.registry import register
 
 

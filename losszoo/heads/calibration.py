@@ -22,8 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from losszoo import ops
-from losszoo.ops._bcsoftmax import METHODS
-from losszoo.ops._common import (
+from losszoo.contract import (
     check_choice,
     check_number,
     check_static_rank,
@@ -31,6 +30,7 @@ from losszoo.ops._common import (
     static_value,
     validation_enabled,
 )
+from losszoo.ops._bcsoftmax import METHODS
 from losszoo.registry import register
 
 _BOUND_FNS = ("constant", "linear")

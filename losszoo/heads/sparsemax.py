@@ -6,7 +6,7 @@ import keras
 
 from losszoo import ops
 from losszoo._logits import attach_logits
-from losszoo.ops._common import check_number
+from losszoo.contract import check_number
 from losszoo.registry import register
 
 

@@ -12,8 +12,8 @@ import keras
 import tensorflow as tf
 
 from losszoo._logits import attached_logits
+from losszoo.contract import check_not_nan, nan_where
 from losszoo.losses._targets import class_ids_and_invalid
-from losszoo.ops._common import check_not_nan, nan_where
 
 __all__ = ["per_example", "resolve_base_loss"]
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from losszoo.ops._common import (
+from losszoo.contract import (
     check_finite,
     nan_where,
     static_value,
@@ -107,7 +107,7 @@ def class_ids_and_invalid(y_true, y_pred, name: str = "y_true"):
       ``(ids, invalid)``: int32 ids of shape ``y_pred.shape[:-1]`` and a bool mask of the
       same shape, true where the id is NaN, not a whole number or outside ``[0, K)``. Invalid
       ids are replaced by 0 in ``ids`` (safe to gather); callers poison those rows with
-      :func:`losszoo.ops._common.nan_where`. Eagerly and in graphs invalid ids raise first
+      :func:`losszoo.contract.nan_where`. Eagerly and in graphs invalid ids raise first
       (unless validation is off).
     """
     y_true = tf.convert_to_tensor(y_true)

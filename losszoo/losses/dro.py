@@ -114,12 +114,12 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from losszoo import contract as ops_common
 from losszoo import ops
 from losszoo.losses import _dro_alpha, _dro_trainer
 from losszoo.losses._base_loss import per_example, resolve_base_loss
 from losszoo.losses._dro_trainer import alpha_updates
 from losszoo.losses._targets import SampleWeightCheck
-from losszoo.ops import _common as ops_common
 from losszoo.ops import distribute
 from losszoo.ops._dro import check_bool, check_lam, check_rho
 from losszoo.registry import register

@@ -20,8 +20,8 @@ import tensorflow as tf
 
 from losszoo import ops
 from losszoo._logits import attached_logits
+from losszoo.contract import to_compute_dtype
 from losszoo.losses._targets import SampleWeightCheck, is_sparse, one_hot_targets
-from losszoo.ops._common import to_compute_dtype
 from losszoo.ops.possibilistic import ProjectionConfig, validate_possibility
 from losszoo.registry import register
 

@@ -6,8 +6,8 @@ import keras
 
 from losszoo import ops
 from losszoo._logits import attached_logits
+from losszoo.contract import check_choice, to_compute_dtype
 from losszoo.losses._targets import SampleWeightCheck
-from losszoo.ops._common import check_choice, to_compute_dtype
 from losszoo.ops._rankmax import check_loss_arguments
 from losszoo.registry import register
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from losszoo.contract import check_not_nan, to_compute_dtype
 from losszoo.losses._targets import SampleWeightCheck, target_distribution
-from losszoo.ops._common import check_not_nan, to_compute_dtype
 from losszoo.registry import register
 
 

@@ -7,8 +7,8 @@ import tensorflow as tf
 
 from losszoo import ops
 from losszoo._logits import attached_logits
+from losszoo.contract import check_static_rank, dense_labels, to_compute_dtype
 from losszoo.losses._targets import SampleWeightCheck, target_distribution
-from losszoo.ops._common import check_static_rank, dense_labels, to_compute_dtype
 from losszoo.registry import register
 
 

@@ -85,7 +85,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from losszoo.ops._common import (
+from losszoo.contract import (
     check_choice,
     check_static_rank,
     move_axis_last,

@@ -58,7 +58,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from losszoo.ops._common import (
+from losszoo.contract import (
     check_number,
     nan_where,
     static_value,

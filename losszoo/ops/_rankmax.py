@@ -73,7 +73,7 @@ import numbers
 import numpy as np
 import tensorflow as tf
 
-from losszoo.ops._common import (
+from losszoo.contract import (
     check_choice,
     check_not_nan,
     dense_labels,

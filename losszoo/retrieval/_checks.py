@@ -12,7 +12,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from losszoo.ops._common import validation_enabled
+from losszoo.contract import validation_enabled
 
 
 def host_value(x):
@@ -20,7 +20,7 @@ def host_value(x):
     if isinstance(x, (np.ndarray, np.generic, int, float, bool)):
         return np.asarray(x)
     if keras.backend.backend() == "tensorflow":
-        from losszoo.ops._common import static_value
+        from losszoo.contract import static_value
 
         return static_value(x)
     try:  # pragma: no cover - other backends: concrete arrays only

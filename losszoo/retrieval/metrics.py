@@ -21,7 +21,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from losszoo.ops._common import check_number
+from losszoo.contract import check_number
 from losszoo.retrieval._checks import check_shape, checked_ids, nan_where
 
 

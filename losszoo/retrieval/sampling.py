@@ -25,7 +25,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from losszoo.ops._common import check_number
+from losszoo.contract import check_number
 
 #: Sum of the integer weights: draws are uniform integers below it.
 TOTAL = 2**30

@@ -7,7 +7,7 @@ import numpy as np
 from keras import ops
 
 from losszoo import registry
-from losszoo.ops._common import check_number
+from losszoo.contract import check_number
 from losszoo.retrieval._checks import check_shape, checked, checked_ids, nan_where
 from losszoo.retrieval.sampling import CandidateSampler
 

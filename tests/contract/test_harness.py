@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from losszoo.ops._common import check_finite, nan_where, row_has_nan
+from losszoo.contract import check_finite, nan_where, row_has_nan
 from tests.contract import Modes, assert_modes_agree, assert_rejects
 
 

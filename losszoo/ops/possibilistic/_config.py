@@ -11,7 +11,7 @@ import dataclasses
 
 import tensorflow as tf
 
-from losszoo.ops._common import check_number
+from losszoo.contract import check_number
 
 _F64 = tf.float64
 _STOPPING = ("certified", "paper", "fixed")

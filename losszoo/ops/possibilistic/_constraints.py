@@ -18,7 +18,7 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from losszoo.ops._common import nan_where
+from losszoo.contract import nan_where
 from losszoo.ops.possibilistic._config import _F64, _check_constraint_options
 from losszoo.ops.possibilistic._inputs import (
     _as_float,

@@ -10,7 +10,7 @@ naming the argument (``_validate_*``) and the per-row mask that the ops turn int
 import numpy as np
 import tensorflow as tf
 
-from losszoo.ops._common import check_static_rank, row_has_nan, static_value, validation_enabled
+from losszoo.contract import check_static_rank, row_has_nan, static_value, validation_enabled
 from losszoo.ops.possibilistic._config import _F64
 
 _POSSIBILITY_RULE = (

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from losszoo.ops._common import nan_where, row_has_nan
+from losszoo.contract import nan_where, row_has_nan
 from losszoo.ops.possibilistic._config import _F64, ProjectionConfig, _check_compute_dtype
 from losszoo.ops.possibilistic._constraints import _antipignistic_2d, _sanitize
 from losszoo.ops.possibilistic._inputs import (

@@ -14,7 +14,7 @@ import warnings
 import numpy as np
 import tensorflow as tf
 
-from losszoo.ops._common import nan_where, row_has_nan
+from losszoo.contract import nan_where, row_has_nan
 from losszoo.ops.possibilistic._certificates import _violation_and_gap
 from losszoo.ops.possibilistic._config import (
     _F64,

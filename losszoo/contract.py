@@ -1,0 +1,447 @@
+"""The fail-loud contract: losszoo's input rules, written once, and the validation switch.
+
+README, "Bad input": bad input raises before any work, naming the argument; under XLA (and on
+JAX inside ``jit``), where assertions do not exist, invalid values make the affected rows NaN;
+NaN in never becomes a finite number out; eager, graph and XLA agree.
+
+A :class:`Rule` is one definition of what valid input looks like, written with ``keras.ops``.
+From it come all three forms of the check:
+
+* eager (a known value): ``ValueError`` naming the argument (:meth:`Rule.check`);
+* a TensorFlow graph without XLA: an assertion op with the same message (:meth:`Rule.check`);
+* traced under XLA / ``jax.jit``: the mask of invalid entries or rows, which the kernel
+  turns into NaN (:meth:`Rule.invalid` and :func:`nan_where`).
+
+The rules: :data:`LOGITS`, :data:`CLASS_IDS`, :data:`TARGETS`, :data:`NON_NEGATIVE`,
+:data:`POSSIBILITY`, :data:`SCALED_POSSIBILITY`, plus :func:`check_number` /
+:func:`check_choice` for hyper-parameters. Checks that cost time per step (host reads of
+eager values, graph assertions) are switched off with :func:`set_validation` /
+:func:`validation`; NaN poisoning folded into the kernels always stays. Every kernel computes
+in float32 or wider (:func:`to_compute_dtype`).
+
+Example:
+  >>> from losszoo import contract
+  >>> contract.CLASS_IDS.check(np.array([0, 3]), "y_true", 3)
+  Traceback (most recent call last):
+  ...
+  ValueError: `y_true` holds class ids, which must be whole numbers in [0, K); rows [1] are not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import numbers
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import keras
+import numpy as np
+from keras import ops
+
+from losszoo import _backend
+from losszoo._backend import static_value
+
+__all__ = [
+    "CLASS_IDS",
+    "LOGITS",
+    "NON_NEGATIVE",
+    "POSSIBILITY",
+    "SCALED_POSSIBILITY",
+    "TARGETS",
+    "Rule",
+    "check_choice",
+    "check_number",
+    "nan_where",
+    "set_validation",
+    "validation",
+    "validation_enabled",
+]
+
+# Process-wide (not thread-local): MirroredStrategy traces replica functions in threads.
+_VALIDATION = {"enabled": True}
+
+
+def validation_enabled() -> bool:
+    """Whether run-time input checks (eager host reads, graph assertions) are on (default).
+
+    Read at trace time: a function traced with validation off keeps no assertions.
+    """
+    return _VALIDATION["enabled"]
+
+
+def set_validation(enabled: bool) -> None:
+    """Switch run-time input checks on or off (process-wide; read when ops are traced).
+
+    Off, ops skip the eager value checks and graph assertions on their tensor inputs (labels,
+    logits, bounds); invalid values then still make results NaN wherever the kernels can tell
+    (as under XLA), but errors are no longer raised. Hyper-parameter checks (Python numbers at
+    construction) always run: they cost nothing per step.
+
+    Args:
+      enabled: ``True`` (default state) to check, ``False`` to skip.
+    """
+    if not isinstance(enabled, bool):
+        raise TypeError(f"`enabled` must be a bool, got {enabled!r}.")
+    _VALIDATION["enabled"] = enabled
+
+
+@contextlib.contextmanager
+def validation(enabled: bool):
+    """Context manager form of :func:`set_validation`; restores the previous state on exit.
+
+    Example:
+      >>> with losszoo.validation(False):      # trusted inputs: no host reads, no asserts
+      ...     print(losszoo.validation_enabled())
+      False
+      >>> losszoo.validation_enabled()
+      True
+    """
+    previous = validation_enabled()
+    set_validation(enabled)
+    try:
+        yield
+    finally:
+        _VALIDATION["enabled"] = previous
+
+
+# --------------------------------------------------------------------------------------------
+# Rules
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One input rule: ``text`` says what valid input is, ``mask`` finds what breaks it.
+
+    Attributes:
+      text: completes "`name` ..." in messages, e.g. ``"must be >= 0"``.
+      mask: ``mask(xp, x, *others) -> bool array``, true where ``x`` breaks the rule: per
+        entry or per row (the last axis reduced), as the rule defines. ``xp`` is the array
+        namespace: ``keras.ops`` for tensors, ``numpy`` for known values (one definition for
+        the error, the assertion and the NaN mask).
+    """
+
+    text: str
+    mask: Callable
+
+    def invalid(self, x, *others):
+        """The rule's mask of ``x``: what a kernel poisons with :func:`nan_where`."""
+        return self.mask(ops, x, *others)
+
+    def check(self, x, name: str, *others):
+        """Raise (known values) or assert (TensorFlow graphs) that ``x`` keeps the rule.
+
+        Returns ``x`` (inside a TensorFlow graph, with a dependency on the assertion). A no-op
+        when validation is off, and where values are traced for XLA (TensorFlow
+        ``jit_compile=True``, ``jax.jit``): there the kernel poisons with :meth:`invalid`.
+        ``others`` are the extra tensors the mask reads (e.g. the number of classes).
+        """
+        if not validation_enabled():
+            return x
+        value = static_value(x)
+        known = [static_value(o) for o in others]
+        if value is not None and all(k is not None for k in known):
+            with np.errstate(invalid="ignore"):
+                bad = np.asarray(self.mask(np, value, *known))
+            if bad.any():
+                rows = ""
+                if bad.ndim:
+                    shown = sorted({int(i[0]) for i in np.argwhere(bad)})[:5]
+                    rows = f"; rows {shown} are not"
+                raise ValueError(f"`{name}` {self.text}{rows}.")
+            return x
+        return _backend.assert_all(
+            ops.logical_not(ops.any(self.mask(ops, x, *others))), f"`{name}` {self.text}.", x
+        )
+
+
+def _logits_mask(xp, z):
+    """Rows holding NaN or +inf, or only -inf (``[...]``, the class axis reduced)."""
+    return (
+        xp.any(xp.isnan(z), axis=-1)
+        | xp.any(xp.equal(z, np.inf), axis=-1)
+        | xp.all(xp.equal(z, -np.inf), axis=-1)
+    )
+
+
+LOGITS = Rule(
+    "must not hold NaN or +inf, nor rows that are all -inf (-inf masks a class)", _logits_mask
+)
+"""Scores of classes (class axis last): finite, or ``-inf`` to mask a class, and at least
+one class left per row. Under XLA a row breaking it comes out NaN."""
+
+
+def _class_ids_mask(xp, ids, num_classes):
+    if not _is_integer(ids):
+        whole = xp.logical_and(xp.isfinite(ids), xp.equal(ids, xp.round(ids)))
+        ids = xp.where(whole, ids, -1)
+    return xp.logical_or(ids < 0, ids >= num_classes)
+
+
+CLASS_IDS = Rule("holds class ids, which must be whole numbers in [0, K)", _class_ids_mask)
+"""Class ids (entry-wise): whole numbers in ``[0, num_classes)``; pass ``num_classes``."""
+
+
+def _targets_mask(xp, q, tol):
+    bad_entry = xp.any(xp.logical_not(xp.isfinite(q)) | (q < 0), axis=-1)
+    return bad_entry | (xp.abs(xp.sum(q, axis=-1) - 1.0) > tol)
+
+
+TARGETS = Rule(
+    "rows must sum to 1 and hold finite values >= 0 (target distributions; sums within tolerance)",
+    _targets_mask,
+)
+"""Target distributions, per row: finite, non-negative, summing to 1 within ``tol``."""
+
+
+def _non_negative_mask(xp, x):
+    return xp.logical_not(xp.isfinite(x)) | (x < 0)
+
+
+NON_NEGATIVE = Rule("must be finite and >= 0", _non_negative_mask)
+"""Finite, non-negative values (entry-wise): losses, weights, counts."""
+
+_MAX_ONE_TOL = 1e-6
+
+
+def _possibility_mask(xp, pi, normalised=True):
+    finite = xp.isfinite(pi)
+    ok = finite & (pi >= 0)
+    if normalised:
+        ok = ok & (pi <= 1.0)
+    top = xp.max(xp.where(finite, pi, 0.0), axis=-1)
+    low_top = top < 1.0 - _MAX_ONE_TOL if normalised else top <= 0.0
+    return xp.logical_not(xp.all(ok, axis=-1)) | low_top
+
+
+POSSIBILITY = Rule(
+    "must hold possibility distributions: rows of finite values in [0, 1] whose maximum is 1",
+    _possibility_mask,
+)
+"""Possibility distributions, per row: values in ``[0, 1]``, maximum 1 (within 1e-6)."""
+
+SCALED_POSSIBILITY = Rule(
+    "must hold finite, non-negative rows with a positive maximum (scaled possibility)",
+    lambda xp, pi: _possibility_mask(xp, pi, normalised=False),
+)
+"""Possibility distributions up to scale, per row: finite, >= 0, with a positive maximum."""
+
+
+def nan_where(invalid, x):
+    """``x`` with NaN wherever ``invalid`` (broadcast against ``x``) is true.
+
+    The XLA half of the contract: a kernel computes a boolean mask of inputs it cannot use
+    (ids out of range, NaN labels, infeasible bounds) and poisons the affected rows with this,
+    so ``TerminateOnNaN`` and NaN checks catch what assertions (absent under XLA) would have.
+    NaN also propagates through gradients that multiply the result.
+    """
+    x = ops.convert_to_tensor(x)
+    return ops.where(invalid, ops.cast(np.nan, x.dtype), x)
+
+
+def row_has_nan(x, axis: int = -1, keepdims: bool = False):
+    """Boolean mask of the rows (reduced over ``axis``) of ``x`` that hold a NaN."""
+    return ops.any(ops.isnan(x), axis=axis, keepdims=keepdims)
+
+
+def check_finite(x, name: str):
+    """Reject NaN/Inf early: eagerly with ValueError, in TensorFlow graphs with an assertion.
+
+    Returns ``x`` (with a dependency on the check inside graphs), so callers write
+    ``x = check_finite(x, "labels")``.
+    """
+    return _check_all(x, name, "contains NaN or Inf values", lambda xp, v: xp.isfinite(v))
+
+
+def check_not_nan(x, name: str):
+    """Like :func:`check_finite` but allows +-Inf (e.g. -inf logits used as masks)."""
+    return _check_all(x, name, "contains NaN values", lambda xp, v: xp.logical_not(xp.isnan(v)))
+
+
+def _check_all(x, name, text, ok):
+    if not validation_enabled():
+        return x
+    value = static_value(x)
+    if value is not None:
+        if value.size and not np.all(ok(np, value)):
+            raise ValueError(f"`{name}` {text}.")
+        return x
+    return _backend.assert_all(ok(ops, x), f"`{name}` {text}.", x)
+
+
+# --------------------------------------------------------------------------------------------
+# Hyper-parameters
+
+
+def check_number(
+    value,
+    name: str,
+    *,
+    low=None,
+    high=None,
+    low_open: bool = False,
+    high_open: bool = False,
+    integer: bool = False,
+    allow_none: bool = False,
+):
+    """Validate a hyper-parameter given as a Python/numpy number; return it as int or float.
+
+    Tensors and variables (e.g. a learned temperature) are returned unchanged: they are
+    checked where the op reads them. Everything else must be a real, finite number within
+    ``[low, high]`` (open ends with ``low_open`` / ``high_open``); ``integer=True`` also rejects
+    non-integral values and booleans.
+
+    Raises:
+      TypeError / ValueError naming ``name`` and the rule broken.
+    """
+    if value is None and allow_none:
+        return None
+    if is_tensor(value):
+        return value
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        kind = "an integer" if integer else "a real number"
+        raise TypeError(f"`{name}` must be {kind}, got {value!r} ({type(value).__name__}).")
+    if integer:
+        if not float(value).is_integer():
+            raise ValueError(f"`{name}` must be an integer, got {value!r}.")
+        value = int(value)
+    else:
+        value = float(value)
+        if not math.isfinite(value):
+            raise ValueError(f"`{name}` must be a finite number, got {value!r}.")
+    if low is not None and (value <= low if low_open else value < low):
+        raise ValueError(f"`{name}` must be {'>' if low_open else '>='} {low}, got {value!r}.")
+    if high is not None and (value >= high if high_open else value > high):
+        raise ValueError(f"`{name}` must be {'<' if high_open else '<='} {high}, got {value!r}.")
+    return value
+
+
+def check_choice(value, name: str, choices):
+    """Raise ValueError unless ``value`` is one of ``choices`` (listed in the message)."""
+    if value not in choices:
+        listed = ", ".join(repr(c) for c in choices)
+        raise ValueError(f"`{name}` must be one of {listed}; got {value!r}.")
+    return value
+
+
+def check_bool(value, name: str) -> bool:
+    """Raise TypeError unless ``value`` is a bool (0 and 1 are not)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"`{name}` must be a bool, got {value!r}.")
+    return value
+
+
+# --------------------------------------------------------------------------------------------
+# Tensors: dtype, rank, axis, label forms
+
+
+def is_tensor(x) -> bool:
+    """Whether ``x`` is a tensor or variable of the backend (or a Keras symbolic tensor)."""
+    return ops.is_tensor(x) or isinstance(x, (keras.Variable, keras.KerasTensor))
+
+
+def dtype_name(x) -> str:
+    """The standardized dtype name of a tensor (``"float32"``, ``"int64"``, ...)."""
+    return keras.backend.standardize_dtype(x.dtype)
+
+
+def _is_integer(x) -> bool:
+    name = dtype_name(x)
+    return name.startswith("int") or name.startswith("uint")
+
+
+def is_floating(x) -> bool:
+    return dtype_name(x) in ("float16", "bfloat16", "float32", "float64")
+
+
+_HALF = ("float16", "bfloat16")
+
+
+def to_compute_dtype(x, name: str = "x"):
+    """Convert ``x`` to a floating tensor in a dtype safe to compute in.
+
+    Returns:
+      ``(x, original_dtype)``: float16/bfloat16 become float32, float32/float64 are kept.
+      Integer and bool inputs are converted to float32 and reported as float32.
+    """
+    x = ops.convert_to_tensor(x)
+    kind = dtype_name(x)
+    if kind not in ("float16", "bfloat16", "float32", "float64"):
+        if kind == "bool" or _is_integer(x):
+            x = ops.cast(x, "float32")
+            kind = "float32"
+        else:
+            raise TypeError(f"`{name}` must be a real floating tensor, got dtype {kind}.")
+    if kind in _HALF:
+        x = ops.cast(x, "float32")
+    return x, kind
+
+
+def static_rank(x):
+    """The rank of ``x`` when known (a TensorFlow tensor may have unknown rank), else None."""
+    shape = x.shape
+    rank = getattr(shape, "rank", None)
+    if rank is None and not hasattr(shape, "rank"):
+        return len(shape)
+    return rank
+
+
+def check_static_rank(x, min_rank: int, name: str) -> None:
+    """Raise ValueError if the static rank of ``x`` is known and below ``min_rank``."""
+    rank = static_rank(x)
+    if rank is not None and rank < min_rank:
+        raise ValueError(
+            f"`{name}` must have rank >= {min_rank}, got rank {rank} with shape {x.shape}."
+        )
+
+
+def move_axis_last(x, axis: int):
+    """Transpose ``axis`` of ``x`` to the end. Returns ``(x_t, undo)`` with ``undo(y)``."""
+    rank = static_rank(x)
+    if rank is None:
+        raise ValueError("The rank of the input must be known statically.")
+    if not -rank <= axis < rank:
+        raise ValueError(f"`axis`={axis} is out of range for a tensor of rank {rank}.")
+    axis %= rank
+    if axis == rank - 1:
+        return x, lambda y: y
+    perm = [i for i in range(rank) if i != axis] + [axis]
+    inverse = np.argsort(perm).tolist()
+    return ops.transpose(x, perm), lambda y: ops.transpose(y, inverse)
+
+
+def dense_labels(labels, name: str, *, sparse_fill=0, ragged_fill=None):
+    """``labels`` as a dense tensor: the label forms that mean something, else a TypeError.
+
+    On TensorFlow a ``tf.SparseTensor`` is densified with ``sparse_fill`` in its absent
+    entries (0 for multi-hot / dense targets, -1 for padded id lists), and a
+    ``tf.RaggedTensor`` (e.g. a list of positive ids per row) is padded with ``ragged_fill``;
+    callers that have no padded form pass ``None`` and ragged labels raise ``TypeError``
+    naming ``name``. XLA cannot compile the sparse and ragged ops that densify, so under
+    ``jit_compile=True`` both forms raise ``TypeError`` naming ``name`` (densify them in the
+    input pipeline, or compile with ``jit_compile=False`` / ``"auto"``). Anything else goes
+    through ``keras.ops.convert_to_tensor``.
+    """
+    if _backend.TENSORFLOW:
+        import tensorflow as tf
+
+        if isinstance(labels, (tf.SparseTensor, tf.RaggedTensor)) and _backend.in_xla_context():
+            raise TypeError(
+                f"`{name}` is a {type(labels).__name__}, which XLA (jit_compile=True) cannot "
+                "densify: densify it in the input pipeline, or compile with jit_compile=False "
+                "or 'auto'."
+            )
+        if isinstance(labels, tf.SparseTensor):
+            fill = tf.cast(sparse_fill, labels.dtype)
+            return tf.sparse.to_dense(tf.sparse.reorder(labels), default_value=fill)
+        if isinstance(labels, tf.RaggedTensor):
+            if ragged_fill is None:
+                raise TypeError(
+                    f"`{name}` must be a dense tensor or a tf.SparseTensor (multi-hot or dense "
+                    "targets), got a tf.RaggedTensor: convert it with `.to_tensor()` or build "
+                    "the targets it stands for."
+                )
+            return labels.to_tensor(default_value=tf.cast(ragged_fill, labels.dtype))
+    return ops.convert_to_tensor(labels)
