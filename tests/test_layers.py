@@ -1,9 +1,10 @@
 """The package's layering (issue 20 item 5), declared as import-linter contracts in
 ``pyproject.toml`` (``[tool.importlinter]``): ops use keras.ops and the backend module (no
 tf_keras, no other subpackage), imports run one way (calibration, retrieval > metrics >
-losses, heads > registry > ops), and no subpackage imports another's private modules except the shared ``losszoo._logits``,
-``losszoo._backend`` and ``losszoo.contract``. The contracts' ``ignore_imports`` lists what
-still breaks them (the burn-down); import-linter fails on an entry that no longer matches.
+losses, heads > registry > ops), and no subpackage imports another's private modules except
+the shared ``losszoo._logits`` and ``losszoo._backend`` (and the public ``losszoo.contract``).
+The contracts' ``ignore_imports`` lists what still breaks them (the burn-down); import-linter
+fails on an entry that no longer matches.
 """
 
 import re
