@@ -1,4 +1,5 @@
-"""losszoo: output heads and training losses beyond the softmax, for TensorFlow / Keras 3.
+"""losszoo: output heads and training losses beyond the softmax, for Keras 3 on TensorFlow, JAX
+and PyTorch.
 
 Importing losszoo registers every loss, head and metric by name, so that
 ``model.compile(loss="sparsemax")`` works in Keras 3 (and in tf_keras when installed), and
@@ -7,7 +8,8 @@ loads the installed plugins (entry-point group ``losszoo.plugins``), whose names
 ``RuntimeWarning`` naming it; the import of losszoo goes on.
 
 Subpackages:
-  ops: pure TensorFlow kernels with hand-derived gradients (no Keras).
+  ops: kernels written once in ``keras.ops``, with hand-derived gradients (no layers).
+  contract: the fail-loud input rules and the validation switch.
   heads: Keras layers over the ops.
   losses: Keras losses over the ops.
   calibration: post-hoc calibrators (fit_calibrator), calibration metrics, reliability plots.
@@ -17,7 +19,7 @@ Subpackages:
 
 The command line (``losszoo``, ``python -m losszoo``) imports this package only to reach
 :mod:`losszoo.__main__`: there the loading above is deferred to the first attribute access,
-so ``losszoo --help`` answers without starting TensorFlow.
+so ``losszoo --help`` answers without starting a Keras backend.
 """
 
 import importlib
@@ -70,6 +72,9 @@ def __getattr__(name: str):
 
 _DEFERRED = _launched_by_cli() and not globals().get("_LOAD_NOW", False)
 if not _DEFERRED:
+    from losszoo._backend import require_supported_backend
+
+    require_supported_backend()
     from losszoo import (
         calibration,
         contract,

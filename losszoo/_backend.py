@@ -15,6 +15,8 @@ two outputs or a non-tensor argument on PyTorch, and swallows exceptions there.
 from __future__ import annotations
 
 import functools
+import json
+import os
 
 import keras
 import numpy as np
@@ -23,6 +25,47 @@ NAME = keras.backend.backend()
 """The Keras backend losszoo runs on (read once, at import, as Keras itself does)."""
 
 TENSORFLOW = NAME == "tensorflow"
+
+
+def _keras_json_backend():
+    """``(path, backend)`` of the ``keras.json`` Keras reads (``$KERAS_HOME`` or ``~/.keras``);
+    ``backend`` is None when the file is missing, unreadable or has no ``"backend"`` key."""
+    home = os.environ.get("KERAS_HOME")  # the lookup of keras/src/backend/config.py
+    if home is None:
+        base = os.path.expanduser("~")
+        home = os.path.join(base if os.access(base, os.W_OK) else "/tmp", ".keras")
+    path = os.path.expanduser(os.path.join(home, "keras.json"))
+    try:
+        with open(path) as f:
+            return path, json.load(f).get("backend")
+    except (OSError, ValueError, AttributeError):
+        return path, None
+
+
+SUPPORTED = ("tensorflow", "jax", "torch")
+
+
+def require_supported_backend() -> None:
+    """Raise ImportError unless Keras runs on TensorFlow, JAX or PyTorch.
+
+    The message says where the setting came from: the environment variable ``KERAS_BACKEND``
+    or the ``"backend"`` key of Keras' ``keras.json`` (its path).
+    """
+    if NAME in SUPPORTED:
+        return
+    env = os.environ.get("KERAS_BACKEND") or None  # Keras ignores an empty value too
+    path, from_json = _keras_json_backend()
+    if env == NAME:
+        source = f"the environment variable KERAS_BACKEND is {NAME!r}"
+    elif from_json == NAME:
+        source = f'Keras\' configuration file {path} sets "backend": {NAME!r}'
+    else:
+        source = f"Keras was started with the {NAME!r} backend"
+    raise ImportError(
+        f"losszoo runs on the TensorFlow, JAX or PyTorch backend of Keras 3, but {source}. Set "
+        "KERAS_BACKEND to one of them before importing keras or losszoo (for example "
+        '`export KERAS_BACKEND=jax`), or set "backend" in keras.json.'
+    )
 
 
 def require_tensorflow(feature: str) -> None:

@@ -2,9 +2,11 @@
 
 :mod:`~losszoo.registry._core` holds the names; the Keras 3 glue
 (:mod:`~losszoo.registry._keras`) and the tf_keras glue (:mod:`~losszoo.registry._tf_keras`)
-subscribe to it when imported here.
+subscribe to it when imported here; the tf_keras glue only on the TensorFlow backend (elsewhere
+:func:`tf_keras_loss` raises ImportError saying so).
 """
 
+from losszoo import _backend
 from losszoo.registry import _keras  # noqa: F401 - subscribes Keras 3's string lookup
 from losszoo.registry._core import (
     KINDS,
@@ -19,7 +21,15 @@ from losszoo.registry._core import (
     names,
     register,
 )
-from losszoo.registry._tf_keras import tf_keras_loss
+
+if _backend.TENSORFLOW:
+    from losszoo.registry._tf_keras import tf_keras_loss
+else:
+
+    def tf_keras_loss(name, **kwargs):
+        """tf_keras (Keras 2) and TFRS exist only with TensorFlow: raises ImportError."""
+        _backend.require_tensorflow("losszoo.tf_keras_loss (tf_keras and TFRS models)")
+
 
 __all__ = [
     "KINDS",

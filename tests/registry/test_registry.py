@@ -146,7 +146,7 @@ def test_import_under_another_backend_fails_clearly():
     )
     assert result.returncode != 0
     assert "ImportError" in result.stderr
-    assert "KERAS_BACKEND=tensorflow" in result.stderr
+    assert "TensorFlow, JAX or PyTorch backend" in result.stderr
 
 
 def test_get_and_get_class_reject_a_name_that_is_not_a_string():
@@ -281,6 +281,25 @@ def test_backend_error_says_where_the_setting_came_from(tmp_path):
     message = result.stderr.strip().splitlines()[-1]
     assert "the environment variable KERAS_BACKEND is 'numpy'" in message
     assert "keras.json" in message  # the remedy names both places
+
+
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_import_on_jax_and_torch_works_and_tf_only_pieces_say_why(backend, tmp_path):
+    code = (
+        "import losszoo, keras\n"
+        "print('BACKEND', keras.backend.backend(), 'sparsemax' in losszoo.names())\n"
+        "try:\n    losszoo.tf_keras_loss('sparsemax')\n"
+        "except ImportError as e:\n    print('TFKERAS', e)\n"
+    )
+    env = {**__import__("os").environ, "KERAS_BACKEND": backend}
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"BACKEND {backend} True" in result.stdout
+    assert (
+        "TFKERAS losszoo.tf_keras_loss" in result.stdout and "TensorFlow backend" in result.stdout
+    )
 
 
 def test_batch_risk_is_declared_at_register():
