@@ -5,34 +5,19 @@ Targets (issue 2), under XLA on the 2-core CPU: forward+backward <= 2x softmax+C
 """
 
 import keras
-import numpy as np
-import tensorflow as tf
-from harness import Case
+from harness import Case, one_hot_inputs, softmax_ce
+from keras import ops as kops
 
 from losszoo import ops
 
 
-def _inputs(batch, k, seed=0):
-    def make():
-        rng = np.random.default_rng(seed)
-        logits = rng.normal(size=(batch, k)).astype(np.float32)
-        labels = rng.integers(0, k, batch)
-        return tf.constant(logits), tf.one_hot(labels, k)
-
-    return make
-
-
-def softmax_ce(logits, targets):
-    return tf.nn.softmax_cross_entropy_with_logits(targets, logits)
-
-
 def keras_sparsemax(logits, targets):
     # keras.ops.sparsemax differentiated by autodiff (it has no custom gradient)
-    return tf.reduce_sum(keras.ops.sparsemax(logits) * targets, -1)
+    return kops.sum(keras.ops.sparsemax(logits) * targets, -1)
 
 
 def sparsemax_head(logits, targets):
-    return tf.reduce_sum(ops.sparsemax(logits) * targets, -1)
+    return kops.sum(ops.sparsemax(logits) * targets, -1)
 
 
 def sparsemax_loss(logits, targets):
@@ -50,7 +35,7 @@ def cases(quick=False):
                     op=name,
                     shape=f"{batch}x{k}",
                     fn=fn,
-                    inputs=_inputs(batch, k),
+                    inputs=one_hot_inputs(batch, k),
                     anchors=anchors,
                     target=target,
                     repeats=5 if quick else 20,

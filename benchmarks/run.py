@@ -1,9 +1,11 @@
-"""Run the benchmarks: ``python benchmarks/run.py [--only NAME] [--quick]``.
+"""Run the benchmarks: ``python benchmarks/run.py [--backend B] [--only NAME] [--quick]``.
 
 Discovers ``benchmarks/bench_<name>.py`` modules, each exposing ``cases(quick) -> list[Case]``,
-and prints one Markdown table: op, shape, mode (graph = tf.function, xla = jit_compile),
-forward+backward median time, and the ratio to each anchor measured in the same run
-(ratio < 1: faster than the anchor).
+and prints one Markdown table: op, shape, mode (``backend:mode``; TensorFlow graph =
+tf.function, xla = jit_compile; JAX jit; PyTorch eager), forward+backward median time, and the
+ratio to each anchor measured in the same run (ratio < 1: faster than the anchor).
+``--backend`` (tensorflow, jax or torch; default: ``KERAS_BACKEND``, else tensorflow) picks
+the Keras backend before anything imports Keras.
 """
 
 from __future__ import annotations
@@ -14,14 +16,9 @@ import os
 import pathlib
 import sys
 
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
-
-from harness import machine_line, measure  # noqa: E402
 
 
 def discover(only: list[str] | None) -> list[str]:
@@ -42,7 +39,18 @@ def main(argv=None) -> int:
         "--only", action="append", help="benchmark name (repeatable), e.g. sparsemax"
     )
     parser.add_argument("--quick", action="store_true", help="smaller shapes and fewer repeats")
+    parser.add_argument(
+        "--backend",
+        choices=("tensorflow", "jax", "torch"),
+        default=os.environ.get("KERAS_BACKEND") or "tensorflow",
+        help="Keras backend to measure on",
+    )
     args = parser.parse_args(argv)
+    if "keras" in sys.modules and os.environ.get("KERAS_BACKEND") != args.backend:
+        raise SystemExit("--backend must be chosen before Keras is imported")
+    os.environ["KERAS_BACKEND"] = args.backend
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    from harness import machine_line, measure
 
     print(f"machine: {machine_line()}\n")
     print("| op | shape | mode | fwd+bwd ms | ratio to anchors (anchor ms) | target |")
