@@ -292,7 +292,8 @@ def check_number(
     non-integral values and booleans.
 
     Raises:
-      TypeError / ValueError naming ``name`` and the rule broken.
+      TypeError: naming ``name``, for a value that is not a real (or integer) number.
+      ValueError: naming ``name`` and the rule broken, for a number out of range.
     """
     if value is None and allow_none:
         return None
