@@ -9,16 +9,17 @@ accuracy). ``probs`` is ``[N, K]``; ``labels`` are integer class ids ``[N]`` (or
 Fail loud (README, "Bad input"): every function raises ``ValueError``/``TypeError`` naming the
 argument for probabilities that are not on the simplex (NaN, Inf, negative, rows not summing to
 1), labels outside ``[0, K)`` (``-1`` is an error, not the last class), fractional / NaN labels,
-malformed one-hot rows and ``n_bins`` that is not a positive integer. These are numpy functions:
-they run eagerly only, so there is no XLA case.
+malformed one-hot rows and ``n_bins`` that is not a positive integer (the rules ``PROBABILITIES``,
+``contract.CLASS_IDS`` and ``ONE_HOT`` of the streaming metrics). These are numpy functions: they
+run eagerly only (on any Keras backend), so there is no XLA case.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from losszoo.contract import check_number
-from losszoo.metrics.calibration import SUM_TOL  # one tolerance with the streaming metrics
+from losszoo.contract import CLASS_IDS, check_number, validation
+from losszoo.metrics.calibration import ONE_HOT, PROBABILITIES  # one rule with the streaming
 
 __all__ = ["accuracy", "adaptive_ece", "brier_score", "classwise_ece", "ece", "nll"]
 
@@ -26,11 +27,18 @@ __all__ = ["accuracy", "adaptive_ece", "brier_score", "classwise_ece", "ece", "n
 def _prep(probs, labels):
     """Validate and convert: probs ``[N, K]`` float64 on the simplex, labels int ``[N]``.
 
-    Raises ``ValueError`` naming the argument for: probs not 2-D, empty, with NaN/inf, negative
-    or rows not summing to 1 (within :data:`SUM_TOL`); labels that are not integers in
-    ``[0, K)`` (negative ids are not read from the end), NaN, of the wrong length, or 2-D
-    labels that are not valid one-hot rows (ambiguous, so rejected rather than argmaxed).
+    Raises ``ValueError`` naming the argument for: probs not 2-D, empty, or breaking
+    ``PROBABILITIES`` (NaN/inf, negative, rows not summing to 1 within ``SUM_TOL``); labels
+    breaking ``contract.CLASS_IDS`` (negative ids are not read from the end; NaN and fractions
+    are rejected), of the wrong length, or 2-D labels breaking ``ONE_HOT`` (ambiguous, so
+    rejected rather than argmaxed). Always checked (``losszoo.set_validation`` concerns
+    per-step tensor checks; these functions are not on a training path).
     """
+    with validation(True):
+        return _checked(probs, labels)
+
+
+def _checked(probs, labels):
     try:
         probs = np.asarray(probs, np.float64)
     except (TypeError, ValueError) as err:
@@ -40,16 +48,7 @@ def _prep(probs, labels):
     n, k = probs.shape
     if n == 0 or k == 0:
         raise ValueError(f"`probs` must have at least one row and one class, got {probs.shape}.")
-    if not np.all(np.isfinite(probs)):
-        raise ValueError("`probs` must not contain NaN or Inf.")
-    if np.any(probs < 0):
-        raise ValueError("`probs` must be non-negative (probabilities).")
-    worst = np.max(np.abs(probs.sum(-1) - 1.0))
-    if worst > SUM_TOL:
-        raise ValueError(
-            f"`probs` rows must sum to 1 (within {SUM_TOL}); the worst row is off "
-            f"by {worst:.3g}. Pass probabilities, not logits."
-        )
+    PROBABILITIES.check(probs, "probs")
     raw = np.asarray(labels)
     if raw.dtype == bool or not (
         np.issubdtype(raw.dtype, np.integer) or np.issubdtype(raw.dtype, np.floating)
@@ -58,11 +57,7 @@ def _prep(probs, labels):
             f"`labels` must be integer class ids or one-hot rows, got dtype {raw.dtype}."
         )
     if raw.ndim == 2 and raw.shape == (n, k) and k > 1:
-        onehot_ok = np.all((raw == 0) | (raw == 1)) and np.all(raw.sum(-1) == 1)
-        if not onehot_ok:
-            raise ValueError(
-                "`labels` of shape [N, K] must be one-hot rows (one 1, zeros elsewhere)."
-            )
+        ONE_HOT.check(raw, "labels")
         return probs, raw.argmax(-1).astype(np.int64)
     if raw.ndim > 2 or (raw.ndim == 2 and raw.shape[1] != 1):
         raise ValueError(
@@ -74,14 +69,7 @@ def _prep(probs, labels):
         raise ValueError(
             f"`labels` and `probs` must have the same number of rows, got {flat.shape[0]} and {n}."
         )
-    if np.issubdtype(flat.dtype, np.floating) and (
-        not np.all(np.isfinite(flat)) or np.any(flat != np.round(flat))
-    ):
-        raise ValueError("`labels` must be integer class ids (got NaN, Inf or fractions).")
-    if np.any(flat < 0) or np.any(flat >= k):
-        raise ValueError(
-            f"`labels` must be class ids in [0, {k}), got values in [{flat.min()}, {flat.max()}]."
-        )
+    CLASS_IDS.check(flat, "labels", k)
     return probs, flat.astype(np.int64)
 
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import keras
-import tensorflow as tf
+from keras import ops
 
-from losszoo.contract import check_not_nan, to_compute_dtype
+from losszoo.contract import check_bool, check_not_nan, to_compute_dtype
 from losszoo.losses._targets import SampleWeightCheck, target_distribution
 from losszoo.registry import register
 
@@ -57,8 +57,7 @@ class SoftmaxCrossEntropyLoss(SampleWeightCheck, keras.losses.Loss):
         name: str = "softmax_cross_entropy",
         dtype=None,
     ):
-        if not isinstance(normalize_labels, bool):
-            raise TypeError(f"`normalize_labels` must be a bool, got {normalize_labels!r}.")
+        check_bool(normalize_labels, "normalize_labels")
         super().__init__(reduction=reduction, name=name, dtype=dtype)
         self.normalize_labels = normalize_labels
 
@@ -66,11 +65,11 @@ class SoftmaxCrossEntropyLoss(SampleWeightCheck, keras.losses.Loss):
         y_pred, _ = to_compute_dtype(y_pred, "y_pred")
         y_pred = check_not_nan(y_pred, "y_pred")
         q, has_target = target_distribution(y_true, y_pred, self.normalize_labels)
-        log_p = tf.nn.log_softmax(y_pred, axis=-1)
+        log_p = ops.log_softmax(y_pred, axis=-1)
         # Only target classes contribute: a -inf logit elsewhere is "not a candidate".
         # Rows of invalid ids (NaN targets under XLA) are NaN through `has_target`.
-        terms = tf.where(q > 0, q * log_p, tf.zeros_like(log_p))
-        return -tf.reduce_sum(terms, axis=-1) * has_target
+        terms = ops.where(q > 0, q * log_p, ops.zeros_like(log_p))
+        return -ops.sum(terms, axis=-1) * has_target
 
     def get_config(self):
         return {**super().get_config(), "normalize_labels": self.normalize_labels}

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import keras
-import tensorflow as tf
+from keras import ops
 
-from losszoo import ops
 from losszoo._logits import attached_logits
-from losszoo.contract import check_static_rank, dense_labels, to_compute_dtype
+from losszoo.contract import check_bool, check_static_rank, dense_labels, to_compute_dtype
 from losszoo.losses._targets import SampleWeightCheck, target_distribution
+from losszoo.ops import sparsemax_loss
 from losszoo.registry import register
 
 
@@ -84,8 +84,7 @@ class SparsemaxLoss(SampleWeightCheck, keras.losses.Loss):
     ):
         if from_logits is not None and not isinstance(from_logits, bool):
             raise TypeError(f"`from_logits` must be None or a bool, got {from_logits!r}.")
-        if not isinstance(normalize_labels, bool):
-            raise TypeError(f"`normalize_labels` must be a bool, got {normalize_labels!r}.")
+        check_bool(normalize_labels, "normalize_labels")
         super().__init__(reduction=reduction, name=name, dtype=dtype)
         self.from_logits = from_logits
         self.normalize_labels = normalize_labels
@@ -104,10 +103,10 @@ class SparsemaxLoss(SampleWeightCheck, keras.losses.Loss):
         q, has_target = target_distribution(y_true, y_pred, self.normalize_labels)
         # A row without a target gets loss 0; the kernel needs a distribution there, so it
         # sees the uniform one over the row's top scores (finite loss, then times 0).
-        top = tf.cast(tf.equal(y_pred, tf.reduce_max(y_pred, -1, keepdims=True)), q.dtype)
-        stand_in = top / tf.reduce_sum(top, -1, keepdims=True)
-        q = tf.where(tf.equal(has_target, 0.0)[..., None], stand_in, q)
-        return ops.sparsemax_loss(q, y_pred, labels_name="y_true") * has_target
+        top = ops.cast(ops.equal(y_pred, ops.max(y_pred, -1, keepdims=True)), q.dtype)
+        stand_in = top / ops.sum(top, -1, keepdims=True)
+        q = ops.where(ops.equal(has_target, 0.0)[..., None], stand_in, q)
+        return sparsemax_loss(q, y_pred, labels_name="y_true") * has_target
 
     def get_config(self):
         return {

@@ -3,29 +3,34 @@
 Exported from :mod:`losszoo.metrics` (and, as before, from :mod:`losszoo.calibration`).
 They agree with the plain functions in :mod:`losszoo.calibration.metrics` on the union of the
 batches (``AdaptiveECE`` up to its histogram resolution). ``y_true``: integer labels ``[N]`` /
-``[N, 1]`` or one-hot ``[N, K]``; ``y_pred``: probabilities ``[N, K]``. Sample weights are not
-supported (they would change the bin weights; pass ``sample_weight=None``).
+``[N, 1]`` or one-hot ``[N, K]``; ``y_pred``: probabilities ``[N, K]``. Written with
+``keras.ops``: the same on TensorFlow, JAX and PyTorch.
 
-Fail loud (README, "Bad input"): labels outside ``[0, K)``, fractional or NaN labels, malformed
-one-hot rows and probabilities with NaN/Inf, negative entries or rows not summing to 1 raise
-(``ValueError`` eagerly, an assertion error inside ``tf.function``) naming ``y_true`` /
-``y_pred``; ``n_bins``, ``resolution`` and a given ``num_classes`` must be positive integers.
-Under XLA (``jit_compile=True``), where assertions vanish, such a row makes the accumulated
-state and so ``result()`` NaN until ``reset_state()``. Checks can be switched off with
-``losszoo.set_validation(False)``; the NaN poisoning stays.
+Contract rules: ``y_true`` ids keep ``contract.CLASS_IDS``, one-hot ``y_true`` keeps
+:data:`ONE_HOT`, ``y_pred`` keeps :data:`PROBABILITIES`. A violation raises naming the argument
+(``ValueError`` eagerly, an assertion error inside a TensorFlow graph); ``n_bins``,
+``resolution`` and a given ``num_classes`` must be positive integers. Traced for XLA
+(``jit_compile=True``, ``jax.jit``), where assertions do not exist, such a row makes the
+accumulated state and so ``result()`` NaN until ``reset_state()``. Checks can be switched off
+with ``losszoo.set_validation(False)``; the NaN poisoning stays. The binned metrics take no
+``sample_weight`` (it would change the bin weights).
 """
 
 from __future__ import annotations
 
 import keras
 import numpy as np
-import tensorflow as tf
+from keras import ops
 
+from losszoo import _backend
 from losszoo.contract import (
+    CLASS_IDS,
+    Rule,
     check_number,
+    dtype_name,
+    is_floating,
     nan_where,
-    static_value,
-    validation_enabled,
+    static_rank,
 )
 from losszoo.registry import register
 
@@ -43,134 +48,93 @@ __all__ = [
 SUM_TOL = 1e-3
 
 
-def _require(cond_value, cond_tensor, message, checks):
-    """Eager/constant: raise ValueError now; graph: add an assertion to ``checks``."""
-    if cond_value is not None:
-        if not bool(np.all(cond_value)):
-            raise ValueError(message)
-    else:
-        checks.append(tf.debugging.Assert(tf.reduce_all(cond_tensor), [message]))
+def _probabilities_mask(xp, p):
+    bad_entry = xp.any(xp.logical_not(xp.isfinite(p)) | (p < 0), axis=-1)
+    return bad_entry | (xp.abs(xp.sum(p, axis=-1) - 1.0) > SUM_TOL)
+
+
+PROBABILITIES = Rule(
+    f"must hold probability rows: finite, non-negative, summing to 1 (within {SUM_TOL}); "
+    "pass probabilities, not logits",
+    _probabilities_mask,
+)
+"""Rows of class probabilities ``[..., K]``: finite, ``>= 0``, summing to 1 within
+:data:`SUM_TOL` (per row)."""
+
+
+def _one_hot_mask(xp, y):
+    binary = xp.all(xp.equal(y, 0) | xp.equal(y, 1), axis=-1)
+    return xp.logical_not(binary & xp.equal(xp.sum(y, axis=-1), 1))
+
+
+ONE_HOT = Rule("of shape [N, K] must be one-hot rows (one 1, zeros elsewhere)", _one_hot_mask)
+"""One-hot label rows ``[..., K]``: entries 0 or 1, exactly one 1 (per row)."""
 
 
 def _labels_probs(y_true, y_pred, num_classes=None):
-    """Labels ``[N]`` (int32, safe to gather), probabilities ``[N, K]`` and a ``[N]`` mask of
-    invalid rows.
-
-    Invalid (eager/graph: ``ValueError`` / assertion naming the argument; always: the row's
-    contribution is NaN, which is what is left under XLA): ``y_pred`` with NaN/Inf, negative
-    entries or rows not summing to 1 (within ``SUM_TOL``); ``y_true`` ids outside ``[0, K)``,
-    fractional or NaN, or one-hot rows that are not 0/1 with a single 1.
-    """
-    y_pred = tf.cast(tf.convert_to_tensor(y_pred), tf.float32)
+    """Labels ``[N]`` (int32, safe to gather), probabilities ``[N, K]`` (float32) and the
+    ``[N]`` mask of rows breaking ``CLASS_IDS`` / :data:`ONE_HOT` / :data:`PROBABILITIES`
+    (eagerly and in graphs they raise first)."""
+    y_pred = ops.cast(ops.convert_to_tensor(y_pred), "float32")
     k = y_pred.shape[-1]
     if k is None:
         raise ValueError("`y_pred` must have a static number of classes.")
     if num_classes is not None and k != num_classes:
         raise ValueError(f"`y_pred` has {k} classes but the metric was built for {num_classes}.")
-    y_pred = tf.reshape(y_pred, [-1, k])
-    y_true = tf.convert_to_tensor(y_true)
-    if y_true.dtype == tf.bool or not (y_true.dtype.is_integer or y_true.dtype.is_floating):
-        raise TypeError(f"`y_true` must be integer ids or one-hot rows, got {y_true.dtype.name}.")
-    onehot = (
-        y_true.shape.rank is not None and y_true.shape.rank >= 2 and y_true.shape[-1] == k and k > 1
-    )
-    checks = []
-    validate = validation_enabled()
-    pv = static_value(y_pred) if validate else None
-    tv = static_value(y_true) if validate else None
-    sums = tf.reduce_sum(y_pred, -1)
-    pred_ok = tf.logical_and(tf.reduce_all(y_pred >= 0, -1), tf.abs(sums - 1.0) <= SUM_TOL)
-    if onehot:
-        yt = tf.cast(tf.reshape(y_true, [-1, k]), tf.float32)
-        true_ok = tf.logical_and(
-            tf.reduce_all(tf.logical_or(tf.equal(yt, 0.0), tf.equal(yt, 1.0)), -1),
-            tf.equal(tf.reduce_sum(yt, -1), 1.0),
-        )
-        labels = tf.argmax(yt, -1, output_type=tf.int32)
-        if validate:
-            tvv = None if tv is None else np.asarray(tv, np.float64).reshape(-1, k)
-            _require(
-                None if tvv is None else (np.isin(tvv, (0.0, 1.0)).all(-1) & (tvv.sum(-1) == 1)),
-                true_ok,
-                "`y_true` of shape [N, K] must be one-hot rows (one 1, zeros elsewhere).",
-                checks,
-            )
+    y_pred = ops.reshape(y_pred, (-1, k))
+    y_true = ops.convert_to_tensor(y_true)
+    if not (is_floating(y_true) or dtype_name(y_true).startswith(("int", "uint"))):
+        raise TypeError(f"`y_true` must be integer ids or one-hot rows, got {dtype_name(y_true)}.")
+    if (static_rank(y_true) or 0) >= 2 and y_true.shape[-1] == k and k > 1:
+        onehot = ONE_HOT.check(ops.cast(ops.reshape(y_true, (-1, k)), "float32"), "y_true")
+        true_bad = ONE_HOT.invalid(onehot)
+        labels = ops.cast(ops.argmax(onehot, axis=-1), "int32")
     else:
-        flat = tf.reshape(y_true, [-1])
-        if flat.dtype.is_floating:
-            ff = tf.cast(flat, tf.float64)
-            true_ok = tf.logical_and(tf.math.is_finite(ff), tf.equal(ff, tf.round(ff)))
-            true_ok = tf.logical_and(true_ok, tf.logical_and(ff >= 0, ff < k))
-            labels = tf.cast(tf.where(true_ok, ff, 0.0), tf.int32)
-        else:
-            fi = tf.cast(flat, tf.int64)
-            true_ok = tf.logical_and(fi >= 0, fi < k)
-            labels = tf.cast(tf.where(true_ok, fi, 0), tf.int32)
-        if validate:
-            tvv = None if tv is None else np.asarray(tv, np.float64).reshape(-1)
-            _require(
-                None if tvv is None else np.isfinite(tvv) & (tvv == np.round(np.nan_to_num(tvv))),
-                true_ok if flat.dtype.is_floating else tf.constant(True),
-                "`y_true` must be integer class ids (got NaN, Inf or fractions).",
-                checks,
-            )
-            _require(
-                None if tvv is None else (tvv >= 0) & (tvv < k),
-                true_ok,
-                f"`y_true` must be class ids in [0, {k}).",
-                checks,
-            )
-    if validate:
-        pvv = None if pv is None else np.asarray(pv, np.float64).reshape(-1, k)
-        _require(
-            None if pvv is None else np.isfinite(pvv),
-            tf.math.is_finite(y_pred),
-            "`y_pred` must not contain NaN or Inf.",
-            checks,
-        )
-        _require(
-            None if pvv is None else (pvv >= 0).all(-1) & (np.abs(pvv.sum(-1) - 1) <= SUM_TOL),
-            pred_ok,
-            f"`y_pred` rows must be probabilities: non-negative, summing to 1 (within {SUM_TOL}).",
-            checks,
-        )
-    n_true, n_pred = tf.shape(labels)[0], tf.shape(y_pred)[0]
-    if labels.shape[0] is not None and y_pred.shape[0] is not None:
-        if labels.shape[0] != y_pred.shape[0]:
-            raise ValueError(
-                f"`y_true` has {labels.shape[0]} rows but `y_pred` has {y_pred.shape[0]}."
-            )
-    elif validate:
-        checks.append(
-            tf.debugging.assert_equal(
-                n_true, n_pred, "`y_true` and `y_pred` must have as many rows."
-            )
-        )
-    bad = tf.logical_not(tf.logical_and(true_ok, pred_ok))  # NaN sums fail pred_ok too
-    if checks:
-        with tf.control_dependencies(checks):
-            y_pred = tf.identity(y_pred)
-    return labels, y_pred, bad
+        flat = CLASS_IDS.check(ops.reshape(y_true, (-1,)), "y_true", k)
+        true_bad = CLASS_IDS.invalid(flat, k)
+        labels = ops.cast(ops.where(true_bad, ops.zeros_like(flat), flat), "int32")
+    y_pred = PROBABILITIES.check(y_pred, "y_pred")
+    rows_true, rows_pred = labels.shape[0], y_pred.shape[0]
+    message = "`y_true` and `y_pred` must have as many rows"
+    if rows_true is not None and rows_pred is not None:
+        if rows_true != rows_pred:
+            raise ValueError(f"{message}; got {rows_true} and {rows_pred}.")
+    else:
+        same = ops.equal(ops.shape(labels)[0], ops.shape(y_pred)[0])
+        y_pred = _backend.assert_all(same, message + ".", y_pred)
+    return labels, y_pred, true_bad | PROBABILITIES.invalid(y_pred)
 
 
 def _bin_index(values, n_bins):
-    edges = tf.range(1, n_bins, dtype=tf.float32) / float(n_bins)
-    return tf.reduce_sum(tf.cast(values[..., None] > edges, tf.int32), -1)
+    """Right-closed equal-width bins ``((m-1)/M, m/M]`` of ``values`` in ``[0, 1]``."""
+    edges = ops.arange(1, n_bins, dtype="float32") / float(n_bins)
+    return ops.sum(ops.cast(values[..., None] > edges, "int32"), axis=-1)
+
+
+def _add_per_segment(variable, values, segments):
+    variable.assign_add(
+        ops.segment_sum(values, segments, num_segments=variable.shape[0], sorted=False)
+    )
+
+
+def _zero(variables):
+    for v in variables:
+        v.assign(ops.zeros(v.shape, v.dtype))
+
+
+def _top_label(labels, probs):
+    """Whether each row's argmax (ties: the lowest index) is its label, as float32."""
+    return ops.cast(ops.equal(ops.cast(ops.argmax(probs, axis=-1), "int32"), labels), "float32")
 
 
 class _BinnedTopLabel(keras.metrics.Metric):
     def __init__(self, n_bins, name, **kwargs):
         super().__init__(name=name, **kwargs)
         self.n_bins = check_number(n_bins, "n_bins", low=1, integer=True)
-        self.counts = self.add_variable(
-            shape=(self._resolution(),), initializer="zeros", name="counts"
-        )
-        self.conf_sum = self.add_variable(
-            shape=(self._resolution(),), initializer="zeros", name="conf_sum"
-        )
-        self.correct_sum = self.add_variable(
-            shape=(self._resolution(),), initializer="zeros", name="correct_sum"
-        )
+        shape = (self._resolution(),)
+        self.counts = self.add_variable(shape=shape, initializer="zeros", name="counts")
+        self.conf_sum = self.add_variable(shape=shape, initializer="zeros", name="conf_sum")
+        self.correct_sum = self.add_variable(shape=shape, initializer="zeros", name="correct_sum")
 
     def _resolution(self):
         return self.n_bins
@@ -179,18 +143,15 @@ class _BinnedTopLabel(keras.metrics.Metric):
         if sample_weight is not None:
             raise ValueError(f"{type(self).__name__} does not support sample weights.")
         labels, probs, bad = _labels_probs(y_true, y_pred)
-        conf = nan_where(bad, tf.reduce_max(probs, -1))
-        correct = tf.cast(tf.equal(tf.argmax(probs, -1, output_type=tf.int32), labels), tf.float32)
-        correct = nan_where(bad, correct)
+        conf = nan_where(bad, ops.max(probs, axis=-1))
+        correct = nan_where(bad, _top_label(labels, probs))
         idx = _bin_index(conf, self._resolution())
-        r = self._resolution()
-        self.counts.assign_add(tf.math.unsorted_segment_sum(tf.ones_like(conf), idx, r))
-        self.conf_sum.assign_add(tf.math.unsorted_segment_sum(conf, idx, r))
-        self.correct_sum.assign_add(tf.math.unsorted_segment_sum(correct, idx, r))
+        _add_per_segment(self.counts, ops.ones_like(conf), idx)
+        _add_per_segment(self.conf_sum, conf, idx)
+        _add_per_segment(self.correct_sum, correct, idx)
 
     def reset_state(self):
-        for v in (self.counts, self.conf_sum, self.correct_sum):
-            v.assign(tf.zeros_like(v))
+        _zero(self.variables)
 
     def get_config(self):
         return {**super().get_config(), "n_bins": self.n_bins}
@@ -217,8 +178,8 @@ class ExpectedCalibrationError(_BinnedTopLabel):
         super().__init__(n_bins, name, **kwargs)
 
     def result(self):
-        n = tf.maximum(tf.reduce_sum(self.counts), 1.0)
-        return tf.reduce_sum(tf.abs(self.correct_sum - self.conf_sum)) / n
+        n = ops.maximum(ops.sum(self.counts), 1.0)
+        return ops.sum(ops.abs(self.correct_sum - self.conf_sum)) / n
 
 
 @register(
@@ -250,23 +211,23 @@ class AdaptiveECE(_BinnedTopLabel):
         return self.resolution
 
     def result(self):
-        n = tf.reduce_sum(self.counts)
-        before = tf.cumsum(self.counts, exclusive=True)
+        n = ops.sum(self.counts)
+        before = ops.cumsum(self.counts) - self.counts  # exclusive cumulative count
         # the group of rank r under np.array_split(range(n), n_bins): the first n % M groups
         # hold q + 1 samples, the others q
         m = float(self.n_bins)
-        q = tf.floor(n / m)
+        q = ops.floor(n / m)
         rem = n - q * m
         big = (q + 1.0) * rem
-        group = tf.where(
+        group = ops.where(
             before < big,
-            tf.floor(before / (q + 1.0)),
-            rem + tf.floor((before - big) / tf.maximum(q, 1.0)),
+            ops.floor(before / (q + 1.0)),
+            rem + ops.floor((before - big) / ops.maximum(q, 1.0)),
         )
-        group = tf.clip_by_value(tf.cast(group, tf.int32), 0, self.n_bins - 1)
-        corr = tf.math.unsorted_segment_sum(self.correct_sum, group, self.n_bins)
-        conf = tf.math.unsorted_segment_sum(self.conf_sum, group, self.n_bins)
-        return tf.reduce_sum(tf.abs(corr - conf)) / tf.maximum(n, 1.0)
+        group = ops.clip(ops.cast(group, "int32"), 0, self.n_bins - 1)
+        corr = ops.segment_sum(self.correct_sum, group, num_segments=self.n_bins)
+        conf = ops.segment_sum(self.conf_sum, group, num_segments=self.n_bins)
+        return ops.sum(ops.abs(corr - conf)) / ops.maximum(n, 1.0)
 
     def get_config(self):
         return {**super().get_config(), "resolution": self.resolution}
@@ -321,33 +282,31 @@ class ClasswiseECE(keras.metrics.Metric):
         if sample_weight is not None:
             raise ValueError("ClasswiseECE does not support sample weights.")
         if self.num_classes is None:
-            k = tf.convert_to_tensor(y_pred).shape[-1]
+            k = (y_pred.shape if hasattr(y_pred, "shape") else np.shape(y_pred))[-1]
             if k is None:
                 raise ValueError(
                     "`y_pred` must have a static number of classes (or pass `num_classes`)."
                 )
-            self._build_state(k)
+            self._build_state(int(k))
         labels, probs, bad = _labels_probs(y_true, y_pred, self.num_classes)
         probs = nan_where(bad[:, None], probs)
         k, m = self.num_classes, self.n_bins
-        idx = _bin_index(probs, m) + tf.range(k)[None, :] * m  # [N, K] flat (class, bin)
-        hits = tf.one_hot(labels, k, dtype=tf.float32)
-        seg = tf.reshape(idx, [-1])
-        self.counts.assign_add(
-            tf.math.unsorted_segment_sum(tf.ones_like(tf.reshape(probs, [-1])), seg, k * m)
-        )
-        self.prob_sum.assign_add(tf.math.unsorted_segment_sum(tf.reshape(probs, [-1]), seg, k * m))
-        self.hit_sum.assign_add(tf.math.unsorted_segment_sum(tf.reshape(hits, [-1]), seg, k * m))
+        idx = _bin_index(probs, m) + ops.arange(k, dtype="int32")[None, :] * m  # (class, bin)
+        segments = ops.reshape(idx, (-1,))
+        hits = ops.reshape(ops.one_hot(labels, k, dtype="float32"), (-1,))
+        probs = ops.reshape(probs, (-1,))
+        _add_per_segment(self.counts, ops.ones_like(probs), segments)
+        _add_per_segment(self.prob_sum, probs, segments)
+        _add_per_segment(self.hit_sum, hits, segments)
 
     def result(self):
         if self.num_classes is None:
-            return tf.constant(0.0, self.dtype)
-        n = tf.maximum(tf.reduce_sum(self.counts) / self.num_classes, 1.0)
-        return tf.reduce_sum(tf.abs(self.hit_sum - self.prob_sum)) / n / self.num_classes
+            return ops.zeros((), self.dtype)
+        n = ops.maximum(ops.sum(self.counts) / self.num_classes, 1.0)
+        return ops.sum(ops.abs(self.hit_sum - self.prob_sum)) / n / self.num_classes
 
     def reset_state(self):
-        for v in self.variables:
-            v.assign(tf.zeros_like(v))
+        _zero(self.variables)
 
     def get_config(self):
         return {**super().get_config(), "num_classes": self.num_classes, "n_bins": self.n_bins}
@@ -363,19 +322,18 @@ class _MeanOf(keras.metrics.Metric):
         labels, probs, bad = _labels_probs(y_true, y_pred)
         values = nan_where(bad, self._values(labels, probs))
         w = (
-            tf.ones_like(values)
+            ops.ones_like(values)
             if sample_weight is None
-            else tf.cast(tf.reshape(sample_weight, [-1]), tf.float32)
+            else ops.cast(ops.reshape(sample_weight, (-1,)), "float32")
         )
-        self.total.assign_add(tf.reduce_sum(values * w))
-        self.count.assign_add(tf.reduce_sum(w))
+        self.total.assign_add(ops.cast(ops.sum(values * w), self.total.dtype))
+        self.count.assign_add(ops.cast(ops.sum(w), self.count.dtype))
 
     def result(self):
-        return self.total / tf.maximum(self.count, 1e-12)
+        return self.total / ops.maximum(self.count, 1e-12)
 
     def reset_state(self):
-        self.total.assign(0.0)
-        self.count.assign(0.0)
+        _zero(self.variables)
 
 
 @register(
@@ -398,8 +356,8 @@ class NegativeLogLikelihood(_MeanOf):
         super().__init__(name, **kwargs)
 
     def _values(self, labels, probs):
-        p = tf.gather(probs, labels, batch_dims=1)
-        return -tf.math.log(tf.maximum(p, 1e-12))
+        p = ops.take_along_axis(probs, labels[:, None], axis=-1)[:, 0]
+        return -ops.log(ops.maximum(p, 1e-12))
 
 
 @register(
@@ -422,8 +380,8 @@ class BrierScore(_MeanOf):
         super().__init__(name, **kwargs)
 
     def _values(self, labels, probs):
-        hits = tf.one_hot(labels, probs.shape[-1], dtype=probs.dtype)
-        return tf.reduce_sum(tf.square(probs - hits), -1)
+        hits = ops.one_hot(labels, probs.shape[-1], dtype=probs.dtype)
+        return ops.sum(ops.square(probs - hits), axis=-1)
 
 
 @register(
@@ -445,4 +403,4 @@ class Accuracy(_MeanOf):
         super().__init__(name, **kwargs)
 
     def _values(self, labels, probs):
-        return tf.cast(tf.equal(tf.argmax(probs, -1, output_type=tf.int32), labels), tf.float32)
+        return _top_label(labels, probs)

@@ -1,41 +1,22 @@
 """Fail-loud checks for the retrieval code, written over ``keras.ops``.
 
 The rule is the README's: a bad tensor argument raises naming it, eagerly (a ``ValueError``
-from the host value) and in graphs (an assertion op, TensorFlow backend); under XLA, where
-assertions vanish, the caller makes the affected values NaN with :func:`nan_where`. The
-checks share ``losszoo.set_validation`` with the rest of losszoo; NaN poisoning always stays.
+from the host value) and in graphs (an assertion op, TensorFlow backend); traced for XLA /
+``jax.jit``, where assertions do not exist, the caller makes the affected values NaN with
+``contract.nan_where``. Host values and assertions come from ``losszoo._backend``; the checks
+share ``losszoo.set_validation`` with the rest of losszoo; NaN poisoning always stays.
 """
 
 from __future__ import annotations
 
-import keras
 import numpy as np
 from keras import ops
 
-from losszoo.contract import validation_enabled
+from losszoo._backend import assert_all
+from losszoo._backend import static_value as host_value
+from losszoo.contract import nan_where, validation_enabled
 
-
-def host_value(x):
-    """``x`` as a numpy array when its value is known without running a graph, else None."""
-    if isinstance(x, (np.ndarray, np.generic, int, float, bool)):
-        return np.asarray(x)
-    if keras.backend.backend() == "tensorflow":
-        from losszoo.contract import static_value
-
-        return static_value(x)
-    try:  # pragma: no cover - other backends: concrete arrays only
-        return ops.convert_to_numpy(x)
-    except Exception:  # noqa: BLE001 - a traced value has no host copy
-        return None
-
-
-def _assert_in_graph(x, ok, message: str):
-    if keras.backend.backend() != "tensorflow":  # pragma: no cover
-        return x
-    import tensorflow as tf
-
-    with tf.control_dependencies([tf.debugging.Assert(ok, [message])]):
-        return tf.identity(x)
+__all__ = ["check_shape", "checked", "checked_ids", "host_value", "nan_where"]
 
 
 def checked(x, bad, name: str, rule: str):
@@ -61,7 +42,7 @@ def checked(x, bad, name: str, rule: str):
                 shown = f"; got {offending[:5].tolist()}" + (" ..." if offending.size > 5 else "")
             raise ValueError(message + shown + ".")
         return x
-    return _assert_in_graph(x, ops.logical_not(ops.any(bad)), message + ".")
+    return assert_all(ops.logical_not(ops.any(bad)), message + ".", x)
 
 
 def check_shape(x, shape, name: str, what: str = ""):
@@ -92,13 +73,8 @@ def check_shape(x, shape, name: str, what: str = ""):
     if dynamic and validation_enabled():
         sizes = ops.shape(x)
         ok = ops.all(ops.stack([ops.equal(sizes[a], ops.cast(w, "int32")) for a, w in dynamic]))
-        x = _assert_in_graph(x, ok, f"`{name}` has the wrong shape{what}.")
+        x = assert_all(ok, f"`{name}` has the wrong shape{what}.", x)
     return x
-
-
-def nan_where(invalid, x):
-    """``x`` with NaN wherever ``invalid`` (broadcast against ``x``) is true."""
-    return ops.where(invalid, ops.cast(np.nan, x.dtype), x)
 
 
 def checked_ids(ids, name: str, num_items=None):

@@ -67,12 +67,13 @@ def test_reductions_and_sample_weights():
 @pytest.mark.parametrize(
     "labels, match",
     [
-        (np.array([0, 5, 1, 1, 1, 1]), r"y_true.*\[0, 5\)"),
-        (np.array([0, -1, 1, 1, 1, 1]), r"y_true.*\[0, 5\)"),
-        (np.array([0.0, np.nan, 1, 1, 1, 1]), "y_true.*NaN"),
-        (np.full((6, 5), np.nan), "y_true.*NaN"),
+        # the shared rules' wording (contract.CLASS_IDS, contract.NON_NEGATIVE), the row named
+        (np.array([0, 5, 1, 1, 1, 1]), r"`y_true` .*whole numbers in \[0, K\); rows \[1\]"),
+        (np.array([0, -1, 1, 1, 1, 1]), r"`y_true` .*whole numbers in \[0, K\); rows \[1\]"),
+        (np.array([0.0, np.nan, 1, 1, 1, 1]), r"`y_true` .*whole numbers.*rows \[1\]"),
+        (np.full((6, 5), np.nan), "`y_true` must be finite"),
         (np.ones((6, 4)), "y_true.*shape"),
-        (-np.eye(5)[IDS], "y_true.*non-negative"),
+        (-np.eye(5)[IDS], "`y_true` must be finite and >= 0"),
     ],
 )
 def test_bad_labels_raise_clear_errors(labels, match):
