@@ -9,10 +9,10 @@ logits; :func:`per_example` calls it and insists on one value per example.
 from __future__ import annotations
 
 import keras
-import tensorflow as tf
+from keras import ops
 
 from losszoo._logits import attached_logits
-from losszoo.contract import check_not_nan, nan_where
+from losszoo.contract import check_not_nan, dtype_name, is_floating, nan_where, static_rank
 from losszoo.losses._targets import class_ids_and_invalid
 
 __all__ = ["per_example", "resolve_base_loss"]
@@ -77,14 +77,14 @@ def _checked_base(fn, takes_logits, sparse_ids):
         if logits is not None:
             y_pred = logits
         if sparse_ids:
-            ids, invalid = class_ids_and_invalid(y_true, tf.convert_to_tensor(y_pred))
+            ids, invalid = class_ids_and_invalid(y_true, ops.convert_to_tensor(y_pred))
             return nan_where(invalid, fn(ids, y_pred))
-        y_true = tf.convert_to_tensor(y_true)
-        if not y_true.dtype.is_floating:
+        y_true = ops.convert_to_tensor(y_true)
+        if not is_floating(y_true):
             return fn(y_true, y_pred)
         y_true = check_not_nan(y_true, "y_true")
-        values = tf.convert_to_tensor(fn(y_true, y_pred))
-        return nan_where(_per_row(tf.math.is_nan(y_true), values), values)
+        values = ops.convert_to_tensor(fn(y_true, y_pred))
+        return nan_where(_per_row(ops.isnan(y_true), values), values)
 
     return checked
 
@@ -92,26 +92,25 @@ def _checked_base(fn, takes_logits, sparse_ids):
 def _per_row(flags, values):
     """``flags`` (``y_true``'s shape) reduced to ``values``' shape: per example when
     ``y_true``'s leading axes are the losses' axes, else one flag for the whole batch."""
-    r, k = values.shape.rank, flags.shape.rank
+    r, k = static_rank(values), static_rank(flags)
     if (
         r is not None
         and k is not None
         and k >= r
-        and flags.shape[:r].is_compatible_with(values.shape)
+        and all(a is None or b is None or a == b for a, b in zip(flags.shape, values.shape))
     ):
-        return tf.reduce_any(flags, axis=list(range(r, k)))
-    return tf.reduce_any(flags)
+        return ops.any(flags, axis=tuple(range(r, k))) if k > r else flags
+    return ops.any(flags)
 
 
 def per_example(fn, y_true, y_pred):
     """``fn(y_true, y_pred)`` per example (float32, or float64 if it gives float64); a scalar
     result raises (the risks need one loss per example)."""
-    values = fn(y_true, y_pred)
-    values = tf.convert_to_tensor(values)
-    if values.shape.rank == 0:
+    values = ops.convert_to_tensor(fn(y_true, y_pred))
+    if static_rank(values) == 0:
         raise ValueError(
             "`base_loss` returned a scalar; the DRO risk needs per-example losses. Pass a "
             "Keras loss that reduces over the batch only via its `reduction` (instances are "
             "re-created with reduction=None) or a function returning shape [batch, ...]."
         )
-    return tf.cast(values, tf.float32) if values.dtype != tf.float64 else values
+    return values if dtype_name(values) in ("float32", "float64") else ops.cast(values, "float32")

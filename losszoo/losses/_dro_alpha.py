@@ -9,7 +9,9 @@ exact statistics of the risk's pass: ``mean_w = sum pi w`` (the stationarity equ
 from __future__ import annotations
 
 import keras
-import tensorflow as tf
+from keras import ops
+
+from losszoo import _backend
 
 __all__ = ["RULES", "gradient_rule", "newton_step", "next_state", "step_size"]
 
@@ -28,24 +30,39 @@ def newton_step(mean_w, curvature, nonempty, lam, rho, damping):
     ``lam * 69`` down and ``lam log(1/rho) / rho`` up, before the ``damping``; 0 for an empty
     batch.
     """
-    tiny = tf.constant(1e-30, tf.float32)
-    ratio = tf.clip_by_value(
-        tf.math.divide_no_nan(mean_w, tf.maximum(curvature, tiny)), 1.0, 1.0 / rho
-    )
-    step = (damping * lam) * tf.math.log(tf.maximum(mean_w, tiny)) * ratio
-    return tf.where(nonempty, step, tf.zeros_like(step))
+    tiny = ops.convert_to_tensor(1e-30, "float32")
+    ratio = ops.clip(ops.divide_no_nan(mean_w, ops.maximum(curvature, tiny)), 1.0, 1.0 / rho)
+    step = (damping * lam) * ops.log(ops.maximum(mean_w, tiny)) * ratio
+    return ops.where(nonempty, step, ops.zeros_like(step))
 
 
 def step_size(alpha_learning_rate, multiplier, optimizer):
     """``multiplier`` times ``alpha_learning_rate``, or (``None``) the model optimiser's
-    current learning rate (schedules included; 1e-3 without an optimiser), float32."""
+    current learning rate (schedules included; 1e-3 without an optimiser), float32.
+
+    On JAX the trainer's step is one pure function that does not pass the optimiser's
+    variables to the loss, so the learning rate is read when the step is traced: a fixed
+    rate works, a schedule raises ``NotImplementedError`` (give ``alpha_learning_rate`` or
+    use the ``"newton"`` rule).
+    """
     if alpha_learning_rate is not None:
-        lr = tf.constant(alpha_learning_rate, tf.float32)
+        lr = ops.convert_to_tensor(alpha_learning_rate, "float32")
     elif optimizer is not None:
-        lr = tf.cast(tf.convert_to_tensor(optimizer.learning_rate), tf.float32)
+        schedule = getattr(optimizer, "_learning_rate", None)
+        if _backend.NAME == "jax" and isinstance(
+            schedule, keras.optimizers.schedules.LearningRateSchedule
+        ):
+            raise NotImplementedError(
+                "SafeKLDRORisk: alpha_optimizer='auto'/'sgd'/'adam' without "
+                "`alpha_learning_rate` cannot follow a learning-rate schedule on the JAX "
+                "backend (the loss does not see the optimiser's step count inside the "
+                "compiled step). Pass `alpha_learning_rate=...` or use "
+                "alpha_optimizer='newton'."
+            )
+        lr = ops.cast(ops.convert_to_tensor(optimizer.learning_rate), "float32")
     else:
-        lr = tf.constant(1e-3, tf.float32)
-    return lr * tf.constant(multiplier, tf.float32)
+        lr = ops.convert_to_tensor(1e-3, "float32")
+    return lr * ops.convert_to_tensor(multiplier, "float32")
 
 
 def gradient_rule(alpha_optimizer, optimizer):
@@ -66,11 +83,11 @@ def next_state(state, alpha, mean_w, curvature, nonempty, *, rule, lam, rho, dam
     (:func:`step_size`) and ``opt`` the model's optimiser (``None`` outside a trainer).
     Adam uses beta 0.9 / 0.999 and epsilon 1e-7; the flag is set to 1.
     """
-    one = tf.ones([], tf.float32)
+    one = ops.ones([], "float32")
     if rule == "newton":
         step = newton_step(mean_w, curvature, nonempty, lam, rho, damping)
-        return tf.stack([alpha + step, one, state[2], state[3], state[4]])
-    grad = tf.where(nonempty, 1.0 - mean_w, tf.zeros_like(mean_w))
+        return ops.stack([alpha + step, one, state[2], state[3], state[4]])
+    grad = ops.where(nonempty, 1.0 - mean_w, ops.zeros_like(mean_w))
     kind, momentum, nesterov = gradient_rule(rule, opt)
     m, v, t = state[2], state[3], state[4]
     if kind == "sgd":
@@ -84,7 +101,7 @@ def next_state(state, alpha, mean_w, curvature, nonempty, *, rule, lam, rho, dam
         t = t + 1.0
         m = b1 * m + (1.0 - b1) * grad
         v = b2 * v + (1.0 - b2) * grad * grad
-        m_hat = m / (1.0 - tf.pow(b1, t))
-        v_hat = v / (1.0 - tf.pow(b2, t))
-        step = -lr * m_hat / (tf.sqrt(v_hat) + eps)
-    return tf.stack([alpha + step, one, m, v, t])
+        m_hat = m / (1.0 - ops.power(b1, t))
+        v_hat = v / (1.0 - ops.power(b2, t))
+        step = -lr * m_hat / (ops.sqrt(v_hat) + eps)
+    return ops.stack([alpha + step, one, m, v, t])

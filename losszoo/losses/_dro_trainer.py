@@ -3,8 +3,10 @@
 The first :class:`~losszoo.losses.SafeKLDRORisk` built wraps Keras 3's private
 ``Trainer._compute_loss`` (:func:`install_trainer_hook`) so that it publishes
 ``(model, training)`` to a thread-local stack during the call; :func:`training_flag` reads it
-at trace time, with :func:`alpha_updates` as an override and "a GradientTape is recording" as
-the rule outside a Keras 3 trainer (see :mod:`losszoo.losses.dro`).
+at trace time, with :func:`alpha_updates` as an override and "gradients are being recorded"
+as the rule outside a Keras 3 trainer (see :mod:`losszoo.losses.dro`). The hook is the same
+on every backend: Keras' TensorFlow, JAX and PyTorch trainers all compute the loss through
+``Trainer._compute_loss`` (JAX inside ``stateless_compute_loss``).
 """
 
 from __future__ import annotations
@@ -14,13 +16,15 @@ import threading
 import warnings
 
 import keras
-from tensorflow.python.eager import record as _tf_record
+
+from losszoo import _backend
 
 __all__ = [
     "alpha_updates",
     "attach_metrics",
     "current_trainer",
     "install_trainer_hook",
+    "recording_gradients",
     "store_instance_in_compile_config",
     "training_flag",
 ]
@@ -101,12 +105,28 @@ def current_trainer():
     return st[-1] if st else (None, None)
 
 
-def training_flag(update_alpha):
+def recording_gradients(losses) -> bool:
+    """Whether gradients of ``losses`` are being recorded: a TensorFlow ``GradientTape`` is
+    recording; PyTorch autograd is on and ``losses`` requires a gradient. Always False on
+    JAX, where differentiation is a transformation that the loss cannot see."""
+    if _backend.TENSORFLOW:
+        from tensorflow.python.eager import record  # no public equivalent
+
+        return bool(record.could_possibly_record())
+    if _backend.NAME == "torch":
+        import torch
+
+        return bool(torch.is_grad_enabled() and getattr(losses, "requires_grad", False))
+    return False
+
+
+def training_flag(update_alpha, losses=None):
     """``(training, trainer)``: whether alpha moves in the step being traced, and the Keras 3
     model computing the loss (``None`` outside one, or under :func:`alpha_updates`).
 
-    ``update_alpha`` is ``"auto"`` (a Keras 3 train step; outside a trainer, a recording
-    GradientTape), ``True`` or ``False``; :func:`alpha_updates` overrides all three.
+    ``update_alpha`` is ``"auto"`` (a Keras 3 train step; outside a trainer,
+    :func:`recording_gradients` of ``losses``), ``True`` or ``False``; :func:`alpha_updates`
+    overrides all three.
     """
     override = _stack("override")
     if override:
@@ -115,7 +135,7 @@ def training_flag(update_alpha):
     if update_alpha is not True and update_alpha is not False:
         if trainer is not None:
             return training, trainer
-        return bool(_tf_record.could_possibly_record()), None
+        return recording_gradients(losses), None
     return bool(update_alpha), trainer
 
 

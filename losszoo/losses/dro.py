@@ -10,9 +10,10 @@ How alpha is trained under ``model.compile(loss="safe_kl_dro")`` + plain ``model
 Keras 3 does not track variables owned by a loss passed to ``compile`` (they are never in
 ``model.trainable_variables``), so the optimiser cannot train alpha. Instead the loss owns
 alpha (in one **non-trainable float32 state variable** ``[alpha, initialised, m, v, t]``,
-one read and one write per step) and moves it itself, inside the training step, from the
-exact statistics of the same fused pass as the risk (``sum pi w`` and the curvature
-``sum pi w (1 - rho w)``):
+one read and one write per step, held by the loss's diagnostics metric so that Keras' JAX
+trainer threads it through its pure training step like any metric state) and moves it
+itself, inside the training step, from the exact statistics of the same fused pass as the
+risk (``sum pi w`` and the curvature ``sum pi w (1 - rho w)``):
 
 * ``alpha_optimizer="newton"`` (default): a damped Newton step on the stationarity equation
   in log form, ``log sum pi w = 0``, with the exact curvature:
@@ -34,8 +35,8 @@ exact statistics of the same fused pass as the risk (``sum pi w`` and the curvat
   about ``kappa * lr`` per step.
 * ``init_alpha_from_batch=True`` (default) sets alpha on the first training batch to the
   batch's optimal alpha (bisection of ``sum pi w = 1``, spec 7 C0), inside the compiled
-  step behind a ``tf.cond`` on the flag in the state variable; until then evaluation uses the batch
-  solution without storing it.
+  step behind an ``ops.cond`` on the flag in the state variable; until then evaluation uses
+  the batch solution without storing it.
 
 **When does alpha move?** Only in a training step. ``import losszoo`` changes nothing in
 Keras. The first :class:`SafeKLDRORisk` built in a process wraps Keras 3's private
@@ -43,14 +44,22 @@ Keras. The first :class:`SafeKLDRORisk` built in a process wraps Keras 3's priva
 call, with ``training=True`` / ``False``) so that it publishes ``(model, training)`` to a
 thread-local context during the call; the loss reads it at trace time. Hence ``fit`` moves
 alpha; ``evaluate``, the validation pass of ``fit``, ``predict`` and the symbolic build never
-do. Outside a Keras 3 trainer (custom loops, tf_keras / TFRS) the loss falls back to "a
-GradientTape is recording", i.e. alpha moves exactly when you are computing gradients of the
-loss (tf_keras' ``train_step`` records, its ``test_step`` does not). If a Keras release
-moves the private method, the loss warns once and uses the tape rule everywhere.
+do; the same on the TensorFlow, JAX and PyTorch trainers. Outside a Keras 3 trainer (custom
+loops, tf_keras / TFRS) the loss falls back to "gradients are being recorded": on
+TensorFlow a recording GradientTape (tf_keras' ``train_step`` records, its ``test_step``
+does not), on PyTorch autograd on and losses that require a gradient; on JAX never (a
+``jax.grad`` is invisible to the loss: pass ``update_alpha=True`` or use
+:func:`alpha_updates`; alpha's variable can only be written eagerly or inside Keras'
+stateless training step). If a Keras release moves the private method, the loss warns once
+and uses that rule everywhere. On JAX the gradient rules (``"auto"``, ``"sgd"``, ``"adam"``)
+read the optimiser's learning rate when the step is traced; a schedule raises (give
+``alpha_learning_rate``).
 ``update_alpha=True`` / ``False`` overrides both rules, and the context manager
 :func:`alpha_updates` overrides them temporarily.
 
-**Distribution.** Every DRO loss here has global-batch semantics: under
+**Distribution.** Every DRO loss here has global-batch semantics. Under JAX's
+``keras.distribution.DataParallel`` one program sees the global batch, so the risks are those
+of one device. Under
 ``MirroredStrategy`` (or any strategy with a replica context) N replicas give the same loss,
 gradients and alpha as one device with the same global batch. For the safe-KL risk the
 variables are mirrored with ``ONLY_FIRST_REPLICA`` aggregation and every replica applies the
@@ -92,7 +101,7 @@ set it with ``loss.reset_alpha(value)``).
 
 **Cost.** On a small MLP (64-256-10, batch 256, Adam, CPU) a full ``fit`` step costs about
 1.04-1.13x the ERM step (``benchmarks/bench_dro.py``, interleaved medians on a noisy shared
-machine); the first-batch ``tf.cond`` accounts for a few percent in graph mode
+machine); the first-batch ``cond`` accounts for a few percent in graph mode
 (``init_alpha_from_batch=False`` removes it).
 
 **MirroredStrategy + jit_compile=True.** Not supported by Keras 3 / TF here even for plain
@@ -111,17 +120,24 @@ the names stay).
 
 from __future__ import annotations
 
-import keras
-import tensorflow as tf
+import contextlib
 
-from losszoo import contract as ops_common
-from losszoo import ops
+import keras
+from keras import ops
+
+from losszoo import _backend, contract
 from losszoo.losses import _dro_alpha, _dro_trainer
 from losszoo.losses._base_loss import per_example, resolve_base_loss
 from losszoo.losses._dro_trainer import alpha_updates
 from losszoo.losses._targets import SampleWeightCheck
-from losszoo.ops import distribute
-from losszoo.ops._dro import check_bool, check_lam, check_rho
+from losszoo.ops import (
+    cvar_risk_global,
+    distribute,
+    kl_dro_batch_lse_global,
+    kl_dro_sumexp_global,
+    safe_kl_dro_weights,
+)
+from losszoo.ops.distribute import check_lam, check_rho
 from losszoo.registry import register
 
 __all__ = [
@@ -137,26 +153,33 @@ __all__ = [
 # ----------------------------------------------------------------------------- helpers
 def _python_number(value, name, **rules):
     """A hyper-parameter given as a Python number (never a tensor), checked by ``rules``."""
-    if isinstance(value, (tf.Tensor, tf.Variable)):
+    if contract.is_tensor(value):
         raise TypeError(f"`{name}` must be a Python number, not a tensor.")
-    return ops_common.check_number(value, name, **rules)
-
-
-def _keras_mask(y_pred):
-    return getattr(y_pred, "_keras_mask", None)
+    return contract.check_number(value, name, **rules)
 
 
 def _weights_with_mask(sample_weight, y_pred, shape_ref):
-    mask = _keras_mask(y_pred)
+    mask = getattr(y_pred, "_keras_mask", None)
     if mask is None:
         return sample_weight
-    mask = tf.cast(mask, shape_ref.dtype)
+    dt = contract.dtype_name(shape_ref)
+    mask = ops.cast(mask, dt)
     if sample_weight is None:
         return mask
-    sw = tf.cast(sample_weight, shape_ref.dtype)
-    while sw.shape.rank is not None and sw.shape.rank < mask.shape.rank:
-        sw = sw[..., None]
+    sw = ops.cast(sample_weight, dt)
+    rank = contract.static_rank(sw)
+    while rank is not None and rank < contract.static_rank(mask):
+        sw, rank = sw[..., None], rank + 1
     return sw * mask
+
+
+def _init_scope():
+    """TensorFlow: build state outside any graph being traced (``tf.init_scope``)."""
+    if not _backend.TENSORFLOW:
+        return contextlib.nullcontext()
+    import tensorflow as tf
+
+    return tf.init_scope()
 
 
 # ----------------------------------------------------------------------------- base class
@@ -199,11 +222,10 @@ class _BatchRiskLoss(SampleWeightCheck, keras.losses.Loss):
         return per_example(self._base_fn, y_true, y_pred)
 
     def __call__(self, y_true, y_pred, sample_weight=None):
-        with tf.name_scope(self.name):
+        with keras.name_scope(self.name):
             l = self.per_example_losses(y_true, y_pred)
             s = _weights_with_mask(sample_weight, y_pred, l)
-            value = self._risk(l, s)
-            return keras.ops.cast(value, self.dtype)
+            return ops.cast(self._risk(l, s), self.dtype)
 
     def call(self, y_true, y_pred):
         """Per-example base losses (Keras' ``Loss.call`` contract; the risk is ``__call__``)."""
@@ -222,29 +244,38 @@ class _DRODiagnostics(keras.metrics.Metric):
     ``result()`` is a dict, which Keras' ``get_metrics_result`` spreads into the logs as
     ``<prefix>_alpha``, ``<prefix>_mean_w`` and ``<prefix>_saturation``. One vector variable
     instead of three ``Mean`` trackers (six variables) keeps the training step lean.
+
+    It also carries the loss's alpha state (``state``, given by the loss): as a metric
+    variable of the model it is part of the training state Keras' JAX trainer passes in and
+    out of its pure step. :meth:`reset_state` (every epoch) leaves it alone.
     """
 
-    def __init__(self, prefix, name=None, dtype=None):
+    def __init__(self, prefix, name=None, dtype=None, state=None):
         super().__init__(name=name or f"{prefix}_diagnostics", dtype=dtype)
         self.prefix = prefix
         self.totals = self.add_variable(
             shape=(4,), initializer="zeros", dtype="float32", aggregation="sum", name="totals"
         )
+        if state is not None:
+            self.state = state  # tracked: one of this metric's variables
 
     def update_state(self, alpha, mean_w, saturation):
-        row = tf.stack(
+        row = ops.stack(
             [
-                tf.cast(alpha, tf.float32),
-                tf.cast(mean_w, tf.float32),
-                tf.cast(saturation, tf.float32),
-                tf.ones([], tf.float32),
+                ops.cast(alpha, "float32"),
+                ops.cast(mean_w, "float32"),
+                ops.cast(saturation, "float32"),
+                ops.ones([], "float32"),
             ]
         )
         return self.totals.assign_add(row)
 
+    def reset_state(self):
+        self.totals.assign(ops.zeros((4,), "float32"))
+
     def result(self):
-        t = tf.convert_to_tensor(self.totals)
-        mean = tf.math.divide_no_nan(t[:3], t[3])
+        t = ops.convert_to_tensor(self.totals)
+        mean = ops.divide_no_nan(t[:3], t[3])
         return {
             f"{self.prefix}_alpha": mean[0],
             f"{self.prefix}_mean_w": mean[1],
@@ -333,14 +364,16 @@ class SafeKLDRORisk(_BatchRiskLoss):
         self.lam = check_lam(lam)
         self.rho = check_rho(rho)
         self.alpha_init = _python_number(alpha_init, "alpha_init")
-        self.init_alpha_from_batch = check_bool(init_alpha_from_batch, "init_alpha_from_batch")
+        self.init_alpha_from_batch = contract.check_bool(
+            init_alpha_from_batch, "init_alpha_from_batch"
+        )
         self.alpha_learning_rate = _python_number(
             alpha_learning_rate, "alpha_learning_rate", low=0.0, allow_none=True
         )
         self.alpha_lr_multiplier = _python_number(
             alpha_lr_multiplier, "alpha_lr_multiplier", low=0.0
         )
-        ops_common.check_choice(alpha_optimizer, "alpha_optimizer", _dro_alpha.RULES)
+        contract.check_choice(alpha_optimizer, "alpha_optimizer", _dro_alpha.RULES)
         self.alpha_optimizer = alpha_optimizer
         self.alpha_damping = _python_number(
             alpha_damping, "alpha_damping", low=0.0, low_open=True, high=1.0
@@ -348,20 +381,22 @@ class SafeKLDRORisk(_BatchRiskLoss):
         if not any(update_alpha is v for v in ("auto", True, False)) and update_alpha != "auto":
             raise ValueError(f"`update_alpha` must be 'auto', True or False, got {update_alpha!r}.")
         self.update_alpha = update_alpha
-        self.calibrate = check_bool(calibrate, "calibrate")
+        self.calibrate = contract.check_bool(calibrate, "calibrate")
         _dro_trainer.install_trainer_hook()  # the first SafeKLDRORisk: Keras untouched till then
-        self._strategy = tf.distribute.get_strategy()
-        with tf.init_scope():
-            kw = {
-                "trainable": False,
-                "dtype": tf.float32,
-                "synchronization": tf.VariableSynchronization.ON_WRITE,
-                "aggregation": tf.VariableAggregation.ONLY_FIRST_REPLICA,
-            }
+        with _init_scope():
             # [alpha, initialized, m, v, t]: alpha, the first-batch flag and alpha's optimiser
-            # state in ONE variable: one read and one write per training step.
-            self._state = tf.Variable(self._initial_state(None), name=f"{name}_alpha_state", **kw)
-            self._diagnostics = _DRODiagnostics(name)
+            # state in ONE variable: one read and one write per training step. Mirrored with
+            # ONLY_FIRST_REPLICA under tf.distribute (every replica writes the same value).
+            self._state = keras.Variable(
+                self._initial_state(None),
+                dtype="float32",
+                trainable=False,
+                autocast=False,
+                aggregation="only_first_replica",
+                synchronization="on_write",
+                name=f"{name}_alpha_state",
+            )
+            self._diagnostics = _DRODiagnostics(name, state=self._state)
 
     # ---------------------------------------------------------------- public helpers
     @property
@@ -372,12 +407,12 @@ class SafeKLDRORisk(_BatchRiskLoss):
     @property
     def alpha(self):
         """The current alpha (float32 scalar tensor, read from the loss's state variable)."""
-        return tf.convert_to_tensor(self._state)[0]
+        return ops.convert_to_tensor(self._state)[0]
 
     @property
     def initialized(self):
         """Whether alpha has been set (from the first training batch, a load or by hand)."""
-        return tf.convert_to_tensor(self._state)[1] > 0.5
+        return ops.convert_to_tensor(self._state)[1] > 0.5
 
     def _initial_state(self, value):
         flag = 1.0 if (value is not None or not self.init_alpha_from_batch) else 0.0
@@ -389,14 +424,14 @@ class SafeKLDRORisk(_BatchRiskLoss):
 
     def weights_of(self, y_true, y_pred):
         """Per-example weights ``w_i`` at the current alpha (no update)."""
-        return ops.safe_kl_dro_weights(
+        return safe_kl_dro_weights(
             self.per_example_losses(y_true, y_pred), self.alpha, self.lam, self.rho
         )
 
     # ---------------------------------------------------------------- training logic
     def _check_distribution(self):
         if distribute.num_replicas() > 1 and not isinstance(
-            self._state, tf.distribute.DistributedValues
+            self._state.value, _tf_distributed_values()
         ):
             raise ValueError(
                 "SafeKLDRORisk was created outside the active tf.distribute strategy's scope, "
@@ -406,21 +441,23 @@ class SafeKLDRORisk(_BatchRiskLoss):
 
     def _risk(self, l, s):
         self._check_distribution()
-        training, trainer = _dro_trainer.training_flag(self.update_alpha)
+        training, trainer = _dro_trainer.training_flag(self.update_alpha, l)
         if trainer is not None:
             _dro_trainer.attach_metrics(trainer, self.metrics)
         _dro_trainer.store_instance_in_compile_config(_dro_trainer.current_trainer()[0], self)
-        state = self._state.read_value()
-        # Bisection runs (tf.cond) only until alpha has been initialised.
-        solve = tf.logical_not(state[1] > 0.5) if self.init_alpha_from_batch else None
+        state = ops.convert_to_tensor(self._state)
+        # Bisection runs (ops.cond) only until alpha has been initialised.
+        solve = ops.logical_not(state[1] > 0.5) if self.init_alpha_from_batch else None
         value, stats = distribute.safe_kl_dro_risk_and_stats_global(
             l, state[0], self.lam, self.rho, s, self.calibrate, solve_alpha=solve
         )
         alpha_used = stats["alpha"]
         mean_w, sat, curv = (
-            tf.cast(stats[k], tf.float32) for k in ("mean_w", "saturation", "curvature")
+            ops.cast(stats[k], "float32") for k in ("mean_w", "saturation", "curvature")
         )
-        deps = [self._diagnostics.update_state(alpha_used, mean_w, sat)]
+        # Stateful updates: run in program order (TensorFlow's automatic control
+        # dependencies; Keras' stateless scope on JAX; eagerly on PyTorch).
+        self._diagnostics.update_state(alpha_used, mean_w, sat)
         if training:
             opt = getattr(trainer, "optimizer", None) if trainer is not None else None
             lr = None
@@ -428,7 +465,7 @@ class SafeKLDRORisk(_BatchRiskLoss):
                 lr = _dro_alpha.step_size(self.alpha_learning_rate, self.alpha_lr_multiplier, opt)
             new_state = _dro_alpha.next_state(
                 state,
-                tf.cast(alpha_used, tf.float32),
+                ops.cast(alpha_used, "float32"),
                 mean_w,
                 curv,
                 stats["total_weight"] > 0,
@@ -439,10 +476,8 @@ class SafeKLDRORisk(_BatchRiskLoss):
                 lr=lr,
                 opt=opt,
             )
-            deps.append(self._state.assign(new_state))
-        deps = [d for d in deps if d is not None]
-        with tf.control_dependencies(deps):
-            return tf.identity(value)
+            self._state.assign(new_state)
+        return value
 
     def call(self, y_true, y_pred):
         """Per-example terms ``alpha - lam + (lam/rho) softplus(z_i)`` at the current alpha.
@@ -452,14 +487,15 @@ class SafeKLDRORisk(_BatchRiskLoss):
         "tf_keras and TFRS" in the module docstring); this method never moves alpha.
         """
         l = self.per_example_losses(y_true, y_pred)
-        a = tf.cast(self.alpha, l.dtype)
-        z = (l - a) / self.lam + tf.math.log(tf.constant(self.rho, l.dtype))
-        terms = a + (self.lam / self.rho) * tf.math.softplus(z)
+        a = ops.cast(self.alpha, contract.dtype_name(l))
+        z = (l - a) / self.lam + ops.log(ops.convert_to_tensor(self.rho, contract.dtype_name(l)))
+        terms = a + (self.lam / self.rho) * ops.softplus(z)
         return terms - self.lam if self.calibrate else terms
 
     def get_config(self):
-        alpha = float(self.alpha.numpy()) if tf.executing_eagerly() else self.alpha_init
-        initialized = bool(self.initialized.numpy()) if tf.executing_eagerly() else False
+        state = _backend.static_value(ops.copy(self._state))  # None when traced
+        alpha = self.alpha_init if state is None else float(state[0])
+        initialized = state is not None and bool(state[1] > 0.5)
         return {
             **super().get_config(),
             "lam": self.lam,
@@ -517,7 +553,7 @@ class KLDROBatchLSE(_TemperedBatchRiskLoss):
       >>> model.compile("sgd", loss=losszoo.losses.KLDROBatchLSE("mse", lam=2.0))
     """
 
-    _op = staticmethod(ops.kl_dro_batch_lse_global)
+    _op = staticmethod(kl_dro_batch_lse_global)
 
     def __init__(
         self,
@@ -552,7 +588,7 @@ class KLDROSumExp(_TemperedBatchRiskLoss):
       >>> model.compile("sgd", loss=losszoo.losses.KLDROSumExp(lam=1.0))
     """
 
-    _op = staticmethod(ops.kl_dro_sumexp_global)
+    _op = staticmethod(kl_dro_sumexp_global)
 
     def __init__(
         self,
@@ -601,7 +637,7 @@ class CVaRLoss(_BatchRiskLoss):
         self.rho = check_rho(rho)
 
     def _risk(self, l, s):
-        return ops.cvar_risk_global(l, self.rho, s)
+        return cvar_risk_global(l, self.rho, s)
 
     def get_config(self):
         return {**super().get_config(), "rho": self.rho}
@@ -617,7 +653,13 @@ def find_dro_losses(model):
             found.append(entry.loss)
     if not found:
         user = getattr(model, "loss", None)
-        for obj in tf.nest.flatten(user) if user is not None else []:
+        for obj in keras.tree.flatten(user) if user is not None else []:
             if isinstance(obj, SafeKLDRORisk):
                 found.append(obj)
     return found
+
+
+def _tf_distributed_values():
+    import tensorflow as tf
+
+    return tf.distribute.DistributedValues

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import keras
-import tensorflow as tf
+from keras import ops
 
-from losszoo import ops
 from losszoo.losses._base_loss import per_example, resolve_base_loss
-from losszoo.ops._dro import check_lam
-from losszoo.ops.distribute import replica_max
+from losszoo.ops import (
+    kl_dro_exact_batch_max,
+    kl_dro_exact_state_result,
+    kl_dro_exact_state_update,
+)
+from losszoo.ops.distribute import check_lam, replica_max
 from losszoo.registry import register
 
 
@@ -27,8 +30,10 @@ class ExactKLDRORisk(keras.metrics.Metric):
     per example. This is the objective KL-DRO training is meant to minimise (the mini-batch
     risks only estimate it). Accumulated stably in float64 as a running max ``m`` of
     ``l/lam``, ``acc = sum s exp(l/lam - m)`` and ``n = sum s``. Under a multi-replica
-    strategy the replicas share the shift ``m`` (all-gathered batch maxima), so the
-    per-replica sums add up exactly.
+    strategy (``tf.distribute``) the replicas share the shift ``m`` (all-gathered batch
+    maxima), so the per-replica sums add up exactly; under ``keras.distribution`` (JAX) one
+    program sees the global batch. On JAX the state is float64 only with
+    ``jax_enable_x64`` (else float32: exact up to float32 rounding of the sums).
 
     Fail-loud: NaN, Inf or negative sample weights raise (eagerly, or through a graph
     assertion; skippable with ``losszoo.set_validation(False)``); a NaN per-example loss
@@ -76,11 +81,11 @@ class ExactKLDRORisk(keras.metrics.Metric):
 
     def update_state(self, y_true, y_pred, sample_weight=None):
         l = per_example(self._base_fn, y_true, y_pred)
-        batch_max = replica_max(ops.kl_dro_exact_batch_max(l, self.lam, sample_weight))
-        m, acc, n = ops.kl_dro_exact_state_update(
-            tf.convert_to_tensor(self.m),
-            tf.convert_to_tensor(self.acc),
-            tf.convert_to_tensor(self.n),
+        batch_max = replica_max(kl_dro_exact_batch_max(l, self.lam, sample_weight))
+        m, acc, n = kl_dro_exact_state_update(
+            ops.convert_to_tensor(self.m),
+            ops.convert_to_tensor(self.acc),
+            ops.convert_to_tensor(self.n),
             l,
             self.lam,
             sample_weight,
@@ -91,13 +96,13 @@ class ExactKLDRORisk(keras.metrics.Metric):
         self.n.assign(n)
 
     def result(self):
-        val = ops.kl_dro_exact_state_result(
-            tf.convert_to_tensor(self.m),
-            tf.convert_to_tensor(self.acc),
-            tf.convert_to_tensor(self.n),
+        val = kl_dro_exact_state_result(
+            ops.convert_to_tensor(self.m),
+            ops.convert_to_tensor(self.acc),
+            ops.convert_to_tensor(self.n),
             self.lam,
         )
-        return tf.cast(val, self.dtype)
+        return ops.cast(val, self.dtype)
 
     def get_config(self):
         return {**super().get_config(), "base_loss": self._base_config, "lam": self.lam}

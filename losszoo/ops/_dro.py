@@ -45,10 +45,11 @@ float64.
 
 Fail-loud contract (README, "Bad input"): hyper-parameters (``lam``, ``rho``,
 ``iterations``, ``calibrate``) are checked when called and raise naming the argument.
-Sample weights must be finite and >= 0 and ``alpha`` finite: eagerly a ``ValueError``,
-inside ``tf.function`` a graph assertion (both skippable with
-``losszoo.set_validation(False)``). Under XLA, where assertions vanish, such values make
-the result and its gradients NaN (a scalar flag folded into the kernels, always on).
+Sample weights keep :data:`losszoo.contract.NON_NEGATIVE` and ``alpha`` must be finite:
+eagerly a ``ValueError``, in a TensorFlow graph an assertion (both skippable with
+``losszoo.set_validation(False)``). Traced under XLA or ``jax.jit``, where assertions do not
+exist, such values make the result and its gradients NaN (a scalar flag folded into the
+kernels, always on). Written once with ``keras.ops``: TensorFlow, JAX and PyTorch.
 """
 
 from __future__ import annotations
@@ -56,15 +57,22 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import tensorflow as tf
+from keras import ops
 
+from losszoo import _backend
+from losszoo._backend import custom_gradient
 from losszoo.contract import (
+    NON_NEGATIVE,
+    Rule,
+    check_finite,
     check_number,
+    dtype_name,
+    is_tensor,
     nan_where,
-    static_value,
+    static_rank,
     to_compute_dtype,
-    validation_enabled,
 )
+from losszoo.contract import check_bool as _check_bool
 
 __all__ = [
     "check_bool",
@@ -82,10 +90,16 @@ __all__ = [
     "safe_kl_dro_weights",
 ]
 
+NON_NEGATIVE_OR_NAN = Rule(
+    "must be finite and >= 0 (NaN passes: a state that NaN losses made NaN)",
+    lambda xp, x: xp.isinf(x) | (x < 0),
+)
+"""A streaming state's sums (entry-wise): finite and >= 0, or NaN (NaN in, NaN out)."""
+
 
 # ----------------------------------------------------------------------------- validation
 def _python_number(value, name):
-    if isinstance(value, (tf.Tensor, tf.Variable)):
+    if is_tensor(value):
         raise TypeError(f"`{name}` must be a Python number, not a tensor.")
     return value
 
@@ -108,9 +122,7 @@ def check_rho(rho) -> float:
 
 def check_bool(value, name):
     """Return ``value`` as a bool; ``TypeError`` naming ``name`` unless it is one."""
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"`{name}` must be a bool, got {value!r}.")
-    return bool(value)
+    return bool(_check_bool(value.item() if isinstance(value, np.bool_) else value, name))
 
 
 def _poison(bad, x):
@@ -124,117 +136,117 @@ def _any(*flags):
         return None
     out = flags[0]
     for f in flags[1:]:
-        out = tf.logical_or(out, f)
+        out = ops.logical_or(out, f)
     return out
 
 
 def _live_nan(l, s):
     """Scalar flag: a NaN loss with positive weight (reductions under XLA skip NaN)."""
-    nan = tf.math.is_nan(l)
-    return tf.reduce_any(nan if s is None else nan & (s > 0))
+    nan = ops.isnan(l)
+    return ops.any(nan if s is None else nan & (s > 0))
 
 
-def _check_nonnegative(x, name, allow_nan=False):
-    """Eager / graph check that ``x`` is finite and >= 0 (skippable); returns ``x`` and the
-    always-on scalar ``bad`` flag that poisons results under XLA. ``allow_nan``: NaN passes
-    (a state that NaN losses made NaN, whose result is NaN anyway)."""
-    value = static_value(x) if validation_enabled() else None
-    if value is not None:
-        value = np.asarray(value, np.float64)
-        checks = ((np.isinf, "Inf"),) if allow_nan else ((np.isnan, "NaN"), (np.isinf, "Inf"))
-        for broken, what in checks:
-            if np.any(broken(value)):
-                raise ValueError(f"`{name}` contains {what} values; it must be finite and >= 0.")
-        if np.any(value < 0):
-            raise ValueError(f"`{name}` must be >= 0; got a negative value.")
-    ok = (x >= 0) & tf.math.is_finite(x)
-    ok = tf.reduce_all(ok | tf.math.is_nan(x) if allow_nan else ok)
-    if value is None and validation_enabled():
-        message = f"`{name}` must be finite and >= 0 (Inf or a negative value found)."
-        if not allow_nan:
-            message = f"`{name}` must be finite and >= 0 (NaN, Inf or negative found)."
-        with tf.control_dependencies([tf.debugging.Assert(ok, [message])]):
-            x = tf.identity(x)
-    return x, tf.logical_not(ok)
+def _const(x, dtype):
+    # A Python float converted straight to ``dtype`` keeps float64 precision (spec 3.4).
+    return ops.convert_to_tensor(x, dtype)
 
 
-def _prepare(losses, sample_weight):
-    """Flatten losses (compute dtype) and weights (same dtype, default ones).
+def _max_or_minus_inf(a):
+    """``max(a)`` of a flat tensor, ``-inf`` when empty (XLA and numpy agree then)."""
+    return ops.max(ops.concatenate([a, _const([-np.inf], dtype_name(a))], 0))
 
-    Weights follow the Keras convention: a scalar, or a tensor whose shape is a prefix of
-    the losses' shape (e.g. ``[B]`` for losses ``[B, T]``), broadcast over trailing axes.
-    Returns ``(l, s, original_dtype, bad)`` with ``bad`` a scalar flag for invalid weights
-    (``None`` without weights).
-    """
-    l, original = to_compute_dtype(losses, "losses")
-    if sample_weight is None:
-        return tf.reshape(l, [-1]), tf.ones_like(tf.reshape(l, [-1])), original, None
-    sw = tf.convert_to_tensor(sample_weight)
-    if not (sw.dtype.is_floating or sw.dtype.is_integer or sw.dtype == tf.bool):
-        raise TypeError(f"`sample_weight` must be real numbers, got dtype {sw.dtype.name}.")
-    s = tf.cast(sw, l.dtype)
-    s, bad = _check_nonnegative(s, "sample_weight")
-    if s.shape.rank is not None and l.shape.rank is not None:
-        while s.shape.rank > l.shape.rank and s.shape[-1] == 1:
-            s = tf.squeeze(s, -1)
-        fits = s.shape.rank <= l.shape.rank and all(
+
+def _weights_like(sample_weight, l):
+    """Checked weights ``sample_weight`` broadcast to the losses ``l`` (Keras convention: a
+    scalar or a prefix of ``l``'s shape). Returns ``(s, bad)`` (``bad``: invalid flag)."""
+    s = ops.convert_to_tensor(sample_weight)
+    kind = dtype_name(s)
+    if not (kind.startswith(("float", "bfloat", "int", "uint")) or kind == "bool"):
+        raise TypeError(f"`sample_weight` must be real numbers, got dtype {kind}.")
+    s = NON_NEGATIVE.check(ops.cast(s, dtype_name(l)), "sample_weight")
+    bad = ops.any(NON_NEGATIVE.invalid(s))
+    s_rank, l_rank = static_rank(s), static_rank(l)
+    if s_rank is not None and l_rank is not None:
+        while s_rank > l_rank and s.shape[-1] == 1:
+            s, s_rank = ops.squeeze(s, -1), s_rank - 1
+        fits = s_rank <= l_rank and all(
             a is None or b is None or a in (1, b) for a, b in zip(s.shape, l.shape)
         )
         if not fits:
             raise ValueError(
-                f"`sample_weight` of shape {s.shape} does not fit the losses' shape "
-                f"{l.shape}: it must be a scalar or broadcast over a prefix of it."
+                f"`sample_weight` of shape {tuple(s.shape)} does not fit the losses' shape "
+                f"{tuple(l.shape)}: it must be a scalar or broadcast over a prefix of it."
             )
-        for _ in range(l.shape.rank - s.shape.rank if s.shape.rank > 0 else 0):
+        for _ in range(l_rank - s_rank if s_rank > 0 else 0):
             s = s[..., None]
-    s = tf.broadcast_to(s, tf.shape(l))
-    return tf.reshape(l, [-1]), tf.reshape(s, [-1]), original, bad
+    return ops.broadcast_to(s, ops.shape(l)), bad
 
 
-def _const(x, dtype):
-    # tf.constant(python_float, float64) keeps full precision; tf.cast(float) would go via
-    # float32 (spec 3.4).
-    return tf.constant(x, dtype)
+def _prepare(losses, sample_weight):
+    """Flat losses (compute dtype) and weights (same dtype, default ones).
+
+    Returns ``(l, s, original_dtype, bad)`` with ``bad`` a scalar flag for invalid weights
+    (``None`` without weights).
+    """
+    l, s, original, bad = _prepare_optional(losses, sample_weight)
+    return l, (ops.ones_like(l) if s is None else s), original, bad
+
+
+def _prepare_optional(losses, sample_weight):
+    """Flat losses in the compute dtype and their checked flat weights.
+
+    Returns ``(l, s, original_dtype, bad)``: ``s`` is ``None`` without ``sample_weight`` (else
+    broadcast as in :func:`safe_kl_dro_risk`, checked finite and >= 0) and ``bad`` its scalar
+    invalid-weight flag (``None`` without weights).
+    """
+    l, original = to_compute_dtype(losses, "losses")
+    if sample_weight is None:
+        return ops.reshape(l, [-1]), None, original, None
+    s, bad = _weights_like(sample_weight, l)
+    return ops.reshape(l, [-1]), ops.reshape(s, [-1]), original, bad
+
+
+def _cast_back(x, original):
+    return ops.cast(x, original) if original != dtype_name(x) else x
 
 
 # ----------------------------------------------------------------------------- safe-KL
-def _safe_kl_core(lam: float, rho: float, calibrate: bool, bad=None):
+def _safe_kl_core(lam: float, rho: float, calibrate: bool):
     inv_lam, log_rho, inv_rho = 1.0 / lam, math.log(rho), 1.0 / rho
 
-    @tf.custom_gradient
-    def core(l, alpha, s):
-        dt = l.dtype
+    @custom_gradient
+    def core(l, alpha, s, bad):
+        dt = dtype_name(l)
         z = (l - alpha) * _const(inv_lam, dt) + _const(log_rho, dt)
-        e = tf.exp(-tf.abs(z))
-        sp = tf.maximum(z, tf.zeros_like(z)) + tf.math.log1p(e)
-        sig = tf.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+        e = ops.exp(-ops.abs(z))
+        zeros = ops.zeros_like(l)
+        sp = ops.maximum(z, zeros) + ops.log1p(e)
+        sig = ops.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
         live = s > 0
-        zeros = tf.zeros_like(l)
-        s_sum = tf.reduce_sum(s)
-        num = tf.reduce_sum(tf.where(live, s * sp, zeros))
-        sw = tf.where(live, s * sig, zeros) * _const(inv_rho, dt)  # s_i w_i
-        sw_sum = tf.reduce_sum(sw)
+        s_sum = ops.sum(s)
+        num = ops.sum(ops.where(live, s * sp, zeros))
+        sw = ops.where(live, s * sig, zeros) * _const(inv_rho, dt)  # s_i w_i
+        sw_sum = ops.sum(sw)
         nonempty = s_sum > 0
-        val = alpha + _const(lam / rho, dt) * tf.math.divide_no_nan(num, s_sum)
+        val = alpha + _const(lam / rho, dt) * ops.divide_no_nan(num, s_sum)
         if calibrate:
             val = val - _const(lam, dt)
-        val = _poison(bad, tf.where(nonempty, val, tf.zeros_like(val)))
-        mean_w = tf.math.divide_no_nan(sw_sum, s_sum)
+        val = nan_where(bad, ops.where(nonempty, val, ops.zeros_like(val)))
+        mean_w = ops.divide_no_nan(sw_sum, s_sum)
         # saturation rho * max_i w_i = max_i sigmoid(z_i) over live entries (0 if empty)
-        sat = tf.reduce_max(tf.concat([tf.where(live, sig, zeros), tf.zeros([1], dt)], 0))
-        sat = nan_where(tf.math.is_nan(sw_sum), sat)  # XLA's max drops NaN; the sum keeps it
-        grad_alpha = tf.where(nonempty, 1.0 - mean_w, tf.zeros_like(mean_w))
+        sat = ops.max(ops.concatenate([ops.where(live, sig, zeros), ops.zeros([1], dt)], 0))
+        sat = nan_where(ops.isnan(sw_sum), sat)  # XLA's max drops NaN; the sum keeps it
+        grad_alpha = ops.where(nonempty, 1.0 - mean_w, ops.zeros_like(mean_w))
         # lam * d^2V/dalpha^2 = sum pi w (1 - rho w)   (spec 3.1; w (1 - rho w) = sw (1 - sig))
-        curv = tf.math.divide_no_nan(tf.reduce_sum(sw * (1.0 - sig)), s_sum)
-        mean_w, sat, grad_alpha, curv = (_poison(bad, x) for x in (mean_w, sat, grad_alpha, curv))
+        curv = ops.divide_no_nan(ops.sum(sw * (1.0 - sig)), s_sum)
+        mean_w, sat, grad_alpha, curv = (nan_where(bad, x) for x in (mean_w, sat, grad_alpha, curv))
 
         def grad(dv, d_mean_w, d_sat, d_galpha, d_curv):
             # Only the value is differentiable; the statistics are diagnostics
             # (stop-gradient semantics, documented).
             del d_mean_w, d_sat, d_galpha, d_curv
-            g_l = _poison(bad, dv * tf.math.divide_no_nan(sw, s_sum))
-            g_a = dv * grad_alpha
-            return g_l, g_a, tf.zeros_like(s)
+            g_l = nan_where(bad, dv * ops.divide_no_nan(sw, s_sum))
+            return g_l, dv * grad_alpha, ops.zeros_like(s), None
 
         return (val, mean_w, sat, grad_alpha, curv), grad
 
@@ -245,27 +257,27 @@ def _safe_kl_core_unweighted(lam: float, rho: float, calibrate: bool):
     """The same kernel for ``s_i = 1`` (no sample weights): fewer ops, identical maths.
 
     A lean path matters for small models, where a training step is only a few hundred
-    microseconds and every graph op counts. ``tf.math.softplus`` / ``sigmoid`` are the
+    microseconds and every graph op counts. ``ops.softplus`` / ``ops.sigmoid`` are the
     stable forms of spec 3.2.
     """
     inv_lam, log_rho, inv_rho = 1.0 / lam, math.log(rho), 1.0 / rho
 
-    @tf.custom_gradient
+    @custom_gradient
     def core(l, alpha):
-        dt = l.dtype
-        n = tf.cast(tf.size(l), dt)
-        inv_n = tf.math.divide_no_nan(tf.ones([], dt), n)
+        dt = dtype_name(l)
+        n = ops.cast(ops.size(l), dt)
+        inv_n = ops.divide_no_nan(ops.ones([], dt), n)
         z = (l - alpha) * _const(inv_lam, dt) + _const(log_rho, dt)
-        sig = tf.math.sigmoid(z)
-        val = alpha + _const(lam / rho, dt) * (tf.reduce_sum(tf.math.softplus(z)) * inv_n)
+        sig = ops.sigmoid(z)
+        val = alpha + _const(lam / rho, dt) * (ops.sum(ops.softplus(z)) * inv_n)
         if calibrate:
             val = val - _const(lam, dt)
-        val = tf.where(n > 0, val, tf.zeros_like(val))
-        mean_w = tf.reduce_sum(sig) * (inv_n * _const(inv_rho, dt))
-        sat = tf.reduce_max(tf.concat([sig, tf.zeros([1], dt)], 0))
-        sat = nan_where(tf.math.is_nan(mean_w), sat)  # XLA's max drops NaN; the sum keeps it
-        grad_alpha = tf.where(n > 0, 1.0 - mean_w, tf.zeros_like(mean_w))
-        curv = tf.reduce_sum(sig * (1.0 - sig)) * (inv_n * _const(inv_rho, dt))
+        val = ops.where(n > 0, val, ops.zeros_like(val))
+        mean_w = ops.sum(sig) * (inv_n * _const(inv_rho, dt))
+        sat = ops.max(ops.concatenate([sig, ops.zeros([1], dt)], 0))
+        sat = nan_where(ops.isnan(mean_w), sat)  # XLA's max drops NaN; the sum keeps it
+        grad_alpha = ops.where(n > 0, 1.0 - mean_w, ops.zeros_like(mean_w))
+        curv = ops.sum(sig * (1.0 - sig)) * (inv_n * _const(inv_rho, dt))
 
         def grad(dv, d_mean_w, d_sat, d_galpha, d_curv):
             del d_mean_w, d_sat, d_galpha, d_curv
@@ -276,27 +288,17 @@ def _safe_kl_core_unweighted(lam: float, rho: float, calibrate: bool):
     return core
 
 
-def _as_alpha(alpha, dtype):
-    # Python / numpy numbers go straight to the compute dtype (no float32 detour).
+def _scalar_alpha(alpha, dtype):
+    """``alpha`` as a scalar tensor of ``dtype`` (Python numbers without a float32 detour)."""
     if isinstance(alpha, (int, float, np.number)) and not isinstance(alpha, bool):
-        return tf.constant(float(alpha), dtype)
-    return tf.cast(tf.convert_to_tensor(alpha), dtype)
-
-
-def _check_alpha(alpha, dtype):
-    a = _as_alpha(alpha, dtype)
-    if a.shape.rank not in (None, 0):
-        if a.shape.num_elements() not in (None, 1):
-            raise ValueError(f"`alpha` must be a scalar, got shape {a.shape}.")
-        a = tf.reshape(a, [])
-    if validation_enabled():
-        value = static_value(a)
-        if value is not None:
-            if not np.all(np.isfinite(value)):
-                raise ValueError(f"`alpha` must be finite, got {float(value)!r}.")
-        else:
-            a = tf.debugging.assert_all_finite(a, "`alpha` must be finite (NaN or Inf found).")
-    return a
+        return _const(float(alpha), dtype)
+    a = ops.cast(ops.convert_to_tensor(alpha), dtype)
+    if static_rank(a) in (None, 0):
+        return a
+    sizes = tuple(a.shape)
+    if None not in sizes and int(np.prod(sizes)) != 1:
+        raise ValueError(f"`alpha` must be a scalar, got shape {sizes}.")
+    return ops.reshape(a, [])
 
 
 def _risk_and_stats(l, a, s, bad, lam, rho, calibrate):
@@ -306,31 +308,14 @@ def _risk_and_stats(l, a, s, bad, lam, rho, calibrate):
     if s is None:
         outs = _safe_kl_core_unweighted(lam, rho, calibrate)(l, a)
         if bad is not None:
-            outs = tuple(_poison(bad, x) for x in outs)
+            outs = tuple(nan_where(bad, x) for x in outs)
     else:
-        outs = _safe_kl_core(lam, rho, calibrate, bad)(l, a, s)
+        if bad is None:
+            bad = ops.convert_to_tensor(False)
+        outs = _safe_kl_core(lam, rho, calibrate)(l, a, s, bad)
     val, *rest = outs
     keys = ("mean_w", "saturation", "grad_alpha", "curvature")
-    return val, {k: tf.stop_gradient(x) for k, x in zip(keys, rest)}
-
-
-def _prepare_optional(losses, sample_weight):
-    """Flat losses in the compute dtype and their checked flat weights.
-
-    Returns ``(l, s, original_dtype, bad)``: ``s`` is ``None`` without ``sample_weight`` (else
-    broadcast as in :func:`safe_kl_dro_risk`, checked finite and >= 0) and ``bad`` its scalar
-    invalid-weight flag (``None`` without weights).
-    """
-    if sample_weight is None:
-        l, original = to_compute_dtype(losses, "losses")
-        return tf.reshape(l, [-1]), None, original, None
-    return _prepare(losses, sample_weight)
-
-
-def _scalar_alpha(alpha, dtype):
-    """``alpha`` as a scalar tensor of ``dtype`` (Python numbers without a float32 detour)."""
-    a = _as_alpha(alpha, dtype)
-    return a if a.shape.rank in (None, 0) else tf.reshape(a, [])
+    return val, {k: ops.stop_gradient(x) for k, x in zip(keys, rest)}
 
 
 def safe_kl_dro_risk_and_stats(losses, alpha, lam, rho, sample_weight=None, calibrate=True):
@@ -349,12 +334,10 @@ def safe_kl_dro_risk_and_stats(losses, alpha, lam, rho, sample_weight=None, cali
     lam, rho = check_lam(lam), check_rho(rho)
     calibrate = check_bool(calibrate, "calibrate")
     l, s, original, bad = _prepare_optional(losses, sample_weight)
-    a = _check_alpha(alpha, l.dtype)
-    bad = _any(bad, tf.logical_not(tf.math.is_finite(a)))
+    a = check_finite(_scalar_alpha(alpha, dtype_name(l)), "alpha")
+    bad = _any(bad, ops.logical_not(ops.isfinite(a)))
     val, stats = _risk_and_stats(l, a, s, bad, lam, rho, calibrate)
-    if original != l.dtype:
-        val = tf.cast(val, original)
-    return val, stats
+    return _cast_back(val, original), stats
 
 
 def safe_kl_dro_risk(losses, alpha, lam, rho, sample_weight=None, calibrate=True):
@@ -379,11 +362,11 @@ def safe_kl_dro_risk(losses, alpha, lam, rho, sample_weight=None, calibrate=True
     Raises:
       ValueError: (TypeError for a wrong type) naming the argument: bad ``lam`` / ``rho`` /
         ``calibrate``, NaN/Inf/negative ``sample_weight`` or non-finite ``alpha`` (eagerly;
-        inside ``tf.function`` an assertion, skippable with ``losszoo.set_validation(False)``).
+        in a TensorFlow graph an assertion, skippable with ``losszoo.set_validation(False)``).
 
     Fail-loud behaviour: a NaN loss with positive weight gives a NaN value (and NaN
     gradient for that entry); a ``+inf`` loss gives ``+inf`` with finite gradients; zero
-    weight entries are ignored; an empty batch gives 0. Under XLA: (assertions vanish)
+    weight entries are ignored; an empty batch gives 0. Traced under XLA / ``jax.jit``:
     invalid sample weights or a non-finite alpha make the value, its gradients and the
     statistics NaN.
 
@@ -398,15 +381,16 @@ def safe_kl_dro_weights(losses, alpha, lam, rho):
     """Per-example weights ``w_i = sigmoid((l_i - alpha)/lam + ln rho)/rho`` (same shape).
 
     NaN losses give NaN weights. ``alpha`` must be finite (checked as in
-    :func:`safe_kl_dro_risk`). Under XLA: a non-finite alpha gives all-NaN weights.
+    :func:`safe_kl_dro_risk`). Traced under XLA / ``jax.jit``: a non-finite alpha gives
+    all-NaN weights.
     """
     lam, rho = check_lam(lam), check_rho(rho)
     l, original = to_compute_dtype(losses, "losses")
-    a = _check_alpha(alpha, l.dtype)
-    z = (l - a) * _const(1.0 / lam, l.dtype) + _const(math.log(rho), l.dtype)
-    w = tf.math.sigmoid(z) * _const(1.0 / rho, l.dtype)
-    w = nan_where(tf.logical_not(tf.math.is_finite(a)), w)
-    return tf.cast(w, original) if original != l.dtype else w
+    dt = dtype_name(l)
+    a = check_finite(_scalar_alpha(alpha, dt), "alpha")
+    z = (l - a) * _const(1.0 / lam, dt) + _const(math.log(rho), dt)
+    w = ops.sigmoid(z) * _const(1.0 / rho, dt)
+    return _cast_back(nan_where(ops.logical_not(ops.isfinite(a)), w), original)
 
 
 def safe_kl_dro_solve_alpha(losses, lam, rho, sample_weight=None, iterations=80):
@@ -415,82 +399,83 @@ def safe_kl_dro_solve_alpha(losses, lam, rho, sample_weight=None, iterations=80)
     Bisection on the bracket ``[min l + lam log(1-rho), max l]`` (spec 7, C0) over entries
     with positive weight, with a fixed number of iterations (an integer >= 1;
     XLA-compilable). A NaN live loss gives NaN, an infinite one a non-finite result; an
-    empty batch gives 0. No gradient. Under XLA: invalid sample weights give NaN.
+    empty batch gives 0. No gradient. Traced under XLA / ``jax.jit``: invalid sample
+    weights give NaN.
     """
     lam, rho = check_lam(lam), check_rho(rho)
-    iterations = check_number(iterations, "iterations", low=1, integer=True)
-    if isinstance(iterations, (tf.Tensor, tf.Variable)):
-        raise TypeError("`iterations` must be a Python integer, not a tensor.")
-    l, s, _, bad = _prepare(losses, sample_weight)
-    l = tf.stop_gradient(l)
-    dt = l.dtype
-    live = s > 0
-    big = _const(np.finfo(dt.as_numpy_dtype).max, dt)
-    lo = tf.reduce_min(tf.where(live, l, tf.fill(tf.shape(l), big))) + _const(
-        lam * math.log1p(-rho), dt
+    iterations = check_number(
+        _python_number(iterations, "iterations"), "iterations", low=1, integer=True
     )
-    hi = tf.reduce_max(tf.where(live, l, tf.fill(tf.shape(l), -big)))
-    c = tf.constant([1.0 / lam, math.log(rho), 1.0 / rho], dt)
-    out = _bisect(l, s, lo, hi, c, tf.constant(int(iterations)))
+    l, s, _, bad = _prepare(losses, sample_weight)
+    l = ops.stop_gradient(l)
+    dt = dtype_name(l)
+    live = s > 0
+    big = float(np.finfo(dt).max)
+    low = -_max_or_minus_inf(ops.where(live, -l, _const(-big, dt)))
+    lo = low + _const(lam * math.log1p(-rho), dt)
+    hi = _max_or_minus_inf(ops.where(live, l, _const(-big, dt)))
+    c = ops.convert_to_tensor([1.0 / lam, math.log(rho), 1.0 / rho], dt)
+    out = _bisect(l, s, lo, hi, c, ops.convert_to_tensor(int(iterations), "int32"))
     return _poison(_any(bad, _live_nan(l, s)), out)
 
 
-@tf.function(reduce_retracing=True, autograph=False)
-def _bisect(l, s, lo, hi, c, iterations):
-    # A tf.function so that eager calls run the loop as one graph (fast); inside graphs
-    # and XLA it is inlined. c = [1/lam, log rho, 1/rho] as a tensor: no retracing per value.
+def _bisect_loop(l, s, lo, hi, c, iterations):
+    # c = [1/lam, log rho, 1/rho] and iterations as tensors: no retracing per value.
     live = s > 0
-    s_sum = tf.reduce_sum(s)
-    zeros = tf.zeros_like(l)
+    s_sum = ops.sum(s)
+    zeros = ops.zeros_like(l)
     inv_lam, log_rho, inv_rho = c[0], c[1], c[2]
 
     def h(a):  # sum pi w - 1, strictly decreasing in a
-        w = tf.math.sigmoid((l - a) * inv_lam + log_rho) * inv_rho
-        return tf.math.divide_no_nan(tf.reduce_sum(tf.where(live, s * w, zeros)), s_sum) - 1.0
+        w = ops.sigmoid((l - a) * inv_lam + log_rho) * inv_rho
+        return ops.divide_no_nan(ops.sum(ops.where(live, s * w, zeros)), s_sum) - 1.0
 
     def body(i, lo, hi):
         mid = 0.5 * (lo + hi)
         pos = h(mid) > 0
-        return i + 1, tf.where(pos, mid, lo), tf.where(pos, hi, mid)
+        return i + 1, ops.where(pos, mid, lo), ops.where(pos, hi, mid)
 
-    _, lo, hi = tf.while_loop(lambda i, lo, hi: i < iterations, body, (tf.constant(0), lo, hi))
-    return tf.where(s_sum > 0, 0.5 * (lo + hi), tf.zeros_like(lo))
+    start = ops.zeros([], "int32")
+    _, lo, hi = ops.while_loop(lambda i, lo, hi: i < iterations, body, (start, lo, hi))
+    return ops.where(s_sum > 0, 0.5 * (lo + hi), ops.zeros_like(lo))
+
+
+_bisect = _bisect_loop
+if _backend.TENSORFLOW:  # eager TensorFlow runs the loop as one graph (inlined when traced)
+    import tensorflow as tf
+
+    _bisect = tf.function(_bisect_loop, reduce_retracing=True, autograph=False)
 
 
 # ----------------------------------------------------------------------------- baselines
-def _normalised_weights(s, s_total=None):
-    return tf.math.divide_no_nan(s, tf.reduce_sum(s) if s_total is None else s_total)
-
-
 def _batch_lse_parts(l, s, lam):
     """Shift-free pieces of ``log sum s exp(l/lam)``: ``a_i = l_i/lam + log s_i`` (-inf where
-    ``s_i = 0``), the maximum ``m`` of ``a`` and whether it is ``+inf``."""
-    dt = l.dtype
+    ``s_i = 0``) and the maximum ``m`` of ``a``."""
+    dt = dtype_name(l)
     live = s > 0
-    ninf = tf.fill(tf.shape(l), _const(-np.inf, dt))
-    a = tf.where(
-        live, l * _const(1.0 / lam, dt) + tf.math.log(tf.where(live, s, tf.ones_like(s))), ninf
+    ninf = ops.full_like(l, -np.inf)
+    a = ops.where(
+        live, l * _const(1.0 / lam, dt) + ops.log(ops.where(live, s, ops.ones_like(s))), ninf
     )
-    m = tf.reduce_max(tf.concat([a, _const([-np.inf], dt)], 0))
-    return a, m
+    return a, _max_or_minus_inf(a)
 
 
 def _batch_lse_exp(a, s, m):
     """``exp(a - m)`` with ``m`` made finite; at ``m = +inf`` the limit weights: ``s_i`` on the
     ``+inf`` entries, 0 elsewhere (the softmax of an infinite logit)."""
-    m_inf = tf.math.is_inf(m) & (m > 0)
-    m_safe = tf.where(tf.math.is_finite(m), m, tf.zeros_like(m))
-    ex = tf.where(
-        m_inf, tf.where(tf.math.is_inf(a) & (a > 0), s, tf.zeros_like(a)), tf.exp(a - m_safe)
+    m_inf = ops.isinf(m) & (m > 0)
+    m_safe = ops.where(ops.isfinite(m), m, ops.zeros_like(m))
+    ex = ops.where(
+        m_inf, ops.where(ops.isinf(a) & (a > 0), s, ops.zeros_like(a)), ops.exp(a - m_safe)
     )
-    return tf.where(s > 0, ex, tf.zeros_like(ex)), m_safe, m_inf
+    return ops.where(s > 0, ex, ops.zeros_like(ex)), m_safe, m_inf
 
 
 def _batch_lse_value(lam, m_safe, m_inf, tot, s_sum):
-    dt = tot.dtype
-    val = _const(lam, dt) * (m_safe + tf.math.log(tot) - tf.math.log(s_sum))
-    val = tf.where(m_inf, _const(np.inf, dt), val)
-    return tf.where(s_sum > 0, val, tf.zeros_like(val))
+    dt = dtype_name(tot)
+    val = _const(lam, dt) * (m_safe + ops.log(tot) - ops.log(s_sum))
+    val = ops.where(m_inf, _const(np.inf, dt), val)
+    return ops.where(s_sum > 0, val, ops.zeros_like(val))
 
 
 def kl_dro_batch_lse(losses, lam, sample_weight=None):
@@ -501,7 +486,7 @@ def kl_dro_batch_lse(losses, lam, sample_weight=None):
     gradient (the ``+inf`` entries share the weight 1 in proportion to ``pi``, the others
     get 0); ``-inf`` losses get weight 0; a NaN loss with positive weight gives a NaN value
     and gradients. Bad ``lam`` or ``sample_weight`` raise as in :func:`safe_kl_dro_risk`.
-    Under XLA: invalid sample weights give a NaN value and gradients.
+    Traced under XLA / ``jax.jit``: invalid sample weights give a NaN value and gradients.
 
     Example:
       >>> float(kl_dro_batch_lse([0.0, 0.0], lam=1.0))
@@ -509,22 +494,20 @@ def kl_dro_batch_lse(losses, lam, sample_weight=None):
     """
     lam = check_lam(lam)
     l, s, original, bad = _prepare(losses, sample_weight)
-    bad = _any(bad, _live_nan(l, s))
 
-    @tf.custom_gradient
-    def core(l, s):
+    @custom_gradient
+    def core(l, s, bad):
         a, m = _batch_lse_parts(l, s, lam)
         ex, m_safe, m_inf = _batch_lse_exp(a, s, m)
-        tot = tf.reduce_sum(ex)
-        val = _poison(bad, _batch_lse_value(lam, m_safe, m_inf, tot, tf.reduce_sum(s)))
+        tot = ops.sum(ex)
+        val = nan_where(bad, _batch_lse_value(lam, m_safe, m_inf, tot, ops.sum(s)))
 
         def grad(dv):
-            return _poison(bad, dv * tf.math.divide_no_nan(ex, tot)), tf.zeros_like(s)
+            return nan_where(bad, dv * ops.divide_no_nan(ex, tot)), ops.zeros_like(s), None
 
         return val, grad
 
-    val = core(l, s)
-    return tf.cast(val, original) if original != l.dtype else val
+    return _cast_back(core(l, s, _any(bad, _live_nan(l, s))), original)
 
 
 def kl_dro_sumexp(losses, lam, sample_weight=None):
@@ -535,7 +518,8 @@ def kl_dro_sumexp(losses, lam, sample_weight=None):
     Whenever the value is not finite, every gradient entry is NaN: an overflow or a ``+inf``
     loss gives the value ``+inf``, a NaN loss with positive weight the value NaN (a finite
     gradient for the other entries would be a plausible but meaningless step). Zero-weight
-    entries are ignored. Under XLA: invalid sample weights give a NaN value and gradients.
+    entries are ignored. Traced under XLA / ``jax.jit``: invalid sample weights give a NaN
+    value and gradients.
 
     Example:
       >>> float(kl_dro_sumexp([0.0, 0.0], lam=1.0))
@@ -543,56 +527,56 @@ def kl_dro_sumexp(losses, lam, sample_weight=None):
     """
     lam = check_lam(lam)
     l, s, original, bad = _prepare(losses, sample_weight)
-    return _sumexp(l, s, lam, bad, original)
+    inv_lam = 1.0 / lam
 
-
-def _sumexp(l, s, lam, bad, original, s_total=None):
-    @tf.custom_gradient
-    def core(l, s):
-        dt = l.dtype
+    @custom_gradient
+    def core(l, s, *bad):
+        dt = dtype_name(l)
         live = s > 0
-        pi = tf.where(live, _normalised_weights(s, s_total), tf.zeros_like(s))
-        ex = tf.where(live, tf.exp(l * _const(1.0 / lam, dt)), tf.zeros_like(l))
-        val = _poison(bad, tf.reduce_sum(pi * ex))
-        unusable = tf.logical_not(tf.math.is_finite(val))  # overflow, +inf or NaN: no gradient
+        pi = ops.where(live, ops.divide_no_nan(s, ops.sum(s)), ops.zeros_like(s))
+        ex = ops.where(live, ops.exp(l * _const(inv_lam, dt)), ops.zeros_like(l))
+        val = _poison(bad[0] if bad else None, ops.sum(pi * ex))
+        unusable = ops.logical_not(ops.isfinite(val))  # overflow, +inf or NaN: no gradient
 
         def grad(dv):
-            return nan_where(unusable, dv * pi * ex * _const(1.0 / lam, dt)), tf.zeros_like(s)
+            g = nan_where(unusable, dv * pi * ex * _const(inv_lam, dt))
+            return (g, ops.zeros_like(s)) + (None,) * len(bad)
 
         return val, grad
 
-    val = core(l, s)
-    return tf.cast(val, original) if original != l.dtype else val
+    return _cast_back(core(l, s, *(() if bad is None else (bad,))), original)
 
 
-def _cvar_tail_mass(l, s, rho, s_total=None):
-    """``q_i``: the mass of example i inside the upper-``rho`` tail (stable sort by loss)."""
-    dt = l.dtype
+def _cvar_tail_mass(l, s, rho):
+    """``q_i``: the mass of example i inside the upper-``rho`` tail (stable sort by loss,
+    ties in index order)."""
+    dt = dtype_name(l)
     live = s > 0
-    pi = tf.where(live, _normalised_weights(s, s_total), tf.zeros_like(s))
-    key = tf.where(live, l, tf.fill(tf.shape(l), _const(-np.inf, dt)))
-    order = tf.argsort(key, direction="DESCENDING", stable=True)
-    pi_sorted = tf.gather(pi, order)
-    before = tf.cumsum(pi_sorted, exclusive=True)
-    q_sorted = tf.clip_by_value(_const(rho, dt) - before, tf.zeros_like(before), pi_sorted)
-    return tf.scatter_nd(order[:, None], q_sorted, tf.shape(l, out_type=order.dtype))
+    pi = ops.where(live, ops.divide_no_nan(s, ops.sum(s)), ops.zeros_like(s))
+    key = ops.where(live, -l, ops.full_like(l, np.inf))  # ascending in -l: descending in l
+    order = ops.argsort(key)
+    pi_sorted = ops.take(pi, order)
+    before = ops.cumsum(pi_sorted) - pi_sorted  # the mass ranked above each example
+    q_sorted = ops.minimum(ops.maximum(_const(rho, dt) - before, 0.0), pi_sorted)
+    return ops.scatter(ops.expand_dims(order, -1), q_sorted, ops.shape(l))
 
 
 def _cvar_from_mass(l, q, rho, bad):
     """``(1/rho) sum q_i l_i`` with the gradient ``q_i/rho`` (q fixed)."""
+    inv_rho = 1.0 / rho
 
-    @tf.custom_gradient
-    def core(l):
-        dt = l.dtype
-        contrib = tf.where(q > 0, q * l, tf.zeros_like(l))
-        val = _poison(bad, tf.reduce_sum(contrib) * _const(1.0 / rho, dt))
+    @custom_gradient
+    def core(l, q, bad):
+        dt = dtype_name(l)
+        contrib = ops.where(q > 0, q * l, ops.zeros_like(l))
+        val = nan_where(bad, ops.sum(contrib) * _const(inv_rho, dt))
 
         def grad(dv):
-            return _poison(bad, dv * q * _const(1.0 / rho, dt))
+            return nan_where(bad, dv * q * _const(inv_rho, dt)), None, None
 
         return val, grad
 
-    return core(l)
+    return core(l, q, bad)
 
 
 def cvar_risk(losses, rho, sample_weight=None):
@@ -603,7 +587,7 @@ def cvar_risk(losses, rho, sample_weight=None):
     (ties are split in index order). A NaN loss with positive weight makes the value and
     every gradient NaN (the tail is undefined); ``+inf`` in the tail gives ``+inf`` with
     finite gradients. Bad ``rho`` or ``sample_weight`` raise as in :func:`safe_kl_dro_risk`.
-    Under XLA: invalid sample weights give a NaN value and gradients.
+    Traced under XLA / ``jax.jit``: invalid sample weights give a NaN value and gradients.
 
     Example:
       >>> float(cvar_risk([1.0, 2.0, 3.0, 4.0], rho=0.5))
@@ -612,23 +596,22 @@ def cvar_risk(losses, rho, sample_weight=None):
     rho = check_rho(rho)
     l, s, original, bad = _prepare(losses, sample_weight)
     bad = _any(bad, _live_nan(l, s))
-    q = tf.stop_gradient(_cvar_tail_mass(tf.stop_gradient(l), s, rho))
-    val = _cvar_from_mass(l, q, rho, bad)
-    return tf.cast(val, original) if original != l.dtype else val
+    q = ops.stop_gradient(_cvar_tail_mass(ops.stop_gradient(l), s, rho))
+    return _cast_back(_cvar_from_mass(l, q, rho, bad), original)
 
 
 # ----------------------------------------------------------------------------- streaming exact risk
-def kl_dro_exact_batch_max(losses, lam, sample_weight=None, dtype=tf.float64):
+def kl_dro_exact_batch_max(losses, lam, sample_weight=None, dtype="float64"):
     """``max_i l_i/lam`` over entries with positive weight (``-inf`` if none), in ``dtype``.
 
-    NaN live losses give NaN. Under XLA: invalid sample weights give NaN.
+    NaN live losses give NaN. Traced under XLA / ``jax.jit``: invalid sample weights give
+    NaN. (JAX computes float64 only with ``jax_enable_x64``; otherwise float32.)
     """
     lam = check_lam(lam)
     l, s, _, bad = _prepare(losses, sample_weight)
-    l, s = tf.cast(l, dtype), tf.cast(s, dtype)
-    a = tf.where(s > 0, l * _const(1.0 / lam, dtype), tf.fill(tf.shape(l), _const(-np.inf, dtype)))
-    out = tf.reduce_max(tf.concat([a, _const([-np.inf], dtype)], 0))
-    return _poison(_any(bad, _live_nan(l, s)), out)
+    l, s = ops.cast(l, dtype), ops.cast(s, dtype)
+    a = ops.where(s > 0, l * _const(1.0 / lam, dtype), ops.full_like(l, -np.inf))
+    return _poison(_any(bad, _live_nan(l, s)), _max_or_minus_inf(a))
 
 
 def kl_dro_exact_state_update(m, acc, n, losses, lam, sample_weight=None, batch_max=None):
@@ -638,36 +621,40 @@ def kl_dro_exact_state_update(m, acc, n, losses, lam, sample_weight=None, batch_
     (start 0), ``n = sum s`` (start 0); all in the state's dtype. ``batch_max`` overrides
     the batch's own maximum (any value >= it works; replicas pass a shared one so that
     their ``acc`` share the shift and can be summed). Returns the new state. NaN losses
-    with positive weight make ``acc`` NaN (and so the result). Under XLA: invalid sample
-    weights make ``acc`` NaN.
+    with positive weight make ``acc`` NaN (and so the result). Traced under XLA /
+    ``jax.jit``: invalid sample weights make ``acc`` NaN.
     """
     lam = check_lam(lam)
-    dt = tf.as_dtype(m.dtype)
+    m = ops.convert_to_tensor(m)
+    dt = dtype_name(m)
     l, s, _, bad = _prepare(losses, sample_weight)
-    l, s = tf.cast(l, dt), tf.cast(s, dt)
+    l, s = ops.cast(l, dt), ops.cast(s, dt)
     live = s > 0
-    a = tf.where(live, l * _const(1.0 / lam, dt), tf.fill(tf.shape(l), _const(-np.inf, dt)))
+    a = ops.where(live, l * _const(1.0 / lam, dt), ops.full_like(l, -np.inf))
     if batch_max is None:
-        batch_max = tf.reduce_max(tf.concat([a, _const([-np.inf], dt)], 0))
-    m_new = tf.maximum(m, tf.cast(batch_max, dt))
-    m_safe = tf.where(tf.math.is_finite(m_new), m_new, tf.zeros_like(m_new))
-    scale = tf.where(tf.math.is_inf(m) & (m < 0), tf.zeros_like(m), tf.exp(m - m_safe))
-    acc_new = acc * scale + tf.reduce_sum(tf.where(live, s * tf.exp(a - m_safe), tf.zeros_like(a)))
-    return m_new, _poison(bad, acc_new), _poison(bad, n + tf.reduce_sum(s))
+        batch_max = _max_or_minus_inf(a)
+    m_new = ops.maximum(m, ops.cast(batch_max, dt))
+    m_safe = ops.where(ops.isfinite(m_new), m_new, ops.zeros_like(m_new))
+    scale = ops.where(ops.isinf(m) & (m < 0), ops.zeros_like(m), ops.exp(m - m_safe))
+    acc_new = ops.cast(acc, dt) * scale + ops.sum(
+        ops.where(live, s * ops.exp(a - m_safe), ops.zeros_like(a))
+    )
+    return m_new, _poison(bad, acc_new), _poison(bad, ops.cast(n, dt) + ops.sum(s))
 
 
 def kl_dro_exact_state_result(m, acc, n, lam):
     """``lam (m + log acc - log n)``; 0 before any example was seen (``n == 0``).
 
     A NaN state (NaN losses or, under XLA, invalid weights) gives NaN. Otherwise ``acc`` and
-    ``n`` must be finite and >= 0: eagerly a ``ValueError`` naming the argument, inside
-    ``tf.function`` a graph assertion (skippable with ``losszoo.set_validation(False)``), under
-    XLA a NaN result.
+    ``n`` keep :data:`NON_NEGATIVE_OR_NAN`: eagerly a ``ValueError`` naming the argument, in a
+    TensorFlow graph an assertion (skippable with ``losszoo.set_validation(False)``), traced
+    under XLA / ``jax.jit`` a NaN result.
     """
     lam = check_lam(lam)
-    m = tf.convert_to_tensor(m)
-    dt = m.dtype
-    acc, bad_acc = _check_nonnegative(tf.cast(acc, dt), "acc", allow_nan=True)
-    n, bad_n = _check_nonnegative(tf.cast(n, dt), "n", allow_nan=True)
-    val = _const(lam, dt) * (m + tf.math.log(acc) - tf.math.log(n))
-    return _poison(bad_acc | bad_n, tf.where(tf.equal(n, 0), tf.zeros_like(val), val))
+    m = ops.convert_to_tensor(m)
+    dt = dtype_name(m)
+    acc = NON_NEGATIVE_OR_NAN.check(ops.cast(acc, dt), "acc")
+    n = NON_NEGATIVE_OR_NAN.check(ops.cast(n, dt), "n")
+    bad = ops.any(NON_NEGATIVE_OR_NAN.invalid(acc)) | ops.any(NON_NEGATIVE_OR_NAN.invalid(n))
+    val = _const(lam, dt) * (m + ops.log(acc) - ops.log(n))
+    return nan_where(bad, ops.where(ops.equal(n, 0), ops.zeros_like(val), val))

@@ -1,5 +1,10 @@
-"""DRO risks of the global batch under ``tf.distribute``, and the cross-replica sums and
-gathers they use (spec ``shared/specs/safe_kl_dro.md``; kernels in :mod:`losszoo.ops._dro`).
+"""DRO risks of the global batch, and the cross-replica sums and gathers they use (spec
+``shared/specs/safe_kl_dro.md``; kernels in :mod:`losszoo.ops._dro`).
+
+On JAX and PyTorch (``keras.distribution``) one program computes the global batch, so a batch
+reduction is already global: every ``*_global`` op is its single-device op and the
+cross-replica helpers are identities. The rest of this docstring is about TensorFlow's
+``tf.distribute``, the one backend with a replica context.
 
 Inside the replica context of a strategy with ``N > 1`` replicas, each ``*_global`` risk
 computes the risk ``V`` of the global batch (every replica's examples) with cross-replica
@@ -18,14 +23,18 @@ item 15). Other strategies (multi-worker) use collectives.
 
 from __future__ import annotations
 
-import tensorflow as tf
-from tensorflow.python.eager import record as _tf_record
+import contextlib
 
+from keras import ops
+
+from losszoo import _backend
+from losszoo.contract import dtype_name, is_tensor
 from losszoo.ops._dro import (
     _any,
     _batch_lse_exp,
     _batch_lse_parts,
     _batch_lse_value,
+    _cast_back,
     _cvar_tail_mass,
     _live_nan,
     _poison,
@@ -43,6 +52,8 @@ from losszoo.ops._dro import (
 )
 
 __all__ = [
+    "check_lam",
+    "check_rho",
     "cvar_risk_global",
     "in_replica_context",
     "kl_dro_batch_lse_global",
@@ -57,25 +68,30 @@ __all__ = [
 
 # ----------------------------------------------------------------------------- collectives
 def num_replicas() -> int:
-    """Replicas in sync of the current strategy (1 without distribution)."""
-    return tf.distribute.get_strategy().num_replicas_in_sync
+    """Replicas in sync of the current ``tf.distribute`` strategy (1 without one, and on JAX
+    and PyTorch)."""
+    if not _backend.TENSORFLOW:
+        return 1
+    return _tf.distribute.get_strategy().num_replicas_in_sync
 
 
 def in_replica_context() -> bool:
     """Whether the code runs in a replica context of a strategy with more than one replica."""
-    return num_replicas() > 1 and tf.distribute.get_replica_context() is not None
+    return num_replicas() > 1 and _tf.distribute.get_replica_context() is not None
 
 
 def _cross_replica(values, combine, collective):
     """Combine a list of per-replica tensors across replicas (identity without distribution):
     by ``combine`` on the local copies inside ``merge_call`` under a single-process
     ``MirroredStrategy`` (see the module docstring), else by ``collective(ctx, values)``."""
-    ctx = tf.distribute.get_replica_context()
-    if num_replicas() == 1 or ctx is None:  # cross-replica context (e.g. symbolic build)
+    if num_replicas() == 1:
         return values
-    strategy = tf.distribute.get_strategy()
+    ctx = _tf.distribute.get_replica_context()
+    if ctx is None:  # cross-replica context (e.g. symbolic build)
+        return values
+    strategy = _tf.distribute.get_strategy()
     use_merge = getattr(strategy.extended, "_use_merge_call", lambda: True)()
-    if isinstance(strategy, tf.distribute.MirroredStrategy) and use_merge:
+    if isinstance(strategy, _tf.distribute.MirroredStrategy) and use_merge:
         return ctx.merge_call(
             lambda s, *vs: [combine(list(s.experimental_local_results(v))) for v in vs],
             args=tuple(values),
@@ -86,7 +102,9 @@ def _cross_replica(values, combine, collective):
 def replica_sum(values):
     """Sum a list of tensors across replicas (identity without distribution)."""
     return _cross_replica(
-        values, tf.add_n, lambda ctx, vs: ctx.all_reduce(tf.distribute.ReduceOp.SUM, vs)
+        values,
+        lambda parts: _tf.add_n(parts),
+        lambda ctx, vs: ctx.all_reduce(_tf.distribute.ReduceOp.SUM, vs),
     )
 
 
@@ -96,22 +114,24 @@ def replica_gather(values):
     flat = values if isinstance(values, list) else [values]
     out = _cross_replica(
         flat,
-        lambda parts: tf.concat(parts, 0),
+        lambda parts: ops.concatenate(parts, 0),
         lambda ctx, vs: [ctx.all_gather(v, axis=0) for v in vs],
     )
     return out if isinstance(values, list) else out[0]
 
 
 def replica_max(value):
-    """The maximum of a scalar over the replicas."""
-    return tf.reduce_max(replica_gather(tf.reshape(value, [1])))
+    """The maximum of a scalar over the replicas (``value`` itself with one replica)."""
+    if num_replicas() == 1:
+        return value
+    return ops.max(replica_gather(ops.reshape(value, [1])))
 
 
 def _replica_any(flag, dtype):
     """A scalar bool that is true on every replica if it is true on any (``None`` stays)."""
     if flag is None:
         return None
-    return replica_sum([tf.cast(flag, dtype)])[0] > 0
+    return replica_sum([ops.cast(flag, dtype)])[0] > 0
 
 
 def _global_share(fn, l):
@@ -120,31 +140,40 @@ def _global_share(fn, l):
     losses. No collective runs in the backward pass."""
     inv_n = 1.0 / num_replicas()
 
-    @tf.custom_gradient
+    @_backend.custom_gradient
     def share(l):
         value, g = fn(l)
 
         def grad(dv):
             return dv * g
 
-        return value * tf.constant(inv_n, value.dtype), grad
+        return value * ops.convert_to_tensor(inv_n, dtype_name(value)), grad
 
     return share(l)
 
 
 def _shown_as(x, shown):
     """``shown`` as the value, with the gradient of ``x`` (``shown`` gets none)."""
-    shown = tf.stop_gradient(tf.cast(shown, x.dtype))
+    shown = ops.stop_gradient(ops.cast(shown, dtype_name(x)))
 
-    @tf.custom_gradient
+    @_backend.custom_gradient
     def f(x):
-        return tf.identity(shown), lambda dv: dv
+        return ops.copy(shown), lambda dv: dv
 
     return f(x)
 
 
-def _cast_back(val, original):
-    return tf.cast(val, original) if original != val.dtype else val
+def _no_gradient_recording():
+    """TensorFlow: pause the tape (keeps XLA free of ``cond`` gradients); a no-op elsewhere."""
+    if not _backend.TENSORFLOW:
+        return contextlib.nullcontext()
+    from tensorflow.python.eager import record  # no public equivalent
+
+    return record.stop_recording()
+
+
+if _backend.TENSORFLOW:
+    import tensorflow as _tf
 
 
 # ----------------------------------------------------------------------------- global risks
@@ -160,14 +189,14 @@ def kl_dro_batch_lse_global(losses, lam, sample_weight=None):
         return kl_dro_batch_lse(losses, lam, sample_weight)
     lam = check_lam(lam)
     l, s, original, bad = _prepare(losses, sample_weight)
-    bad = _replica_any(_any(bad, _live_nan(l, s)), l.dtype)
+    bad = _replica_any(_any(bad, _live_nan(l, s)), dtype_name(l))
 
     def fn(l):
         a, m = _batch_lse_parts(l, s, lam)
         ex, m_safe, m_inf = _batch_lse_exp(a, s, replica_max(m))
-        tot, s_sum = replica_sum([tf.reduce_sum(ex), tf.reduce_sum(s)])
+        tot, s_sum = replica_sum([ops.sum(ex), ops.sum(s)])
         val = _batch_lse_value(lam, m_safe, m_inf, tot, s_sum)
-        return _poison(bad, val), _poison(bad, tf.math.divide_no_nan(ex, tot))
+        return _poison(bad, val), _poison(bad, ops.divide_no_nan(ex, tot))
 
     return _cast_back(_global_share(fn, l), original)
 
@@ -179,15 +208,16 @@ def kl_dro_sumexp_global(losses, lam, sample_weight=None):
         return kl_dro_sumexp(losses, lam, sample_weight)
     lam = check_lam(lam)
     l, s, original, bad = _prepare(losses, sample_weight)
-    bad = _replica_any(bad, l.dtype)
+    bad = _replica_any(bad, dtype_name(l))
+    inv_lam = ops.convert_to_tensor(1.0 / lam, dtype_name(l))
 
     def fn(l):
-        (s_sum,) = replica_sum([tf.reduce_sum(s)])
+        (s_sum,) = replica_sum([ops.sum(s)])
         live = s > 0
-        pi = tf.where(live, tf.math.divide_no_nan(s, s_sum), tf.zeros_like(s))
-        ex = tf.where(live, tf.exp(l * tf.constant(1.0 / lam, l.dtype)), tf.zeros_like(l))
-        (val,) = replica_sum([tf.reduce_sum(pi * ex)])
-        return _poison(bad, val), _poison(bad, pi * ex * tf.constant(1.0 / lam, l.dtype))
+        pi = ops.where(live, ops.divide_no_nan(s, s_sum), ops.zeros_like(s))
+        ex = ops.where(live, ops.exp(l * inv_lam), ops.zeros_like(l))
+        (val,) = replica_sum([ops.sum(pi * ex)])
+        return _poison(bad, val), _poison(bad, pi * ex * inv_lam)
 
     return _cast_back(_global_share(fn, l), original)
 
@@ -200,19 +230,18 @@ def cvar_risk_global(losses, rho, sample_weight=None):
         return cvar_risk(losses, rho, sample_weight)
     rho = check_rho(rho)
     l, s, original, bad = _prepare(losses, sample_weight)
-    bad = _replica_any(_any(bad, _live_nan(l, s)), l.dtype)
-    ctx = tf.distribute.get_replica_context()
-    n_local = tf.shape(l)[:1]
-    sizes, l_all, s_all = replica_gather([n_local, tf.stop_gradient(l), s])
-    offset = tf.reduce_sum(sizes[: ctx.replica_id_in_sync_group])
-    q = tf.slice(_cvar_tail_mass(l_all, s_all, rho), offset[None], n_local)
-    q = tf.stop_gradient(q)
+    bad = _replica_any(_any(bad, _live_nan(l, s)), dtype_name(l))
+    replica = _tf.distribute.get_replica_context().replica_id_in_sync_group
+    n_local = _tf.shape(l)[:1]
+    sizes, l_all, s_all = replica_gather([n_local, ops.stop_gradient(l), s])
+    offset = ops.sum(sizes[:replica])
+    q = _tf.slice(_cvar_tail_mass(l_all, s_all, rho), offset[None], n_local)
+    q = ops.stop_gradient(q)
+    inv_rho = ops.convert_to_tensor(1.0 / rho, dtype_name(l))
 
     def fn(l):
-        dt = l.dtype
-        (val,) = replica_sum([tf.reduce_sum(tf.where(q > 0, q * l, tf.zeros_like(l)))])
-        val = val * tf.constant(1.0 / rho, dt)
-        return _poison(bad, val), _poison(bad, q * tf.constant(1.0 / rho, dt))
+        (val,) = replica_sum([ops.sum(ops.where(q > 0, q * l, ops.zeros_like(l)))])
+        return _poison(bad, val * inv_rho), _poison(bad, q * inv_rho)
 
     return _cast_back(_global_share(fn, l), original)
 
@@ -233,7 +262,7 @@ def safe_kl_dro_risk_and_stats_global(
       alpha: scalar tensor (its dtype is kept for ``stats["alpha"]``) or Python number.
       solve_alpha: ``None``, or a scalar bool tensor: where true, ``alpha`` is replaced by
         the optimal alpha of the global batch (:func:`losszoo.ops.safe_kl_dro_solve_alpha`
-        on the all-gathered batch, run only then by a ``tf.cond``, no gradient).
+        on the all-gathered batch, run only then by an ``ops.cond``, no gradient).
 
     Returns:
       ``(value, stats)``: ``stats`` holds ``mean_w``, ``saturation``, ``grad_alpha`` and
@@ -244,43 +273,42 @@ def safe_kl_dro_risk_and_stats_global(
     lam, rho = check_lam(lam), check_rho(rho)
     calibrate = check_bool(calibrate, "calibrate")
     l, s, original, bad = _prepare_optional(losses, sample_weight)
+    dt = dtype_name(l)
     multi = num_replicas() > 1
-    if isinstance(alpha, (tf.Tensor, tf.Variable)):
-        alpha = tf.convert_to_tensor(alpha)
-    else:
-        alpha = _scalar_alpha(alpha, l.dtype)
+    alpha = ops.convert_to_tensor(alpha) if is_tensor(alpha) else _scalar_alpha(alpha, dt)
     if solve_alpha is not None:
         # No cross-replica synchronisation is allowed inside the cond, so the global batch
         # is all-gathered before it (every replica then solves the same global problem).
-        l_all, s_all = tf.stop_gradient(l), s
+        l_all, s_all = ops.stop_gradient(l), s
         if multi:
-            l_all = replica_gather(l)
+            l_all = replica_gather(l_all)
             s_all = None if s is None else replica_gather(s)
-        with _tf_record.stop_recording():  # no gradient: keeps XLA free of cond grads
-            solved = tf.cond(
+        a_dt = dtype_name(alpha)
+        with _no_gradient_recording():
+            solved = ops.cond(
                 solve_alpha,
-                lambda: tf.cast(safe_kl_dro_solve_alpha(l_all, lam, rho, s_all), alpha.dtype),
-                lambda: tf.zeros([], alpha.dtype),
+                lambda: ops.cast(safe_kl_dro_solve_alpha(l_all, lam, rho, s_all), a_dt),
+                lambda: ops.zeros([], a_dt),
             )
-        alpha = tf.where(solve_alpha, solved, alpha)
-    value, stats = _risk_and_stats(l, _scalar_alpha(alpha, l.dtype), s, bad, lam, rho, calibrate)
-    total = tf.cast(tf.size(l), l.dtype) if s is None else tf.reduce_sum(s)
+        alpha = ops.where(solve_alpha, solved, alpha)
+    value, stats = _risk_and_stats(l, _scalar_alpha(alpha, dt), s, bad, lam, rho, calibrate)
+    total = ops.cast(ops.size(l), dt) if s is None else ops.sum(s)
     if multi:
         mean_w, curv = stats["mean_w"], stats["curvature"]
         sw_glob, s_glob, sc_glob, v_glob = replica_sum(
-            [mean_w * total, total, curv * total, tf.where(total > 0, value * total, 0.0)]
+            [mean_w * total, total, curv * total, ops.where(total > 0, value * total, 0.0)]
         )
         saturation = replica_max(stats["saturation"])
         value = _shown_as(
-            value * tf.math.divide_no_nan(total, s_glob),
-            tf.math.divide_no_nan(v_glob, s_glob) / num_replicas(),
+            value * ops.divide_no_nan(total, s_glob),
+            ops.divide_no_nan(v_glob, s_glob) / num_replicas(),
         )
-        mean_w = tf.math.divide_no_nan(sw_glob, s_glob)
+        mean_w = ops.divide_no_nan(sw_glob, s_glob)
         stats = {
             "mean_w": mean_w,
             "saturation": saturation,
-            "grad_alpha": tf.where(s_glob > 0, 1.0 - mean_w, tf.zeros_like(mean_w)),
-            "curvature": tf.math.divide_no_nan(sc_glob, s_glob),
+            "grad_alpha": ops.where(s_glob > 0, 1.0 - mean_w, ops.zeros_like(mean_w)),
+            "curvature": ops.divide_no_nan(sc_glob, s_glob),
         }
         total = s_glob
     return _cast_back(value, original), {**stats, "alpha": alpha, "total_weight": total}

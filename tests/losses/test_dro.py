@@ -275,8 +275,8 @@ def test_mirrored_strategy_matches_single_device_with_one_alpha():
         _linear, X, y, loss, steps=4, learning_rate=0.05
     )
     (ls,), (lm,) = find_dro_losses(single), find_dro_losses(mirrored)
-    assert isinstance(lm._state, tf.distribute.DistributedValues)
-    replicas = [float(v.numpy()[0]) for v in lm._state.values]
+    assert isinstance(lm._state.value, tf.distribute.DistributedValues)
+    replicas = [float(v.numpy()[0]) for v in lm._state.value.values]
     assert len(replicas) == 2 and replicas[0] == replicas[1]
     np.testing.assert_allclose(replicas[0], float(ls.alpha.numpy()), rtol=1e-5)
     assert float(ls.alpha.numpy()) != 0.0
