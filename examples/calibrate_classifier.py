@@ -43,9 +43,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import keras  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-tf.get_logger().setLevel("ERROR")  # keras' retracing warnings from the per-method predicts
 import numpy as np  # noqa: E402
 
 import _common  # noqa: E402
@@ -138,16 +135,15 @@ def run_seed(args, seed):
         steps_per_execution=100,
         jit_compile=True,
     )
-    # a fixed number of minibatch steps over the (repeated, reshuffled) training split
+    # a fixed number of minibatch steps over the repeated training split, reshuffled each pass
+    # (batches run across passes), as one stream of indices: the same on every backend
     batch = min(args.batch_size, len(xtr))
-    ds = (
-        tf.data.Dataset.from_tensor_slices((xtr, ytr))
-        .shuffle(min(len(xtr), 10000), seed=seed, reshuffle_each_iteration=True)
-        .repeat()
-        .batch(batch, drop_remainder=True)
-    )
+    rng = np.random.default_rng(seed)
+    passes = -(-args.steps * batch // len(xtr))
+    order = np.concatenate([rng.permutation(len(xtr)) for _ in range(passes)])
+    order = order[: args.steps * batch]
     t0 = time.time()
-    base.fit(ds, epochs=1, steps_per_epoch=args.steps, shuffle=False, verbose=0)
+    base.fit(xtr[order], ytr[order], batch_size=batch, epochs=1, shuffle=False, verbose=0)
     train_nll = float(base.evaluate(xtr, ytr, batch_size=512, verbose=0))
     if args.verbose:
         print(
