@@ -8,7 +8,6 @@ from losszoo import ops
 from losszoo._logits import attached_logits
 from losszoo.contract import check_choice, to_compute_dtype
 from losszoo.losses._targets import SampleWeightCheck
-from losszoo.ops._rankmax import check_loss_arguments
 from losszoo.registry import register
 
 # The loss' label formats and the op's reading of each: "auto" is the op's shape-only rule.
@@ -92,7 +91,9 @@ class RankmaxLoss(SampleWeightCheck, keras.losses.Loss):
         dtype=None,
     ):
         super().__init__(reduction=reduction, name=name, dtype=dtype)
-        self.k, self.margin, self.max_positives = check_loss_arguments(k, margin, max_positives)
+        self.k, self.margin, self.max_positives = ops.check_rankmax_arguments(
+            k, margin, max_positives
+        )
         self.label_format = check_choice(label_format, "label_format", tuple(_LABEL_FORMATS))
 
     def call(self, y_true, y_pred):
@@ -106,7 +107,7 @@ class RankmaxLoss(SampleWeightCheck, keras.losses.Loss):
             self.max_positives,
             _LABEL_FORMATS[self.label_format],
             labels_name="y_true",
-            scores_name="y_pred",
+            logits_name="y_pred",
         )
 
     def get_config(self):

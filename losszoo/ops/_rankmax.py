@@ -3,9 +3,9 @@
 Kong, Krichene, Mayoraz, Rendle, Zhang, "Rankmax: An Adaptive Projection Alternative to the
 Softmax Function", NeurIPS 2020. Spec: ``shared/specs/rankmax_sparsemax.md`` sections 1.1
 (definition), 2 (A4, A5, A6), 3.3 and 3.4 (gradients, with erratum E1 corrected) and 4
-(numerics).
+(numerics). Written once with ``keras.ops``; runs on TensorFlow, JAX and PyTorch.
 
-For one row of scores ``z`` in R^n, a positive label ``y``, an integer ``1 <= k < n`` and a
+For one row of logits ``z`` in R^n, a positive label ``y``, an integer ``1 <= k < n`` and a
 margin ``eta > 0`` (the paper fixes ``eta = 1``):
 
 * threshold ``mu_y = min(z_y, z_[k]) - eta`` (eq. 11; ``z_[k]`` is the k-th largest score);
@@ -31,229 +31,258 @@ For k = 1: ``alpha`` on ``{i != y : z_i > z_y - eta}`` and ``-(s - 1) alpha`` at
 Label formats (``label_format``). ``"ids"``: class ids ``[...]`` (one positive per row) or
 ``[..., M]`` (several positives, ``-1`` pads), integer or whole-number floats; each positive is
 broadcast against the row: O(M n) time and memory per row, O(n) for a single positive.
-``"dense"``: non-negative weights of the shape of the scores (multi-hot, or TFRS's identity
+``"dense"``: non-negative weights of the shape of the logits (multi-hot, or TFRS's identity
 matrix); each positive's loss is multiplied by its weight. When every row of the batch has at
 most one positive (one-hot, identity; ``max_positives=1``, the default), the positive's index
 is read with one matmul over the labels (``sum_i i w_i / sum_i w_i``) and the ids kernel runs
 on it; the check that the reading is right (every other weight exactly 0) is fused into the
 kernel's relu-sum pass: the O(n) cost of ids plus two reads of the labels. Otherwise an
 exact merged sort per row runs (spec A6 (ii), O(n log n)); the choice is made at run time
-with ``tf.cond``. ``"auto"`` (default): floating labels of the scores' shape are dense,
+with ``keras.ops.cond``. ``"auto"`` (default): floating labels of the logits' shape are dense,
 labels one rank lower are ids, integer labels ``[..., M]`` with a static ``M != n`` are padded
 ids; integer labels ``[..., n]`` (or with an unknown last axis) are ambiguous (a one-hot row or
 n padded ids?) and are rejected: pass ``label_format``. ``"keras"`` (the rule of
 ``RankmaxLoss``, as Keras 3 casts ``y_true`` to float) reads shapes only: ids one rank lower or
 with a last axis of 1, padded ids ``[..., M]`` when ``M`` and ``n`` are static and differ,
 dense otherwise. ``rankmax`` (the projection) reads labels by the same rules and rejects dense
-ones. A ``tf.RaggedTensor`` (positive ids per row) is read as ids padded with -1; a
-``tf.SparseTensor`` is densified, its absent entries -1 for ids, 0 for dense
-weights (both raise ``TypeError`` under ``jit_compile=True``, where XLA cannot densify them).
+ones. On TensorFlow a ``tf.RaggedTensor`` (positive ids per row) is read as ids padded with
+-1 and a ``tf.SparseTensor`` is densified, its absent entries -1 for ids, 0 for dense weights
+(both raise ``TypeError`` under ``jit_compile=True``, where XLA cannot densify them).
 Rows without a positive (all ids -1, or all-zero dense labels) contribute loss 0 and
 gradient 0.
 
 Numerics: every difference is taken against the anchor ``m = min(z_y, z_[k])`` before the
 margin is added (``z_i - mu_y = (z_i - m) + eta``), so offsets and scales of 1e8 keep the
 positive's own margin term exact (``rankmax_loss([0], [[1e8, 1e8, 1e8]]) = log 3``). Ties
-``z_i = mu_y`` are outside the support (strict ``>``); ``z_y = z_[k]`` is case A. ``-inf``
-scores are masked (weight 0); a positive whose score is ``-inf`` gives loss ``+inf`` with a
-zero gradient (and a NaN projection row). ``+inf`` scores give a NaN or ``+inf`` loss.
-Half-precision inputs are computed in float32 and cast back; float64 stays float64.
+``z_i = mu_y`` are outside the support (strict ``>``); ``z_y = z_[k]`` is case A; equal
+scores are ordered by index on every backend. ``-inf`` logits are masked (weight 0); a
+positive whose score is ``-inf`` gives loss ``+inf`` with a zero gradient (and a NaN
+projection row). Half-precision inputs are computed in float32 and cast back; float64 stays
+float64 (JAX: with ``jax_enable_x64``; PyTorch: computed in float32 and cast back, as
+``keras.ops`` demotes float64 there).
 
-Fail-loud contract (README, "Bad input"): ``k``, ``margin``, ``max_positives`` and
-``label_format`` are checked when called, naming the argument. NaN scores, ids outside
-``[0, n)`` (or ``-1``), non-whole, NaN or negative labels raise eagerly and in graphs (skipped
-with ``losszoo.set_validation(False)``). Under XLA, where assertions vanish, the affected
-rows' loss (and projection) is NaN: invalid ids are never clamped.
+Fail-loud contract (README, "Bad input"; ``losszoo.contract``): ``k``, ``margin``,
+``max_positives`` and ``label_format`` are checked when called, naming the argument. The
+logits keep ``LOGITS`` (no NaN or ``+inf``, no row all ``-inf``), ids keep
+:data:`PADDED_CLASS_IDS`, dense labels keep ``NON_NEGATIVE``: broken eagerly they raise
+``ValueError``, in TensorFlow graphs an assertion fails (both skipped with
+``losszoo.set_validation(False)``). Traced for XLA (``jit_compile=True``, ``jax.jit``) the
+affected rows' loss (and projection) is NaN, or ``+inf`` for ``+inf`` / all ``-inf`` logits:
+invalid ids are never clamped.
 """
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
-import tensorflow as tf
+from keras import ops
 
+from losszoo import _backend
+from losszoo._backend import custom_gradient
 from losszoo.contract import (
+    LOGITS,
+    NON_NEGATIVE,
+    Rule,
     check_choice,
-    check_not_nan,
+    check_number,
     dense_labels,
+    dtype_name,
+    is_floating,
+    is_tensor,
     nan_where,
-    static_value,
+    static_rank,
     to_compute_dtype,
     validation_enabled,
 )
 
-__all__ = ["rankmax", "rankmax_loss"]
+__all__ = ["PADDED_CLASS_IDS", "check_rankmax_arguments", "rankmax", "rankmax_loss"]
 
 LABEL_FORMATS = ("auto", "keras", "ids", "dense")
 
 
-# --------------------------------------------------------------------------- validation
+def _padded_ids_mask(xp, ids, n):
+    bad = xp.logical_or(xp.less(ids, -1), xp.greater_equal(ids, n))
+    if is_floating(ids):
+        whole = xp.logical_and(xp.isfinite(ids), xp.equal(ids, xp.round(ids)))
+        bad = xp.logical_or(bad, xp.logical_not(whole))
+    return bad
 
 
-def _check_k_margin(k, margin, n):
-    if isinstance(k, bool) or not isinstance(k, (numbers.Integral,)):
+PADDED_CLASS_IDS = Rule(
+    "holds class ids, which must be whole numbers in [0, K) (K = the logits' last axis), "
+    "or -1 for padding",
+    _padded_ids_mask,
+)
+"""Lists of class ids padded with -1 (entry-wise): ``CLASS_IDS`` plus the padding value;
+pass the number of classes."""
+
+
+# --------------------------------------------------------------------------- arguments
+
+
+def check_rankmax_arguments(k, margin, max_positives=1, n=None):
+    """``(k, margin, max_positives)`` of :func:`rankmax_loss` checked by its rules.
+
+    ``k`` is a Python int >= 1, ``margin`` a finite number > 0, ``max_positives`` None or an
+    int >= 1. ``n`` (the number of candidates, when known) also bounds ``k < n`` and
+    ``max_positives <= n``. Keras losses call it at construction, with ``n=None``.
+
+    Returns:
+      ``(k, margin, max_positives)`` as ``(int, float, int or None)``.
+
+    Raises:
+      ValueError: (or TypeError) naming the argument.
+    """
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral):
         raise TypeError(f"`k` must be a Python int, got {k!r}.")
-    k = int(k)
-    if k < 1:
-        raise ValueError(f"`k` must be >= 1, got k={k}.")
+    k = check_number(k, "k", low=1, integer=True)
     if n is not None and k >= n:
         raise ValueError(
             f"`k` must be smaller than the number of candidates n={n} (k >= n makes the "
             f"projection all ones and the loss 0), got k={k}."
         )
-    if not isinstance(margin, numbers.Real) or isinstance(margin, bool):
-        raise TypeError(f"`margin` must be a Python float, got {margin!r}.")
-    margin = float(margin)
-    if not margin > 0 or not np.isfinite(margin):
-        raise ValueError(f"`margin` must be a finite number > 0, got margin={margin}.")
-    return k, margin
-
-
-def _prepare_scores(scores, name="scores"):
-    z, dtype = to_compute_dtype(scores, name)
-    if z.shape.rank is None or z.shape.rank < 1:
-        raise ValueError(f"`{name}` must have rank >= 1 with known rank, got shape {z.shape}.")
-    z = check_not_nan(z, name)
-    n = z.shape[-1]
-    if n is None:  # e.g. in-batch scores [B, B] with an unknown batch size
-        n = tf.shape(z)[-1]
-    return z, dtype, n
+    for value, name in ((margin, "margin"), (max_positives, "max_positives")):
+        if is_tensor(value):
+            raise TypeError(f"`{name}` must be a Python number, got a tensor.")
+    margin = check_number(margin, "margin", low=0.0, low_open=True)
+    max_positives = check_number(
+        max_positives, "max_positives", low=1, high=n, integer=True, allow_none=True
+    )
+    return k, margin, max_positives
 
 
 def _static(n):
     return n if isinstance(n, int) else None
 
 
+def _compatible(a, b) -> bool:
+    """Whether two static shapes (``None`` = unknown size) can be the same."""
+    return len(a) == len(b) and all(x is None or y is None or x == y for x, y in zip(a, b))
+
+
+def _prepare_logits(logits, name):
+    z, dtype = to_compute_dtype(logits, name)
+    if _backend.NAME == "torch" and dtype == "float64":
+        # keras.ops on PyTorch computes maximum, minimum, cumsum, matmul and divide_no_nan
+        # of float64 tensors in float32 (Keras' 64-to-32-bit promotion rule): compute it all
+        # in float32 rather than mix the two.
+        z = ops.cast(z, "float32")
+    rank = static_rank(z)
+    if rank is None or rank < 1:
+        raise ValueError(f"`{name}` must have rank >= 1 with known rank, got shape {z.shape}.")
+    z = LOGITS.check(z, name)
+    n = z.shape[-1]
+    if n is None:  # e.g. in-batch logits [B, B] with an unknown batch size (TensorFlow)
+        n = ops.shape(z)[-1]
+    return z, dtype, n
+
+
 def _check_k_against(z, k, n):
     """k < n when n is only known at run time (graph assertion; NaN under XLA, see callers)."""
     if _static(n) is not None or not validation_enabled():
         return z
-    with tf.control_dependencies(
-        [
-            tf.debugging.Assert(
-                k < n, ["`k` must be smaller than the number of candidates n;", "k =", k, "n =", n]
-            )
-        ]
-    ):
-        return tf.identity(z)
+    message = f"`k` must be smaller than the number of candidates n (the logits' last axis); k={k}"
+    return _backend.assert_all(k < n, message, z)
 
 
-def _assert(ok, message):
-    with tf.control_dependencies([tf.debugging.Assert(ok, [message])]):
-        return tf.identity(ok)
+# --------------------------------------------------------------------------- labels
 
 
-def _ids_to_positives(labels, z, n, name="labels"):
+def _ids_to_positives(labels, z, n, name):
     """Ids (integer or whole floats) -> (ids [N, P] int32, weights [N, P], multi, invalid [N]).
 
-    ``-1`` pads (weight 0). ``invalid`` marks rows holding an id outside ``[-1, n)``, a NaN or
-    a non-whole value: eagerly and in graphs they raise first (when validation is on); under
-    XLA the callers make those rows NaN (a gather would clamp the id silently).
+    ``-1`` pads (weight 0). ``invalid`` marks rows breaking :data:`PADDED_CLASS_IDS`: eagerly
+    and in graphs they raise first (when validation is on); under XLA the callers make those
+    rows NaN (a gather would clamp the id silently).
     """
-    lead = z.shape[:-1]
-    if labels.shape.rank == z.shape.rank - 1:
+    rank, zrank = static_rank(labels), static_rank(z)
+    if rank == zrank - 1:
         multi = False
         labels = labels[..., None]
-    elif labels.shape.rank == z.shape.rank:
+    elif rank == zrank:
         multi = True
     else:
         raise ValueError(
-            f"`{name}` as ids must have shape scores.shape[:-1]={lead.as_list()} (one positive "
-            f"per row) or scores.shape[:-1] + [M] (M positives, -1 pads); got {labels.shape} "
-            f"for scores of shape {z.shape}."
+            f"`{name}` as ids must have the logits' shape without the last axis "
+            f"{list(z.shape[:-1])} (one positive per row) or with a last axis of M positives "
+            f"(-1 pads); got shape {list(labels.shape)} for logits of shape {list(z.shape)}."
         )
-    if not lead.is_compatible_with(labels.shape[:-1]):
+    if not _compatible(labels.shape[:-1], z.shape[:-1]):
         raise ValueError(
-            f"Leading dimensions of `{name}` {labels.shape} do not match `scores` {z.shape}."
+            f"Leading dimensions of `{name}` {list(labels.shape)} do not match the logits' "
+            f"{list(z.shape)}."
         )
-    if not (labels.dtype.is_integer or labels.dtype.is_floating):
-        raise TypeError(f"`{name}` as ids must be integer or floating, got {labels.dtype.name}.")
-    m = labels.shape[-1] if labels.shape[-1] is not None else tf.shape(labels)[-1]
-    flat = tf.reshape(labels, [-1, m])
-    if flat.dtype.is_floating:
-        whole = tf.math.is_finite(flat) & tf.equal(flat, tf.round(flat))
-    else:
-        flat = tf.cast(flat, tf.int64)
-        whole = tf.ones_like(flat, tf.bool)
-    bad = ~whole | (flat < -1) | (flat >= tf.cast(n, flat.dtype))
-    invalid = tf.reduce_any(bad, axis=-1)
-    bound = _static(n) if _static(n) is not None else "n"
-    message = (
-        f"`{name}` must hold whole-number ids in [0, {bound}) (n = the scores' last "
-        "axis) or -1 for padding."
-    )
-    if validation_enabled():
-        value = static_value(labels)
-        if value is not None and _static(n) is not None:
-            value = np.asarray(value, np.float64)
-            if value.size and (
-                not np.all(np.isfinite(value))
-                or np.any(value != np.round(value))
-                or value.min() < -1
-                or value.max() >= n
-            ):
-                raise ValueError(
-                    f"{message} Got values in [{np.nanmin(value)}, "
-                    f"{np.nanmax(value)}]" + (" and NaN." if np.isnan(value).any() else ".")
-                )
-        else:
-            with tf.control_dependencies([_assert(~tf.reduce_any(invalid), message)]):
-                invalid = tf.identity(invalid)
-    ids = tf.cast(tf.where(bad, tf.zeros_like(flat), flat), tf.int32)
+    kind = dtype_name(labels)
+    if not is_floating(labels):
+        if not kind.startswith(("int", "uint")):
+            raise TypeError(f"`{name}` as ids must be integer or floating, got {kind}.")
+        if kind != "int64":
+            labels = ops.cast(labels, "int32")
+    m = labels.shape[-1] if labels.shape[-1] is not None else ops.shape(labels)[-1]
+    flat = PADDED_CLASS_IDS.check(ops.reshape(labels, (-1, m)), name, n)
+    bad = PADDED_CLASS_IDS.invalid(flat, n)
+    ids = ops.cast(ops.where(bad, 0, flat), "int32")
     valid = (ids >= 0) & ~bad
-    w = tf.cast(valid, z.dtype)
-    ids = tf.where(valid, ids, tf.zeros_like(ids))
-    return ids, w, multi, invalid
+    ids = ops.where(valid, ids, 0)
+    return ids, ops.cast(valid, z.dtype), multi, ops.any(bad, axis=-1)
 
 
-def _check_dense_labels(labels, z, name="labels"):
-    """Dense weights: shape of the scores, finite, >= 0. Returns (weights, invalid rows [...])."""
-    if not labels.shape.is_compatible_with(z.shape):
+def _dense_weights(labels, z, name):
+    """Dense weights with the shape of the logits, checked by ``NON_NEGATIVE``."""
+    if not _compatible(labels.shape, z.shape):
         raise ValueError(
-            f"Dense `{name}` must have the shape of `scores` {z.shape}, got {labels.shape}. "
-            "Pass ids (label_format='ids') for one positive per row."
+            f"Dense `{name}` must have the shape of the logits {list(z.shape)}, got "
+            f"{list(labels.shape)}. Pass ids (label_format='ids') for one positive per row."
         )
-    if not (labels.dtype.is_integer or labels.dtype.is_floating or labels.dtype == tf.bool):
-        raise TypeError(f"Dense `{name}` must be numeric, got {labels.dtype.name}.")
-    w = tf.cast(labels, z.dtype)
-    # Not ~(w >= 0): Grappler rewrites that into w < 0, which is false for NaN.
-    invalid = tf.reduce_any(tf.math.is_nan(w) | (w < 0) | tf.math.is_inf(w), axis=-1)
-    message = f"Dense `{name}` must be finite and >= 0 (multi-hot or weights)."
-    if validation_enabled():
-        value = static_value(labels)
-        if value is not None:
-            value = np.asarray(value, np.float64)
-            if not np.all(np.isfinite(value)) or np.any(value < 0):
-                raise ValueError(message)
-        else:
-            with tf.control_dependencies([_assert(~tf.reduce_any(invalid), message)]):
-                w = tf.identity(w)
-    return w, invalid
+    kind = dtype_name(labels)
+    if not (is_floating(labels) or kind == "bool" or kind.startswith(("int", "uint"))):
+        raise TypeError(f"Dense `{name}` must be numeric, got {kind}.")
+    return NON_NEGATIVE.check(ops.cast(labels, z.dtype), name)
+
+
+def _tf_label_form(labels):
+    """``"ragged"`` / ``"sparse"`` for a ``tf.RaggedTensor`` / ``tf.SparseTensor``, else None."""
+    if not _backend.TENSORFLOW:
+        return None
+    import tensorflow as tf
+
+    if isinstance(labels, tf.RaggedTensor):
+        return "ragged"
+    return "sparse" if isinstance(labels, tf.SparseTensor) else None
+
+
+def _ragged_ids(labels, name):
+    """A ``tf.RaggedTensor`` of ids padded with -1 to at least one column (rows may all be
+    empty). TensorFlow only."""
+    import tensorflow as tf
+
+    ids = dense_labels(labels, name, ragged_fill=-1)
+    short = tf.maximum(1 - tf.shape(ids)[-1], 0)
+    pad = tf.concat([tf.zeros([ids.shape.rank - 1, 2], tf.int32), [[0, short]]], 0)
+    return tf.pad(ids, pad, constant_values=-1)
 
 
 def _labels_and_format(labels, label_format, name):
     """``labels`` as a tensor and the format it forces (``label_format`` otherwise).
 
-    A ``tf.RaggedTensor`` is a list of positive ids per row: padded with -1 (to at least one
-    column, so rows may all be empty) and read as ids; ``label_format="dense"`` cannot read
-    it (TypeError). A ``tf.SparseTensor`` stays sparse until the format is resolved (see
-    :func:`_densify`).
+    A ``tf.RaggedTensor`` is a list of positive ids per row, read as ids;
+    ``label_format="dense"`` cannot read it (TypeError). A ``tf.SparseTensor`` stays sparse
+    until the format is resolved (see :func:`_densify`).
     """
     check_choice(label_format, "label_format", LABEL_FORMATS)
-    if isinstance(labels, tf.RaggedTensor):
+    form = _tf_label_form(labels)
+    if form == "ragged":
         if label_format == "dense":
             raise TypeError(
                 f"`{name}` is a tf.RaggedTensor (lists of positive ids per row), which "
                 "label_format='dense' cannot read: use label_format='ids' or 'auto'."
             )
-        ids = dense_labels(labels, name, ragged_fill=-1)
-        short = tf.maximum(1 - tf.shape(ids)[-1], 0)
-        pad = tf.concat([tf.zeros([ids.shape.rank - 1, 2], tf.int32), [[0, short]]], 0)
-        return tf.pad(ids, pad, constant_values=-1), "ids"
-    if isinstance(labels, tf.SparseTensor):
+        return _ragged_ids(labels, name), "ids"
+    if form == "sparse":
         return labels, label_format
-    return tf.convert_to_tensor(labels), label_format
+    return ops.convert_to_tensor(labels), label_format
 
 
 def _densify(labels, label_format, name):
@@ -262,52 +291,63 @@ def _densify(labels, label_format, name):
 
 
 def _resolve_format(labels, z, label_format, name):
-    """The label rule of ``label_format="auto"`` (see the module docstring).
+    """The label rule of ``label_format="auto"`` / ``"keras"`` (see the module docstring).
 
     Shared by :func:`rankmax_loss` and :func:`rankmax`, so both read (or reject) the same
     labels the same way.
     """
-    check_choice(label_format, "label_format", LABEL_FORMATS)
     if label_format in ("ids", "dense"):
         return label_format
-    rank, zrank = labels.shape.rank, z.shape.rank
+    rank, zrank = static_rank(labels), static_rank(z)
     if rank is None:
         raise ValueError(f"`{name}` must have a known rank.")
     if rank == zrank - 1:
         return "ids"
+    m, n = (labels.shape[-1] if rank == zrank else None), z.shape[-1]
     if label_format == "keras":  # shapes only: Keras 3 casts y_true to float
-        m, n = labels.shape[-1] if rank == zrank else None, z.shape[-1]
         ids = m is not None and (m == 1 or n is not None) and m != n
         return "ids" if ids else "dense"
     if rank == zrank:
-        if labels.dtype.is_floating or labels.dtype == tf.bool:
+        if is_floating(labels) or dtype_name(labels) == "bool":
             return "dense"
-        m, n = labels.shape[-1], z.shape[-1]
         if m is not None and n is not None and m != n:
             return "ids"
         raise ValueError(
-            f"`{name}` is ambiguous: integer labels of shape {labels.shape} could be one-hot / "
-            f"multi-hot rows over the n={n} candidates or lists of M={m} ids. Pass "
+            f"`{name}` is ambiguous: integer labels of shape {list(labels.shape)} could be "
+            f"one-hot / multi-hot rows over the n={n} candidates or lists of M={m} ids. Pass "
             "`label_format`='dense' or 'ids' (or floating labels for dense weights)."
         )
     raise ValueError(
-        f"`{name}` must have the rank of `scores` (dense weights or padded ids) or one less "
-        f"(ids); got shape {labels.shape} for scores of shape {z.shape}."
+        f"`{name}` must have the rank of the logits (dense weights or padded ids) or one less "
+        f"(ids); got shape {list(labels.shape)} for logits of shape {list(z.shape)}."
     )
 
 
 # --------------------------------------------------------------------------- shared pieces
 
 
+def _top_k(x, k):
+    """``ops.top_k(x, k)`` with equal values in index order on every backend.
+
+    TensorFlow's and JAX's top_k put the lower index first; ``torch.topk`` orders ties
+    arbitrarily, so PyTorch takes a stable argsort (the merged order below relies on ties).
+    """
+    if _backend.NAME != "torch":
+        return ops.top_k(x, k)
+    order = ops.argsort(-x, axis=-1)[..., :k]
+    return ops.take_along_axis(x, order, axis=-1), order
+
+
 def _row_index(ids):
-    """[N, P] -> [N, P, 2] (row, id) index tuples for scatter/gather."""
-    rows = tf.broadcast_to(tf.range(tf.shape(ids)[0], dtype=ids.dtype)[:, None], tf.shape(ids))
-    return tf.stack([rows, ids], axis=-1)
+    """[N, P] -> [N, P, 2] (row, id) index tuples for scatter."""
+    rows = ops.arange(ops.shape(ids)[0], dtype=dtype_name(ids))[:, None]
+    return ops.stack([ops.broadcast_to(rows, ops.shape(ids)), ids], axis=-1)
 
 
 def _scatter_add(base, ids, updates):
     """base [N, n] += updates [N, P] at columns ids [N, P]."""
-    return tf.tensor_scatter_nd_add(base, _row_index(ids), updates)
+    index = ops.reshape(_row_index(ids), (-1, 2))
+    return ops.scatter_update(base, index, ops.reshape(updates, (-1,)), reduction="add")
 
 
 def _anchor(zy, top_v, k):
@@ -318,32 +358,33 @@ def _anchor(zy, top_v, k):
     """
     if k == 1:
         return zy, None
-    # reduce_min rather than top_v[:, k-1]: XLA:CPU lowers top_k to its fast kernel only when
-    # the sorted values are consumed whole; a slice at k-1 turns it into a full sort (~100x).
-    zk = tf.reduce_min(top_v, axis=-1, keepdims=True)
+    # min rather than top_v[:, k-1]: XLA:CPU lowers top_k to its fast kernel only when the
+    # sorted values are consumed whole; a slice at k-1 turns it into a full sort (~100x).
+    zk = ops.min(top_v, axis=-1, keepdims=True)
     # minimum(zy, zk) in this order: a tie z_y = z_[k] is case A (spec 2, TF/XLA notes).
-    return tf.minimum(zy, zk), zy > zk
+    return ops.minimum(zy, zk), zy > zk
 
 
 def _capped_count(D, top_v, m, k, eta):
     """t* [N, P] (int32) and R_{t*} [N, P] from A4/A5 steps 7-11."""
     dt = (top_v[:, None, :] - m[:, :, None]) + eta  # [N, P, k], each >= eta
-    prefix = tf.math.cumsum(dt, axis=-1, exclusive=True)
-    R = tf.maximum(D[:, :, None] - prefix, dt)
-    remaining = tf.cast(k - tf.range(k), D.dtype)
-    bad = tf.cast(R < remaining * dt, tf.int32)
-    ts = tf.minimum(tf.reduce_sum(bad, axis=-1), k - 1)
-    Rs = tf.gather(R, ts[..., None], batch_dims=2)[..., 0]
+    # exclusive prefix sums
+    prefix = ops.concatenate([ops.zeros_like(dt[..., :1]), ops.cumsum(dt[..., :-1], -1)], -1)
+    R = ops.maximum(D[:, :, None] - prefix, dt)
+    remaining = ops.cast(k - ops.arange(k), D.dtype)
+    bad = ops.cast(R < remaining * dt, "int32")
+    ts = ops.minimum(ops.sum(bad, axis=-1), k - 1)
+    Rs = ops.take_along_axis(R, ts[..., None], axis=-1)[..., 0]
     return ts, Rs
 
 
 def _loss_terms(gap, D, k, eta, ts, Rs):
     """Per-positive loss; ``gap = z_y - mu_y``. NaN propagates (no relu on a NaN)."""
     if k == 1:
-        raw = tf.math.log(D) - np.log(eta)
+        raw = ops.log(D) - math.log(eta)
     else:
-        raw = tf.math.log(Rs) - tf.math.log(tf.cast(k - ts, D.dtype)) - tf.math.log(gap)
-    return tf.where(raw < 0, tf.zeros_like(raw), raw)
+        raw = ops.log(Rs) - ops.log(ops.cast(k - ts, D.dtype)) - ops.log(gap)
+    return ops.where(raw < 0, 0.0, raw)
 
 
 def _positive_terms(zy, m, D, top_v, masked, k, eta):
@@ -354,8 +395,7 @@ def _positive_terms(zy, m, D, top_v, masked, k, eta):
         ts, Rs = None, D
     else:
         ts, Rs = _capped_count(D, top_v, m, k, eta)
-    terms = _loss_terms(gap, D, k, eta, ts, Rs)
-    terms = tf.where(masked, tf.fill(tf.shape(terms), tf.constant(np.inf, D.dtype)), terms)
+    terms = ops.where(masked, np.inf, _loss_terms(gap, D, k, eta, ts, Rs))
     return gap, ts, Rs, terms
 
 
@@ -365,17 +405,15 @@ def _grad_coefficients(v, gap, s, k, ts, Rs, case_b):
     Returns a [N,P] (weight of 1[z > mu]), cap [N,k] or None (subtracted at top_i),
     gy [N,P] (added at y) and gk [N] or None (added at the k-th largest index).
     """
-    safe_R = tf.where(v != 0, Rs, tf.ones_like(Rs))
-    a = v / safe_R
+    a = v / ops.where(v != 0, Rs, 1.0)
     if k == 1:
         return a, None, -a * s, None
-    c = s - tf.cast(ts, v.dtype)  # |U|
-    t = tf.range(k)
-    cap = tf.reduce_sum(a[:, :, None] * tf.cast(t[None, None, :] < ts[:, :, None], v.dtype), axis=1)
-    b = v / tf.where(v != 0, gap, tf.ones_like(gap))
-    zero = tf.zeros_like(a)
-    gy = tf.where(case_b, -b, -a * c)
-    gk = tf.reduce_sum(tf.where(case_b, b - a * c, zero), axis=1)
+    c = s - ops.cast(ts, v.dtype)  # |U|
+    capped = ops.cast(ops.arange(k)[None, None, :] < ts[:, :, None], v.dtype)
+    cap = ops.sum(a[:, :, None] * capped, axis=1)
+    b = v / ops.where(v != 0, gap, 1.0)
+    gy = ops.where(case_b, -b, -a * c)
+    gk = ops.sum(ops.where(case_b, b - a * c, 0.0), axis=1)
     return a, cap, gy, gk
 
 
@@ -384,8 +422,8 @@ def _add_topk_terms(g, top_i, cap, gk, k):
     whole top_i, see the note in _anchor)."""
     if k == 1:
         return g
-    last = tf.range(k) == k - 1
-    return _scatter_add(g, top_i, tf.where(last[None, :], gk[:, None] - cap, -cap))
+    last = ops.arange(k) == k - 1
+    return _scatter_add(g, top_i, ops.where(last[None, :], gk[:, None] - cap, -cap))
 
 
 # --------------------------------------------------------------------------- ids path
@@ -402,19 +440,19 @@ def _positives_forward(z, w, zy, k, eta, consistent=None):
     where it is False the summand of ``D`` is NaN, so ``D`` (and ``saved["D"]``) is NaN
     exactly for the rows that contain such an entry (a NaN survives any summation order).
     """
-    masked = tf.equal(zy, -np.inf)  # a positive masked by -inf: loss +inf
-    zy = tf.where(masked, tf.zeros_like(zy), zy)
-    top_v, top_i = (None, None) if k == 1 else tf.math.top_k(z, k)
+    masked = zy == -np.inf  # a positive masked by -inf: loss +inf
+    zy = ops.where(masked, 0.0, zy)
+    top_v, top_i = (None, None) if k == 1 else _top_k(z, k)
     m, case_b = _anchor(zy, top_v, k)
     diff = (z[:, None, :] - m[:, :, None]) + eta  # z_i - mu_y, [N, P, n]
-    relu = tf.nn.relu(diff)
+    relu = ops.relu(diff)
     if consistent is not None:
-        relu = tf.where(consistent[:, None, :], relu, tf.constant(np.nan, z.dtype))
-    D = tf.reduce_sum(relu, axis=-1)
-    s = tf.reduce_sum(tf.cast(diff > 0, z.dtype), axis=-1)
+        relu = ops.where(consistent[:, None, :], relu, np.nan)
+    D = ops.sum(relu, axis=-1)
+    s = ops.sum(ops.cast(diff > 0, z.dtype), axis=-1)
     gap, ts, Rs, terms = _positive_terms(zy, m, D, top_v, masked, k, eta)
     # w != 0 (not w > 0): a NaN weight (invalid dense labels, see below) must reach the loss.
-    loss = tf.reduce_sum(tf.where(tf.not_equal(w, 0.0), w * terms, tf.zeros_like(terms)), axis=1)
+    loss = ops.sum(ops.where(w != 0, w * terms, 0.0), axis=1)
     saved = {
         "masked": masked,
         "m": m,
@@ -430,37 +468,35 @@ def _positives_forward(z, w, zy, k, eta, consistent=None):
     return loss, saved
 
 
-def _positives_backward(z, w, k, eta, saved, upstream, add_at_positives):
+def _positives_backward(z, w, ids, k, eta, saved, upstream):
     """Gradient of :func:`_positives_forward`'s loss w.r.t. z (spec 3.3)."""
     has = (w > 0) & ~saved["masked"]
-    # NaN terms are kept, so NaN scores give NaN gradients too (is_nan spelt out: Grappler
+    # NaN terms are kept, so NaN logits give NaN gradients too (isnan spelt out: Grappler
     # rewrites ~(t <= 0) into t > 0, which drops them).
-    live = (saved["terms"] > 0) | tf.math.is_nan(saved["terms"])
-    v = tf.where(has & live, w * upstream[:, None], tf.zeros_like(w))
+    live = (saved["terms"] > 0) | ops.isnan(saved["terms"])
+    v = ops.where(has & live, w * upstream[:, None], 0.0)
     a, cap, gy, gk = _grad_coefficients(
         v, saved["gap"], saved["s"], k, saved["ts"], saved["Rs"], saved["case_b"]
     )
     inside = (z[:, None, :] - saved["m"][:, :, None]) + eta > 0
-    g = tf.reduce_sum(tf.where(inside, a[:, :, None], tf.zeros_like(inside, z.dtype)), axis=1)
-    g = add_at_positives(g, gy)
+    g = ops.sum(ops.where(inside, a[:, :, None], 0.0), axis=1)
+    g = _scatter_add(g, ids, gy)
     return _add_topk_terms(g, saved["top_i"], cap, gk, k)
 
 
 def _rankmax_loss_ids(z, ids, w, k, eta):
     """Loss per row for ids [N, P] (weights w [N, P]); custom gradient w.r.t. z."""
 
-    @tf.custom_gradient
-    def f(z):
-        loss, saved = _positives_forward(z, w, tf.gather(z, ids, batch_dims=1), k, eta)
+    @custom_gradient
+    def f(z, ids, w):
+        loss, saved = _positives_forward(z, w, ops.take_along_axis(z, ids, axis=-1), k, eta)
 
         def grad(upstream):
-            return _positives_backward(
-                z, w, k, eta, saved, upstream, lambda g, gy: _scatter_add(g, ids, gy)
-            )
+            return _positives_backward(z, w, ids, k, eta, saved, upstream), None, None
 
         return loss, grad
 
-    return f(z)
+    return f(z, ids, w)
 
 
 def _one_hot_ids(w):
@@ -477,15 +513,14 @@ def _one_hot_ids(w):
     weights, n > 2^24) reads some index in ``[0, 2^24)``, which the caller's check rejects:
     a wrong reading only sends the batch to the exact path, it never changes a loss.
     """
-    n = tf.shape(w)[-1]
-    col = tf.range(n)
-    digits = [tf.ones_like(col)] + [(col // 256**j) % 256 for j in range(3)]
-    sums = tf.matmul(w, tf.cast(tf.stack(digits, axis=1), w.dtype))  # [N, 4]: S, I_0..I_2
-    q = tf.math.divide_no_nan(sums[:, 1:], sums[:, :1])
+    col = ops.arange(ops.shape(w)[-1])
+    digits = [ops.ones_like(col)] + [(col // 256**j) % 256 for j in range(3)]
+    sums = ops.matmul(w, ops.cast(ops.stack(digits, axis=1), w.dtype))  # [N, 4]: S, I_0..I_2
+    q = ops.divide_no_nan(sums[:, 1:], sums[:, :1])
     # Comparisons are false for NaN: such digits (and out-of-range ones) read 0.
-    q = tf.where((q >= 0) & (q <= 255), tf.round(q), tf.zeros_like(q))
+    q = ops.where((q >= 0) & (q <= 255), ops.round(q), 0.0)
     y = q[:, :1] + 256 * q[:, 1:2] + 256**2 * q[:, 2:]  # exact: an integer below 2^24
-    return tf.cast(y, tf.int32)
+    return ops.cast(y, "int32")
 
 
 def _rankmax_loss_one_hot_or_dense(z, w, k, eta):
@@ -498,51 +533,45 @@ def _rankmax_loss_one_hot_or_dense(z, w, k, eta):
     the row's only positive and that the weights are valid (``w_y`` finite and >= 0, every
     other ``w_i`` exactly 0) is fused into the pass that forms ``D = sum_i (z_i - mu_y)_+``:
     an entry that fails it adds NaN, so ``D`` is NaN exactly on the rows the fast path
-    cannot take (and on rows with NaN scores), and ``fits`` = no NaN in ``D`` is a reduction
+    cannot take (and on rows with NaN logits), and ``fits`` = no NaN in ``D`` is a reduction
     over N numbers. Under XLA:CPU every row reduction materialises its [N, n] summand, so
     a separate "count the positives" pass would cost a full write and read of [N, n].
 
-    The branch is chosen with ``tf.cond`` inside one custom gradient: autodiff through a
-    ``tf.cond`` would make the taken branch materialise zero-filled copies of the other
-    branch's [N, 2n] intermediates. Every [N, n] intermediate is formed inline from the
-    inputs (no captured masks): a mask materialised as an operand of the tf.cond costs a
-    full extra write and read.
+    The branch is chosen with ``ops.cond`` inside one custom gradient: autodiff through a
+    cond would make the taken branch materialise zero-filled copies of the other branch's
+    [N, 2n] intermediates. Every [N, n] intermediate is formed inline from the inputs (no
+    captured masks): a mask materialised as an operand of the cond costs a full extra
+    write and read.
     """
     ids = _one_hot_ids(w)
-    weight = tf.gather(w, ids, batch_dims=1)  # [N, 1]; 0 for a row without positives
+    weight = ops.take_along_axis(w, ids, axis=-1)  # [N, 1]; 0 for a row without positives
 
-    @tf.custom_gradient
-    def f(z):
-        n = tf.shape(z)[-1]
-        at_y = tf.equal(tf.range(n)[None, :], ids)
-        consistent = tf.where(at_y, (w >= 0) & (w < np.inf), tf.equal(w, 0.0))
-        zy = tf.gather(z, ids, batch_dims=1)
+    @custom_gradient
+    def f(z, w, ids, weight):
+        at_y = ops.arange(ops.shape(z)[-1])[None, :] == ids
+        consistent = ops.where(at_y, (w >= 0) & (w < np.inf), w == 0)
+        zy = ops.take_along_axis(z, ids, axis=-1)
         fast, saved = _positives_forward(z, weight, zy, k, eta, consistent)
-        fits = ~tf.reduce_any(tf.math.is_nan(saved["D"]))
+        fits = ~ops.any(ops.isnan(saved["D"]))
 
         def slow():
-            bad = tf.math.is_nan(w) | (w < 0) | tf.math.is_inf(w)
-            return nan_where(tf.reduce_any(bad, axis=-1), _rankmax_loss_dense(z, w, k, eta))
+            bad = ops.any(NON_NEGATIVE.invalid(w), axis=-1)
+            return nan_where(bad, _dense_forward(z, w, k, eta)[0])
 
-        loss = tf.cond(fits, lambda: tf.identity(fast), slow)
+        loss = ops.cond(fits, lambda: fast, slow)
 
         def grad(upstream):
             def fast_grad():
-                return _positives_backward(
-                    z, weight, k, eta, saved, upstream, lambda g, gy: _scatter_add(g, ids, gy)
-                )
+                return _positives_backward(z, weight, ids, k, eta, saved, upstream)
 
             def dense_grad():
-                with tf.GradientTape() as tape:
-                    tape.watch(z)
-                    value = _rankmax_loss_dense(z, w, k, eta)
-                return tape.gradient(value, z, output_gradients=upstream)
+                return _dense_forward(z, w, k, eta)[1](upstream)
 
-            return tf.cond(fits, fast_grad, dense_grad)
+            return ops.cond(fits, fast_grad, dense_grad), None, None, None
 
         return loss, grad
 
-    return f(z)
+    return f(z, w, ids, weight)
 
 
 # --------------------------------------------------------------------------- dense path
@@ -553,113 +582,92 @@ def _merged_order(z, mu):
 
     Returns sorted values, permutation, z-indicator (all [N, 2n]).
     """
-    n = tf.shape(z)[-1]
-    vals, perm = tf.math.top_k(tf.concat([mu, z], axis=-1), 2 * n)  # ties: lower index first
+    n = ops.shape(z)[-1]
+    vals, perm = _top_k(ops.concatenate([mu, z], axis=-1), 2 * n)  # ties: lower index first
     return vals, perm, perm >= n
 
 
 def _unsort(sorted_vals, perm):
     """Inverse of gathering by perm: out[b, perm[b, r]] = sorted_vals[b, r] (extra trailing
     axes of sorted_vals are carried along)."""
-    return tf.scatter_nd(_row_index(perm), sorted_vals, tf.shape(sorted_vals))
+    index = ops.reshape(_row_index(perm), (-1, 2))
+    updates = ops.reshape(sorted_vals, (-1, *ops.shape(sorted_vals)[2:]))
+    return ops.scatter_update(ops.zeros_like(sorted_vals), index, updates, reduction="add")
 
 
 def _dense_D_s(z, mu):
     """D_i = sum_j (z_j - mu_i)_+ and s_i = #{j : z_j > mu_i} for every column i. [N, n] each."""
-    n = tf.shape(z)[-1]
+    n = ops.shape(z)[-1]
     vals, perm, is_z = _merged_order(z, mu)
-    zero = tf.zeros_like(vals)
-    count = tf.math.cumsum(tf.cast(is_z, z.dtype), axis=-1)
-    total = tf.math.cumsum(tf.where(is_z, vals, zero), axis=-1)
+    count = ops.cumsum(ops.cast(is_z, z.dtype), axis=-1)
+    total = ops.cumsum(ops.where(is_z, vals, 0.0), axis=-1)
     # At a threshold entry: the z's sorted before it are exactly those > mu.
-    D_sorted = tf.where(is_z, zero, total - count * vals)
-    s_sorted = tf.where(is_z, zero, count)
-    both = _unsort(tf.stack([D_sorted, s_sorted], axis=-1), perm)
+    D_sorted = ops.where(is_z, 0.0, total - count * vals)
+    s_sorted = ops.where(is_z, 0.0, count)
+    both = _unsort(ops.stack([D_sorted, s_sorted], axis=-1), perm)
     return both[:, :n, 0], both[:, :n, 1], perm, is_z
 
 
 def _dense_indicator_sum(a, perm, is_z):
     """sum_i a_i 1[z_j > mu_i] for every column j, via the merged order. a [N, n]."""
-    # n from a local tensor: a shape captured from the forward pass of a tf.cond branch is
+    # n from a local tensor: a shape captured from the forward pass of a cond branch is
     # not a compile-time constant in the XLA-compiled gradient of that branch.
-    n = tf.shape(a)[-1]
-    a_sorted = tf.gather(a, tf.where(is_z, tf.zeros_like(perm), perm), batch_dims=1)
-    a_sorted = tf.where(is_z, tf.zeros_like(a_sorted), a_sorted)
-    after = tf.reduce_sum(a_sorted, axis=-1, keepdims=True) - tf.math.cumsum(a_sorted, axis=-1)
-    return _unsort(tf.where(is_z, after, tf.zeros_like(after)), perm)[:, n:]
+    n = ops.shape(a)[-1]
+    a_sorted = ops.take_along_axis(a, ops.where(is_z, 0, perm), axis=-1)
+    a_sorted = ops.where(is_z, 0.0, a_sorted)
+    after = ops.sum(a_sorted, axis=-1, keepdims=True) - ops.cumsum(a_sorted, axis=-1)
+    return _unsort(ops.where(is_z, after, 0.0), perm)[:, n:]
+
+
+def _dense_forward(z, w, k, eta):
+    """Loss per row for dense non-negative label weights w [N, n] (any number of positives),
+    and its gradient function (upstream [N] -> d loss / d z)."""
+    # Shift by the row max so the prefix sums stay small (shift invariance, spec 1).
+    zc = z - ops.max(z, axis=-1, keepdims=True)
+    masked = (w > 0) & (z == -np.inf)
+    has = (w > 0) & ~masked
+    zy = ops.where(has, zc, 0.0)  # keeps masked (-inf) non-positives finite
+    top_v, top_i = (None, None) if k == 1 else _top_k(zc, k)
+    m, case_b = _anchor(zy, top_v, k)
+    D, s, perm, is_z = _dense_D_s(zc, m - eta)
+    D = ops.where(has, D, 1.0)
+    gap, ts, Rs, terms = _positive_terms(zy, m, D, top_v, masked, k, eta)
+    loss = ops.sum(ops.where(w > 0, w * terms, 0.0), axis=1)
+
+    def grad(upstream):
+        live = (terms > 0) | ops.isnan(terms)
+        v = ops.where(has & live, w * upstream[:, None], 0.0)
+        a, cap, gy, gk = _grad_coefficients(v, gap, s, k, ts, Rs, case_b)
+        g = _dense_indicator_sum(a, perm, is_z) + gy
+        return _add_topk_terms(g, top_i, cap, gk, k)
+
+    return loss, grad
 
 
 def _rankmax_loss_dense(z, w, k, eta):
-    """Loss per row for dense non-negative label weights w [N, n] (any number of positives)."""
+    """Loss per row for dense weights w [N, n] by the merged sort; custom gradient w.r.t. z."""
 
-    @tf.custom_gradient
-    def f(z):
-        # Shift by the row max so the prefix sums stay small (shift invariance, spec 1).
-        zc = z - tf.reduce_max(z, axis=-1, keepdims=True)
-        masked = (w > 0) & tf.equal(z, -np.inf)
-        has = (w > 0) & ~masked
-        zy = tf.where(has, zc, tf.zeros_like(zc))  # keeps masked (-inf) non-positives finite
-        top_v, top_i = (None, None) if k == 1 else tf.math.top_k(zc, k)
-        m, case_b = _anchor(zy, top_v, k)
-        D, s, perm, is_z = _dense_D_s(zc, m - eta)
-        D = tf.where(has, D, tf.ones_like(D))
-        gap, ts, Rs, terms = _positive_terms(zy, m, D, top_v, masked, k, eta)
-        loss = tf.reduce_sum(tf.where(w > 0, w * terms, tf.zeros_like(terms)), axis=1)
+    @custom_gradient
+    def f(z, w):
+        loss, grad = _dense_forward(z, w, k, eta)
+        return loss, lambda upstream: (grad(upstream), None)
 
-        def grad(upstream):
-            live = (terms > 0) | tf.math.is_nan(terms)
-            v = tf.where(has & live, w * upstream[:, None], tf.zeros_like(w))
-            a, cap, gy, gk = _grad_coefficients(v, gap, s, k, ts, Rs, case_b)
-            g = _dense_indicator_sum(a, perm, is_z) + gy
-            return _add_topk_terms(g, top_i, cap, gk, k)
-
-        return loss, grad
-
-    return f(z)
+    return f(z, w)
 
 
 # --------------------------------------------------------------------------- public ops
 
 
-def _check_max_positives(max_positives, n):
-    if max_positives is None:
-        return None
-    if isinstance(max_positives, bool) or not isinstance(max_positives, numbers.Integral):
-        raise TypeError(f"`max_positives` must be None or a Python int, got {max_positives!r}.")
-    if max_positives < 1 or (_static(n) is not None and max_positives > n):
-        raise ValueError(f"`max_positives` must be in [1, n={n}], got {max_positives}.")
-    return int(max_positives)
-
-
-def check_loss_arguments(k, margin, max_positives, n=None):
-    """``(k, margin, max_positives)`` of :func:`rankmax_loss` checked by its rules.
-
-    ``n`` (the number of candidates, when known) also bounds ``k`` and ``max_positives``.
-    Keras losses call it at construction, with ``n=None``.
-
-    Raises:
-      ValueError: (or TypeError) naming the argument.
-    """
-    k, margin = _check_k_margin(k, margin, n)
-    return k, margin, _check_max_positives(max_positives, n)
-
-
-def _dense_to_ids(w, m):
-    """Dense weights [N, n] with <= m positives per row -> (ids [N, m], weights [N, m])."""
-    wv, ids = tf.math.top_k(w, m)
-    return ids, wv
-
-
 def rankmax_loss(
     labels,
-    scores,
+    logits,
     k: int = 1,
     margin: float = 1.0,
     max_positives=1,
     label_format: str = "auto",
     *,
     labels_name: str = "labels",
-    scores_name: str = "scores",
+    logits_name: str = "logits",
 ):
     """Rankmax loss, ``-sum_{y in positives} w_y log min(1, alpha_y (z_y - mu_y))`` per row.
 
@@ -667,23 +675,23 @@ def rankmax_loss(
 
     Args:
       labels: the positives of each row, read according to ``label_format``. Ids: shape
-        ``scores.shape[:-1]`` (one positive per row) or ``scores.shape[:-1] + [M]`` (several
+        ``logits.shape[:-1]`` (one positive per row) or ``logits.shape[:-1] + [M]`` (several
         positives, ``-1`` pads), integer or whole-number floats. Dense: non-negative weights
-        with the shape of ``scores`` (multi-hot 0/1, or e.g. TFRS's identity matrix); each
+        with the shape of ``logits`` (multi-hot 0/1, or e.g. TFRS's identity matrix); each
         positive's loss is multiplied by its weight. A row without positives has loss 0.
-      scores: ``[..., n]`` logits over n candidates (n may be dynamic, e.g. in-batch [B, B]).
-        ``-inf`` masks a candidate; a masked positive gives loss ``+inf``.
+      logits: ``[..., n]`` scores of n candidates (n may be dynamic on TensorFlow, e.g.
+        in-batch [B, B]). ``-inf`` masks a candidate; a masked positive gives loss ``+inf``.
       k: static int, ``1 <= k < n``; the projection puts mass k on the (n, k)-simplex.
       margin: ``eta > 0``; the threshold is ``min(z_y, z_[k]) - margin``. The paper uses 1.
       max_positives: dense labels only; the result is exact either way. When every row of
         the batch has at most this many positives (default 1: one-hot or identity labels),
         a fast O(M n) path runs (for 1: the ids kernel on the read-off index); otherwise, and
         always when ``None``, one merged sort per row handles any number of positives
-        (O(n log n), slow under XLA on CPU). Both branches are compiled (``tf.cond``).
-      label_format: ``"auto"`` (default), ``"keras"``, ``"ids"`` or ``"dense"``. A
-        ``tf.RaggedTensor`` of positive ids per row is read as ids (-1 pads); a
+        (O(n log n), slow under XLA on CPU). Both branches are compiled (``ops.cond``).
+      label_format: ``"auto"`` (default), ``"keras"``, ``"ids"`` or ``"dense"``. On
+        TensorFlow a ``tf.RaggedTensor`` of positive ids per row is read as ids (-1 pads); a
         ``tf.SparseTensor`` is densified (absent entries -1 for ids, 0 for dense). Auto:
-        floating labels of the scores' shape are dense; labels one rank lower are ids; integer
+        floating labels of the logits' shape are dense; labels one rank lower are ids; integer
         ``[..., M]`` with a static ``M != n`` are padded ids; integer ``[..., n]`` (or an
         unknown last axis) is ambiguous and raises, so ``np.eye(3, dtype=int)`` needs
         ``label_format="dense"``. Keras (what :class:`losszoo.losses.RankmaxLoss` passes, as
@@ -691,169 +699,180 @@ def rankmax_loss(
         or with a last axis of 1 (``n != 1``); padded ids ``[..., M]`` when ``M`` and ``n`` are
         static and differ; otherwise (also when a size is unknown) dense.
       labels_name: the name ``labels`` goes by in error messages (``"y_true"`` in a loss).
-      scores_name: the name ``scores`` goes by in error messages (``"y_pred"`` in a loss).
+      logits_name: the name ``logits`` goes by in error messages (``"y_pred"`` in a loss).
 
     Returns:
-      Per-row loss with shape ``scores.shape[:-1]`` and the dtype of ``scores``.
+      Per-row loss with shape ``logits.shape[:-1]`` and the dtype of ``logits``.
 
     Raises:
-      ValueError: (or TypeError) naming the argument: NaN scores, ids outside ``[0, n)`` other
-        than -1 padding, non-whole or NaN ids, negative/NaN/inf dense weights, ambiguous
-        labels, bad ``k`` / ``margin`` / ``max_positives`` / ``label_format``. Value checks
-        are skipped with ``losszoo.set_validation(False)``.
+      ValueError: (or TypeError) naming the argument: logits breaking ``contract.LOGITS``,
+        ids breaking :data:`PADDED_CLASS_IDS`, dense labels breaking
+        ``contract.NON_NEGATIVE``, ambiguous labels, bad ``k`` / ``margin`` /
+        ``max_positives`` / ``label_format``. Value checks are skipped with
+        ``losszoo.set_validation(False)``.
 
-    Under XLA: assertions vanish; rows with NaN scores or invalid labels get a NaN loss (and
-    NaN gradients for NaN scores); ids are never clamped.
+    Traced for XLA (``jit_compile=True``, ``jax.jit``): rows with NaN logits or invalid labels
+    get a NaN loss (and NaN gradients for NaN logits); ids are never clamped.
 
     Example:
-      >>> rankmax_loss([0], [[2.0, 1.5, -3.0]]).numpy()  # log(1 + 0.5)
+      >>> keras.ops.convert_to_numpy(rankmax_loss([0], [[2.0, 1.5, -3.0]]))  # log(1 + 0.5)
       array([0.4054651], dtype=float32)
     """
-    z, dtype, n = _prepare_scores(scores, scores_name)
-    k, eta, max_positives = check_loss_arguments(k, margin, max_positives, _static(n))
+    z, dtype, n = _prepare_logits(logits, logits_name)
+    k, eta, max_positives = check_rankmax_arguments(k, margin, max_positives, _static(n))
     z = _check_k_against(z, k, n)
-    lead = tf.shape(z)[:-1]
-    z2 = tf.reshape(z, [-1, n])
+    z2 = ops.reshape(z, (-1, n))
     labels, label_format = _labels_and_format(labels, label_format, labels_name)
     label_format = _resolve_format(labels, z, label_format, labels_name)
     labels = _densify(labels, label_format, labels_name)
+    invalid = None
     if label_format == "ids":
         ids, w, _, invalid = _ids_to_positives(labels, z, n, labels_name)
         loss = _rankmax_loss_ids(z2, ids, w, k, eta)
     else:
-        w, invalid = _check_dense_labels(labels, z, labels_name)
-        w = tf.reshape(w, [-1, n])
-        invalid = tf.reshape(invalid, [-1])
-        if max_positives is None:
-            loss = _rankmax_loss_dense(z2, w, k, eta)
+        w = ops.reshape(_dense_weights(labels, z, labels_name), (-1, n))
+        if max_positives == 1:  # invalid weights are folded into the kernel
+            loss = _rankmax_loss_one_hot_or_dense(z2, w, k, eta)
         else:
-            if max_positives == 1:
-                loss = _rankmax_loss_one_hot_or_dense(z2, w, k, eta)
-                invalid = None  # folded into the kernel's weights
+            invalid = ops.any(NON_NEGATIVE.invalid(w), axis=-1)
+            if max_positives is None:
+                loss = _rankmax_loss_dense(z2, w, k, eta)
             else:
-                counts = tf.reduce_sum(tf.cast(w > 0, tf.int32), axis=-1)
-                loss = tf.cond(
-                    tf.reduce_all(counts <= max_positives),
+                counts = ops.sum(ops.cast(w > 0, "int32"), axis=-1)
+                loss = ops.cond(
+                    ops.all(counts <= max_positives),
                     lambda: _rankmax_loss_ids(z2, *_dense_to_ids(w, max_positives), k, eta),
                     lambda: _rankmax_loss_dense(z2, w, k, eta),
                 )
-    # NaN scores need no extra pass: (z - m) + eta feeds a relu sum, which propagates NaN
+    # NaN logits need no extra pass: (z - m) + eta feeds a relu sum, which propagates NaN
     # (also under XLA), and the gradient keeps NaN terms.
     if invalid is not None:
         loss = nan_where(invalid, loss)
     if _static(n) is None:
         loss = nan_where(k >= n, loss)  # XLA: the graph assertion on k < n is gone
-    return tf.cast(tf.reshape(loss, lead), dtype)
+    return ops.cast(ops.reshape(loss, ops.shape(z)[:-1]), dtype)
+
+
+def _dense_to_ids(w, m):
+    """Dense weights [N, n] with <= m positives per row -> (ids [N, m], weights [N, m])."""
+    wv, ids = _top_k(w, m)
+    return ids, wv
 
 
 def _rankmax_projection_ids(z, ids, w, k, eta):
     """Projection [N, P, n] for ids [N, P]; padded positives give zero rows."""
 
-    @tf.custom_gradient
-    def f(z):
-        zy = tf.gather(z, ids, batch_dims=1)
-        top_v, top_i = (None, None) if k == 1 else tf.math.top_k(z, k)
+    @custom_gradient
+    def f(z, ids, w):
+        zy = ops.take_along_axis(z, ids, axis=-1)
+        top_v, top_i = (None, None) if k == 1 else _top_k(z, k)
         m, case_b = _anchor(zy, top_v, k)
-        d = tf.nn.relu((z[:, None, :] - m[:, :, None]) + eta)  # [N, P, n]
-        D = tf.reduce_sum(d, axis=-1)
+        d = ops.relu((z[:, None, :] - m[:, :, None]) + eta)  # [N, P, n]
+        D = ops.sum(d, axis=-1)
         if k == 1:
-            ts, Rs = tf.zeros_like(ids), D
+            ts, Rs = ops.zeros_like(ids), D
         else:
             ts, Rs = _capped_count(D, top_v, m, k, eta)
-        alpha = tf.cast(k - ts, z.dtype) / Rs
+        alpha = ops.cast(k - ts, z.dtype) / Rs
         has = (w > 0)[:, :, None]
-        p = tf.where(has, tf.minimum(alpha[:, :, None] * d, 1.0), tf.zeros_like(d))
+        p = ops.where(has, ops.minimum(alpha[:, :, None] * d, 1.0), 0.0)
 
         def grad(u):
             inside = d > 0
             if k > 1:
                 # Capped entries: the top t* indices of the row (matches the forward exactly).
-                t = tf.range(k)
-                capped_upd = tf.cast(t[None, None, :] < ts[:, :, None], z.dtype)  # [N, P, k]
-                nb, npos = tf.shape(ids)[0], tf.shape(ids)[1]
-                bi = tf.broadcast_to(tf.range(nb)[:, None, None], tf.shape(capped_upd))
-                pi = tf.broadcast_to(tf.range(npos)[None, :, None], tf.shape(capped_upd))
-                ti = tf.broadcast_to(top_i[:, None, :], tf.shape(capped_upd))
-                capped = tf.scatter_nd(tf.stack([bi, pi, ti], -1), capped_upd, tf.shape(d))
+                upd = ops.cast(ops.arange(k)[None, None, :] < ts[:, :, None], z.dtype)
+                shape = ops.shape(upd)  # [N, P, k]
+                batch, positive = ops.shape(ids)[0], ops.shape(ids)[1]
+                index = [
+                    ops.broadcast_to(ops.arange(batch)[:, None, None], shape),
+                    ops.broadcast_to(ops.arange(positive)[None, :, None], shape),
+                    ops.broadcast_to(ops.cast(top_i, "int32")[:, None, :], shape),
+                ]
+                index = ops.reshape(ops.stack(index, -1), (-1, 3))
+                capped = ops.scatter_update(
+                    ops.zeros_like(d), index, ops.reshape(upd, (-1,)), reduction="add"
+                )
                 inside = inside & (capped <= 0)
-            U = tf.where(has & inside, tf.ones_like(d), tf.zeros_like(d))
-            c = tf.reduce_sum(U, axis=-1)
-            su = tf.reduce_sum(u * U, axis=-1)
-            sud = tf.reduce_sum(u * U * d, axis=-1)
+            U = ops.cast(has & inside, d.dtype)
+            c = ops.sum(U, axis=-1)
+            su = ops.sum(u * U, axis=-1)
+            sud = ops.sum(u * U * d, axis=-1)
             coef = alpha / Rs * sud  # alpha^2 / (k - t*) = alpha / R_{t*}
-            g = tf.reduce_sum(alpha[:, :, None] * u * U - coef[:, :, None] * U, axis=1)
+            g = ops.sum(alpha[:, :, None] * u * U - coef[:, :, None] * U, axis=1)
             at_j = -alpha * su + coef * c  # [N, P], added at j
             if k == 1:
-                return _scatter_add(g, ids, at_j)
-            g = _scatter_add(g, ids, tf.where(case_b, tf.zeros_like(at_j), at_j))
-            gk = tf.reduce_sum(tf.where(case_b, at_j, tf.zeros_like(at_j)), axis=1)
-            return _add_topk_terms(g, top_i, tf.zeros_like(top_i, z.dtype), gk, k)
+                return _scatter_add(g, ids, at_j), None, None
+            g = _scatter_add(g, ids, ops.where(case_b, 0.0, at_j))
+            gk = ops.sum(ops.where(case_b, at_j, 0.0), axis=1)
+            return _add_topk_terms(g, top_i, ops.zeros_like(top_v), gk, k), None, None
 
         return p, grad
 
-    return f(z)
+    return f(z, ids, w)
 
 
-def rankmax(scores, labels, k: int = 1, margin: float = 1.0, label_format: str = "auto"):
-    """Rankmax projection ``min(1, alpha_y (z - mu_y)_+)`` of the scores, for each positive.
+def rankmax(logits, labels, k: int = 1, margin: float = 1.0, label_format: str = "auto"):
+    """Rankmax projection ``min(1, alpha_y (z - mu_y)_+)`` of the logits, for each positive.
 
     ``mu_y = min(z_y, z_[k]) - margin`` and ``alpha_y`` makes the projection sum to k.
 
     Args:
-      scores: ``[..., n]`` logits; ``-inf`` masks a candidate (projection 0).
-      labels: ids (integer or whole-number floats), shape ``scores.shape[:-1]`` (one positive
-        per row; output ``[..., n]``) or ``scores.shape[:-1] + [M]`` (output ``[..., M, n]``,
-        one projection per positive; ``-1`` pads and gives a zero row). A ``tf.RaggedTensor``
-        of ids per row is padded with -1 (to the longest row); a ``tf.SparseTensor``'s
-        absent entries are -1. Read by the same rule as :func:`rankmax_loss`: integer labels
-        ``[..., n]`` (one-hot rows or n ids?) are ambiguous and raise unless
-        ``label_format="ids"``; floating labels of the scores' rank are dense weights, which
-        have no projection (TypeError: use ``rankmax_loss``).
+      logits: ``[..., n]`` scores; ``-inf`` masks a candidate (projection 0).
+      labels: ids (integer or whole-number floats), shape ``logits.shape[:-1]`` (one positive
+        per row; output ``[..., n]``) or ``logits.shape[:-1] + [M]`` (output ``[..., M, n]``,
+        one projection per positive; ``-1`` pads and gives a zero row). On TensorFlow a
+        ``tf.RaggedTensor`` of ids per row is padded with -1 (to the longest row); a
+        ``tf.SparseTensor``'s absent entries are -1. Read by the same rule as
+        :func:`rankmax_loss`: integer labels ``[..., n]`` (one-hot rows or n ids?) are
+        ambiguous and raise unless ``label_format="ids"``; floating labels of the logits'
+        rank are dense weights, which have no projection (TypeError: use ``rankmax_loss``).
       k: static int, ``1 <= k < n``. Each projection lies in [0, 1] and sums to k.
       margin: ``eta > 0`` (paper: 1).
       label_format: ``"auto"`` (default), ``"keras"`` or ``"ids"`` (see :func:`rankmax_loss`;
         labels read as dense raise TypeError).
 
     Returns:
-      The projection(s), dtype of ``scores``. The positive is always in the support; the
-      projection preserves the order of the scores. Differentiable w.r.t. ``scores`` through
+      The projection(s), dtype of ``logits``. The positive is always in the support; the
+      projection preserves the order of the logits. Differentiable w.r.t. ``logits`` through
       ``alpha`` and ``mu`` (spec 3.4). A positive masked by ``-inf`` has no projection: its
       row is NaN.
 
     Raises:
-      ValueError: (or TypeError) naming the argument: NaN scores, ids outside ``[0, n)`` other
-        than -1, non-whole or NaN ids, ambiguous or dense labels, bad ``k`` / ``margin`` /
-        ``label_format`` (value checks are skipped with ``losszoo.set_validation(False)``).
+      ValueError: (or TypeError) naming the argument: logits breaking ``contract.LOGITS``,
+        ids breaking :data:`PADDED_CLASS_IDS`, ambiguous or dense labels, bad ``k`` /
+        ``margin`` / ``label_format`` (value checks are skipped with
+        ``losszoo.set_validation(False)``).
 
-    Under XLA: assertions vanish; rows with NaN scores or invalid ids come back all NaN.
+    Traced for XLA (``jit_compile=True``, ``jax.jit``): rows with NaN logits or invalid ids
+    come back all NaN.
 
     Example:
-      >>> rankmax([[2.0, 1.5, -3.0]], [0]).numpy()
+      >>> keras.ops.convert_to_numpy(rankmax([[2.0, 1.5, -3.0]], [0]))
       array([[0.6666667 , 0.33333334, 0.        ]], dtype=float32)
     """
-    z, dtype, n = _prepare_scores(scores)
-    k, eta = _check_k_margin(k, margin, _static(n))
+    z, dtype, n = _prepare_logits(logits, "logits")
+    k, eta, _ = check_rankmax_arguments(k, margin, None, _static(n))
     z = _check_k_against(z, k, n)
     labels, label_format = _labels_and_format(labels, label_format, "labels")
     if _resolve_format(labels, z, label_format, "labels") == "dense":
         raise TypeError(
             "`labels` of `rankmax` must be integer ids (one projection per positive); got "
-            f"{labels.dtype.name} labels of the scores' rank, which read as dense weights. Use "
-            "rankmax_loss for dense multi-hot labels, or label_format='ids' for lists of ids."
+            f"{dtype_name(labels)} labels of the logits' rank, which read as dense weights. "
+            "Use rankmax_loss for dense multi-hot labels, or label_format='ids' for lists of "
+            "ids."
         )
     labels = _densify(labels, "ids", "labels")
-    ids, w, multi, invalid = _ids_to_positives(labels, z, n)
-    z2 = tf.reshape(z, [-1, n])
+    ids, w, multi, invalid = _ids_to_positives(labels, z, n, "labels")
+    z2 = ops.reshape(z, (-1, n))
     p = _rankmax_projection_ids(z2, ids, w, k, eta)
-    zy = tf.gather(z2, ids, batch_dims=1)
-    bad = invalid[:, None] | ((w > 0) & tf.equal(zy, -np.inf))  # [N, P]
-    bad = bad | tf.reduce_any(tf.math.is_nan(z2), axis=-1, keepdims=True)
+    zy = ops.take_along_axis(z2, ids, axis=-1)
+    bad = invalid[:, None] | ((w > 0) & (zy == -np.inf))  # [N, P]
+    bad = bad | ops.any(ops.isnan(z2), axis=-1, keepdims=True)
     if _static(n) is None:
         bad = bad | (k >= n)
     p = nan_where(bad[:, :, None], p)
-    lead = tf.shape(z)[:-1]
+    shape = ops.shape(z)
     if multi:
-        shape = tf.concat([lead, tf.shape(ids)[-1:], tf.shape(z)[-1:]], 0)
-    else:
-        shape = tf.shape(z)
-    return tf.cast(tf.reshape(p, shape), dtype)
+        shape = (*shape[:-1], ops.shape(ids)[-1], shape[-1])
+    return ops.cast(ops.reshape(p, shape), dtype)

@@ -138,8 +138,8 @@ def test_nan_scores(k, z, y, row, col):
     proj, loss = RUNNERS[k]
     z = z.copy()
     z[row, col] = np.nan
-    assert_rejects(loss, y, z, name="scores", rows=[row], suite="rankmax_loss")
-    assert_rejects(proj, z, y, name="scores", rows=[row], suite="rankmax")
+    assert_rejects(loss, y, z, name="logits", rows=[row], suite="rankmax_loss")
+    assert_rejects(proj, z, y, name="logits", rows=[row], suite="rankmax")
 
 
 def test_hyper_parameters_rejected():
