@@ -387,8 +387,12 @@ class SafeKLDRORisk(_BatchRiskLoss):
             # [alpha, initialized, m, v, t]: alpha, the first-batch flag and alpha's optimiser
             # state in ONE variable: one read and one write per training step. Mirrored with
             # ONLY_FIRST_REPLICA under tf.distribute (every replica writes the same value).
+            initial = self._initial_state(None)
             self._state = keras.Variable(
-                self._initial_state(None),
+                # a callable: Keras defers it when the loss is built inside a stateless scope
+                # (compile by name, resolved during the model's symbolic build on JAX)
+                lambda shape, dtype: ops.convert_to_tensor(initial, dtype),
+                shape=(5,),
                 dtype="float32",
                 trainable=False,
                 autocast=False,

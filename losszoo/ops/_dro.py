@@ -146,6 +146,28 @@ def _live_nan(l, s):
     return ops.any(nan if s is None else nan & (s > 0))
 
 
+# Keras 3.15 on PyTorch computes ops.maximum / minimum / divide_no_nan / cumsum of float64
+# inputs in float32 (its result_type maps float64 to float32 off TensorFlow); these keep the
+# inputs' dtype there and are the Keras ops elsewhere.
+if _backend.NAME == "torch":
+    import torch
+
+    _maximum, _minimum = torch.maximum, torch.minimum
+
+    def _cumsum(x):
+        return torch.cumsum(x, 0)
+
+    def _divide_no_nan(x, y):
+        zero = ops.equal(y, 0)
+        return ops.where(zero, ops.zeros_like(x * y), x / ops.where(zero, ops.ones_like(y), y))
+
+else:
+    _maximum, _minimum, _divide_no_nan = ops.maximum, ops.minimum, ops.divide_no_nan
+
+    def _cumsum(x):
+        return ops.cumsum(x)
+
+
 def _const(x, dtype):
     # A Python float converted straight to ``dtype`` keeps float64 precision (spec 3.4).
     return ops.convert_to_tensor(x, dtype)
@@ -220,7 +242,7 @@ def _safe_kl_core(lam: float, rho: float, calibrate: bool):
         z = (l - alpha) * _const(inv_lam, dt) + _const(log_rho, dt)
         e = ops.exp(-ops.abs(z))
         zeros = ops.zeros_like(l)
-        sp = ops.maximum(z, zeros) + ops.log1p(e)
+        sp = _maximum(z, zeros) + ops.log1p(e)
         sig = ops.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
         live = s > 0
         s_sum = ops.sum(s)
@@ -228,24 +250,24 @@ def _safe_kl_core(lam: float, rho: float, calibrate: bool):
         sw = ops.where(live, s * sig, zeros) * _const(inv_rho, dt)  # s_i w_i
         sw_sum = ops.sum(sw)
         nonempty = s_sum > 0
-        val = alpha + _const(lam / rho, dt) * ops.divide_no_nan(num, s_sum)
+        val = alpha + _const(lam / rho, dt) * _divide_no_nan(num, s_sum)
         if calibrate:
             val = val - _const(lam, dt)
         val = nan_where(bad, ops.where(nonempty, val, ops.zeros_like(val)))
-        mean_w = ops.divide_no_nan(sw_sum, s_sum)
+        mean_w = _divide_no_nan(sw_sum, s_sum)
         # saturation rho * max_i w_i = max_i sigmoid(z_i) over live entries (0 if empty)
         sat = ops.max(ops.concatenate([ops.where(live, sig, zeros), ops.zeros([1], dt)], 0))
         sat = nan_where(ops.isnan(sw_sum), sat)  # XLA's max drops NaN; the sum keeps it
         grad_alpha = ops.where(nonempty, 1.0 - mean_w, ops.zeros_like(mean_w))
         # lam * d^2V/dalpha^2 = sum pi w (1 - rho w)   (spec 3.1; w (1 - rho w) = sw (1 - sig))
-        curv = ops.divide_no_nan(ops.sum(sw * (1.0 - sig)), s_sum)
+        curv = _divide_no_nan(ops.sum(sw * (1.0 - sig)), s_sum)
         mean_w, sat, grad_alpha, curv = (nan_where(bad, x) for x in (mean_w, sat, grad_alpha, curv))
 
         def grad(dv, d_mean_w, d_sat, d_galpha, d_curv):
             # Only the value is differentiable; the statistics are diagnostics
             # (stop-gradient semantics, documented).
             del d_mean_w, d_sat, d_galpha, d_curv
-            g_l = nan_where(bad, dv * ops.divide_no_nan(sw, s_sum))
+            g_l = nan_where(bad, dv * _divide_no_nan(sw, s_sum))
             return g_l, dv * grad_alpha, ops.zeros_like(s), None
 
         return (val, mean_w, sat, grad_alpha, curv), grad
@@ -266,7 +288,7 @@ def _safe_kl_core_unweighted(lam: float, rho: float, calibrate: bool):
     def core(l, alpha):
         dt = dtype_name(l)
         n = ops.cast(ops.size(l), dt)
-        inv_n = ops.divide_no_nan(ops.ones([], dt), n)
+        inv_n = _divide_no_nan(ops.ones([], dt), n)
         z = (l - alpha) * _const(inv_lam, dt) + _const(log_rho, dt)
         sig = ops.sigmoid(z)
         val = alpha + _const(lam / rho, dt) * (ops.sum(ops.softplus(z)) * inv_n)
@@ -428,7 +450,7 @@ def _bisect_loop(l, s, lo, hi, c, iterations):
 
     def h(a):  # sum pi w - 1, strictly decreasing in a
         w = ops.sigmoid((l - a) * inv_lam + log_rho) * inv_rho
-        return ops.divide_no_nan(ops.sum(ops.where(live, s * w, zeros)), s_sum) - 1.0
+        return _divide_no_nan(ops.sum(ops.where(live, s * w, zeros)), s_sum) - 1.0
 
     def body(i, lo, hi):
         mid = 0.5 * (lo + hi)
@@ -503,7 +525,7 @@ def kl_dro_batch_lse(losses, lam, sample_weight=None):
         val = nan_where(bad, _batch_lse_value(lam, m_safe, m_inf, tot, ops.sum(s)))
 
         def grad(dv):
-            return nan_where(bad, dv * ops.divide_no_nan(ex, tot)), ops.zeros_like(s), None
+            return nan_where(bad, dv * _divide_no_nan(ex, tot)), ops.zeros_like(s), None
 
         return val, grad
 
@@ -533,7 +555,7 @@ def kl_dro_sumexp(losses, lam, sample_weight=None):
     def core(l, s, *bad):
         dt = dtype_name(l)
         live = s > 0
-        pi = ops.where(live, ops.divide_no_nan(s, ops.sum(s)), ops.zeros_like(s))
+        pi = ops.where(live, _divide_no_nan(s, ops.sum(s)), ops.zeros_like(s))
         ex = ops.where(live, ops.exp(l * _const(inv_lam, dt)), ops.zeros_like(l))
         val = _poison(bad[0] if bad else None, ops.sum(pi * ex))
         unusable = ops.logical_not(ops.isfinite(val))  # overflow, +inf or NaN: no gradient
@@ -552,12 +574,12 @@ def _cvar_tail_mass(l, s, rho):
     ties in index order)."""
     dt = dtype_name(l)
     live = s > 0
-    pi = ops.where(live, ops.divide_no_nan(s, ops.sum(s)), ops.zeros_like(s))
+    pi = ops.where(live, _divide_no_nan(s, ops.sum(s)), ops.zeros_like(s))
     key = ops.where(live, -l, ops.full_like(l, np.inf))  # ascending in -l: descending in l
     order = ops.argsort(key)
     pi_sorted = ops.take(pi, order)
-    before = ops.cumsum(pi_sorted) - pi_sorted  # the mass ranked above each example
-    q_sorted = ops.minimum(ops.maximum(_const(rho, dt) - before, 0.0), pi_sorted)
+    before = _cumsum(pi_sorted) - pi_sorted  # the mass ranked above each example
+    q_sorted = _minimum(_maximum(_const(rho, dt) - before, ops.zeros_like(before)), pi_sorted)
     return ops.scatter(ops.expand_dims(order, -1), q_sorted, ops.shape(l))
 
 
@@ -633,7 +655,7 @@ def kl_dro_exact_state_update(m, acc, n, losses, lam, sample_weight=None, batch_
     a = ops.where(live, l * _const(1.0 / lam, dt), ops.full_like(l, -np.inf))
     if batch_max is None:
         batch_max = _max_or_minus_inf(a)
-    m_new = ops.maximum(m, ops.cast(batch_max, dt))
+    m_new = _maximum(m, ops.cast(batch_max, dt))
     m_safe = ops.where(ops.isfinite(m_new), m_new, ops.zeros_like(m_new))
     scale = ops.where(ops.isinf(m) & (m < 0), ops.zeros_like(m), ops.exp(m - m_safe))
     acc_new = ops.cast(acc, dt) * scale + ops.sum(

@@ -21,7 +21,7 @@ from tests.references import load_reference
 
 R = load_reference("safe_kl_dro")
 LAM, RHO = 0.7, 0.2
-TRACED = [m for m in MODES if m in ("xla", "jit")]
+TRACED = [m for m in MODES if m in ("xla", "jit") and BACKEND != "torch"]  # torch: eager
 
 
 def _data(n=11, seed=0):
@@ -107,7 +107,7 @@ def test_streaming_exact_risk_over_chunks_equals_full_data_risk():
     l, s = r.gamma(2.0, size=40) * 3, r.uniform(0.0, 2.0, size=40)
     l[5] = 3e3  # exp(l/lam) would overflow: the running shift keeps it exact
     with float64():
-        state = (np.float64(-np.inf), np.float64(0.0), np.float64(0.0))
+        state = tuple(np.array(v) for v in (-np.inf, 0.0, 0.0))  # float64 arrays
         for part in np.array_split(np.arange(l.size), 5):
             state = ops.kl_dro_exact_state_update(*state, l[part], 2.0, s[part])
         got = numpy(ops.kl_dro_exact_state_result(*state, 2.0))
