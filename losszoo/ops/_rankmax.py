@@ -28,28 +28,15 @@ For k = 1: ``alpha`` on ``{i != y : z_i > z_y - eta}`` and ``-(s - 1) alpha`` at
 (erratum E1: the paper prints ``-s alpha``). The projection's VJP (spec 3.4) is
 ``alpha (u 1_U - (sum_U u) e_j) - (alpha / D_U) (sum_U u d) (1_U - c e_j)``.
 
-Label formats (``label_format``). ``"ids"``: class ids ``[...]`` (one positive per row) or
-``[..., M]`` (several positives, ``-1`` pads), integer or whole-number floats; each positive is
-broadcast against the row: O(M n) time and memory per row, O(n) for a single positive.
-``"dense"``: non-negative weights of the shape of the logits (multi-hot, or TFRS's identity
-matrix); each positive's loss is multiplied by its weight. When every row of the batch has at
-most one positive (one-hot, identity; ``max_positives=1``, the default), the positive's index
-is read with one matmul over the labels (``sum_i i w_i / sum_i w_i``) and the ids kernel runs
-on it; the check that the reading is right (every other weight exactly 0) is fused into the
-kernel's relu-sum pass: the O(n) cost of ids plus two reads of the labels. Otherwise an
-exact merged sort per row runs (spec A6 (ii), O(n log n)); the choice is made at run time
-with ``keras.ops.cond``. ``"auto"`` (default): floating labels of the logits' shape are dense,
-labels one rank lower are ids, integer labels ``[..., M]`` with a static ``M != n`` are padded
-ids; integer labels ``[..., n]`` (or with an unknown last axis) are ambiguous (a one-hot row or
-n padded ids?) and are rejected: pass ``label_format``. ``"keras"`` (the rule of
-``RankmaxLoss``, as Keras 3 casts ``y_true`` to float) reads shapes only: ids one rank lower or
-with a last axis of 1, padded ids ``[..., M]`` when ``M`` and ``n`` are static and differ,
-dense otherwise. ``rankmax`` (the projection) reads labels by the same rules and rejects dense
-ones. On TensorFlow a ``tf.RaggedTensor`` (positive ids per row) is read as ids padded with
--1 and a ``tf.SparseTensor`` is densified, its absent entries -1 for ids, 0 for dense weights
-(both raise ``TypeError`` under ``jit_compile=True``, where XLA cannot densify them).
-Rows without a positive (all ids -1, or all-zero dense labels) contribute loss 0 and
-gradient 0.
+Label formats (``label_format``; the rules are in :func:`rankmax_loss`): ids ``[...]`` or
+padded ids ``[..., M]`` (``-1`` pads), each positive broadcast against its row, O(M n); dense
+non-negative weights of the logits' shape. Dense batches whose rows hold at most one positive
+(one-hot, TFRS's identity) take the ids kernel on an index read off with one matmul and
+verified inside the kernel's relu-sum pass (:func:`_one_hot_ids`); other batches take an
+exact merged sort per row (spec A6 (ii), O(n log n)), chosen at run time with
+``keras.ops.cond``. On TensorFlow, ``tf.RaggedTensor`` ids and ``tf.SparseTensor`` labels are
+densified (not under ``jit_compile=True``). Rows without a positive (all ids -1, or all-zero
+dense labels) contribute loss 0 and gradient 0.
 
 Numerics: every difference is taken against the anchor ``m = min(z_y, z_[k])`` before the
 margin is added (``z_i - mu_y = (z_i - m) + eta``), so offsets and scales of 1e8 keep the
@@ -67,8 +54,8 @@ logits keep ``LOGITS`` (no NaN or ``+inf``, no row all ``-inf``), ids keep
 :data:`PADDED_CLASS_IDS`, dense labels keep ``NON_NEGATIVE``: broken eagerly they raise
 ``ValueError``, in TensorFlow graphs an assertion fails (both skipped with
 ``losszoo.set_validation(False)``). Traced for XLA (``jit_compile=True``, ``jax.jit``) the
-affected rows' loss (and projection) is NaN, or ``+inf`` for ``+inf`` / all ``-inf`` logits:
-invalid ids are never clamped.
+affected rows' loss (and projection) is NaN (the loss of a row holding ``+inf`` or only
+``-inf`` may be ``+inf`` instead): invalid ids are never clamped.
 """
 
 from __future__ import annotations
