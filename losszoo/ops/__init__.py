@@ -19,7 +19,7 @@ from losszoo.ops._dro import (
     safe_kl_dro_solve_alpha,
     safe_kl_dro_weights,
 )
-from losszoo.ops._rankmax import rankmax, rankmax_loss
+from losszoo.ops._rankmax import check_rankmax_arguments, rankmax, rankmax_loss
 from losszoo.ops._sparsemax import sparsemax, sparsemax_loss
 from losszoo.ops.distribute import cvar_risk_global, kl_dro_batch_lse_global, kl_dro_sumexp_global
 from losszoo.ops.possibilistic import (
