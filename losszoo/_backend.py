@@ -298,3 +298,72 @@ def replica_sum(x):
     if context is None or context.num_replicas_in_sync == 1:
         return x
     return context.all_reduce(tf.distribute.ReduceOp.SUM, x)
+
+
+# --------------------------------------------------------------------------------------------
+# keras.ops that lose float64 on PyTorch
+#
+# Keras 3.15's PyTorch backend promotes with ``dtypes.result_type`` on torch dtypes, which
+# reads float64 as float32: ``ops.maximum``, ``minimum``, ``cumsum``, ``matmul``,
+# ``divide_no_nan`` and ``logaddexp`` of float64 tensors return float32 there. These
+# replacements keep the inputs' dtype on PyTorch and are ``keras.ops`` elsewhere; kernels
+# that compute in float64 (or accept float64 input) use them.
+
+
+def _torch_operands(*xs):
+    import torch
+
+    tensors = [x for x in xs if isinstance(x, torch.Tensor)]
+    dtype = tensors[0].dtype
+    for t in tensors[1:]:
+        dtype = torch.promote_types(dtype, t.dtype)
+    device = tensors[0].device
+    return [
+        x.to(dtype) if isinstance(x, torch.Tensor) else torch.tensor(x, dtype=dtype, device=device)
+        for x in xs
+    ]
+
+
+def _dtype_preserving(name, torch_fn):
+    keras_fn = getattr(keras.ops, name)
+    if NAME != "torch":
+        return keras_fn
+
+    def fn(*args, **kwargs):
+        args = _torch_operands(
+            *(
+                keras.ops.convert_to_tensor(a) if not isinstance(a, (int, float)) else a
+                for a in args
+            )
+        )
+        return torch_fn(*args, **kwargs)
+
+    fn.__name__ = name
+    fn.__doc__ = f"``keras.ops.{name}`` keeping float64 on PyTorch."
+    return fn
+
+
+def _torch(name):
+    import torch
+
+    return getattr(torch, name)
+
+
+def _torch_divide_no_nan(a, b):
+    import torch
+
+    return torch.where(b == 0, torch.zeros_like(a), a / torch.where(b == 0, 1, b))
+
+
+def _torch_cumsum(x, axis=None):
+    import torch
+
+    return torch.cumsum(x.reshape(-1) if axis is None else x, dim=0 if axis is None else axis)
+
+
+maximum = _dtype_preserving("maximum", (lambda a, b: _torch("maximum")(a, b)))
+minimum = _dtype_preserving("minimum", (lambda a, b: _torch("minimum")(a, b)))
+matmul = _dtype_preserving("matmul", (lambda a, b: _torch("matmul")(a, b)))
+logaddexp = _dtype_preserving("logaddexp", (lambda a, b: _torch("logaddexp")(a, b)))
+divide_no_nan = _dtype_preserving("divide_no_nan", _torch_divide_no_nan)
+cumsum = _dtype_preserving("cumsum", _torch_cumsum)
