@@ -34,13 +34,11 @@ def _inputs(n, k):
 
 
 def bcsoftmax(x, a, b):
-    return ops.bcsoftmax(x, a, b, validate=False) * tf.sin(tf.range(x.shape[-1], dtype=x.dtype))
+    return ops.bcsoftmax(x, a, b) * tf.sin(tf.range(x.shape[-1], dtype=x.dtype))
 
 
 def bcsoftmax_sort(x, a, b):
-    return ops.bcsoftmax(x, a, b, validate=False, method="sort") * tf.sin(
-        tf.range(x.shape[-1], dtype=x.dtype)
-    )
+    return ops.bcsoftmax(x, a, b, method="sort") * tf.sin(tf.range(x.shape[-1], dtype=x.dtype))
 
 
 def softmax(x, a, b):

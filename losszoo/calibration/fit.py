@@ -6,17 +6,12 @@ import weakref
 
 import keras
 import numpy as np
-import tensorflow as tf
+from keras import ops
 
-from losszoo import registry
+from losszoo import _backend, registry
 from losszoo._logits import attached_logits
-from losszoo.contract import check_number
-from losszoo.heads.calibration import (
-    LogitBounding,
-    ProbabilityBounding,
-    TemperatureScaling,
-    check_logits,
-)
+from losszoo.contract import LOGITS, check_number
+from losszoo.heads.calibration import LogitBounding, ProbabilityBounding, TemperatureScaling
 
 _CALIBRATORS = (TemperatureScaling, ProbabilityBounding, LogitBounding)
 
@@ -97,35 +92,36 @@ class AttachedLogits(keras.layers.Layer):
         return input_shape
 
 
+def _nll(labels, probs):
+    """Per-example ``-log p[y]`` (floored at 1e-30) of calibrated probabilities."""
+    labels = ops.reshape(ops.cast(labels, "int32"), (-1, 1))
+    return -ops.log(ops.maximum(ops.take_along_axis(probs, labels, axis=-1)[:, 0], 1e-30))
+
+
 class _Trainer:
-    """A twin of a calibrator, its optimiser and their traced training step.
+    """A twin of a calibrator in a compiled Keras model, with its optimiser.
 
     Kept per configuration (:data:`_TRAINERS`) and reset to its initial state before each
-    fit, so calling :func:`fit_calibrator` again reuses the traced step: a fresh
-    ``tf.function`` per call retraces every time and TensorFlow warns about it.
+    fit, so calling :func:`fit_calibrator` again reuses the compiled training step (a new one
+    per call would retrace every time, and TensorFlow warns about it). The step is Keras' own
+    (``train_on_batch``), so it runs on every backend: compiled by XLA on JAX, a
+    ``tf.function`` on TensorFlow, eager on PyTorch.
     """
 
     def __init__(self, calibrator, sample, learning_rate, epsilon):
         self.layer = type(calibrator).from_config(calibrator.get_config())
-        self.layer(sample)  # build
-        variables = self.layer.trainable_variables
-        self.optimizer = keras.optimizers.Adam(learning_rate=learning_rate, epsilon=epsilon)
-        self.optimizer.build(variables)
-        self.state = list(self.layer.weights) + list(self.optimizer.variables)
+        parts = sample if isinstance(sample, list) else [sample]
+        inputs = [keras.Input(np.shape(t)[1:]) for t in parts]
+        inputs = inputs if len(inputs) > 1 else inputs[0]
+        self.model = keras.Model(inputs, self.layer(inputs))
+        optimizer = keras.optimizers.Adam(learning_rate=learning_rate, epsilon=epsilon)
+        self.model.compile(optimizer=optimizer, loss=_nll, jit_compile=_backend.NAME == "jax")
+        optimizer.build(self.model.trainable_variables)
+        self.state = list(self.model.weights) + list(optimizer.variables)
         self.initial = [np.array(v.numpy()) for v in self.state]
-        with_features = isinstance(sample, list)
 
-        @tf.function(reduce_retracing=True)
-        def step(xb, zb, yb):
-            with tf.GradientTape() as tape:
-                p = self.layer([xb, zb] if with_features else xb)
-                py = tf.gather(p, yb, batch_dims=1)
-                loss = -tf.reduce_mean(tf.math.log(tf.maximum(py, 1e-30)))
-            grads = tape.gradient(loss, variables)
-            self.optimizer.apply_gradients(zip(grads, variables))
-            return loss
-
-        self.step = step
+    def step(self, x, y):
+        return self.model.train_on_batch(x, y)
 
     def reset(self):
         for variable, value in zip(self.state, self.initial):
@@ -160,14 +156,14 @@ def _train(
     trainer = _trainer(calibrator, sample, learning_rate, epsilon)
     rng = np.random.default_rng(seed)
     n = len(labels)
-    zdummy = np.zeros((n, 1), np.float32) if feats is None else feats
     history = []
     for epoch in range(epochs):
         order = rng.permutation(n)
         total = 0.0
         for start in range(0, n, batch_size):
             sel = order[start : start + batch_size]
-            total += float(trainer.step(logits[sel], zdummy[sel], labels[sel])) * len(sel)
+            x = logits[sel] if feats is None else [logits[sel], feats[sel]]
+            total += float(trainer.step(x, labels[sel])) * len(sel)
         history.append(total / n)
         if verbose and (epoch + 1) % max(1, epochs // 10) == 0:
             print(f"  calibration epoch {epoch + 1}/{epochs}: NLL {history[-1]:.4f}")
@@ -307,7 +303,7 @@ def fit_calibrator(
         raise ValueError(
             f"`model_or_logits`: the validation logits must be [N, K], got shape {logits.shape}."
         )
-    check_logits(logits, "model_or_logits")  # NaN / +inf / all -inf rows: before fitting
+    LOGITS.check(logits, "model_or_logits")  # NaN / +inf / all -inf rows: before fitting
     k = logits.shape[1]
     if len(logits) != len(labels_raw):
         raise ValueError(

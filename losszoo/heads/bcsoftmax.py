@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import keras
 import numpy as np
-import tensorflow as tf
+from keras import ops as kops
 
 from losszoo import ops
-from losszoo.contract import check_choice, check_number
-from losszoo.ops._bcsoftmax import METHODS
+from losszoo.contract import check_bool, check_choice, check_number, dtype_name
+from losszoo.ops._bcsoftmax import METHODS, PROBABILITY_BOUNDS
 from losszoo.registry import register
 
 
@@ -51,7 +51,7 @@ class BCSoftmax(keras.layers.Layer):
 
     Example:
       >>> head = losszoo.heads.BCSoftmax(upper=[1.0, 0.6, 0.5])
-      >>> head(np.array([[-1.5, 1.0, -0.5]])).numpy().round(4)
+      >>> keras.ops.convert_to_numpy(head(np.array([[-1.5, 1.0, -0.5]]))).round(4)
       array([[0.1076, 0.6   , 0.2924]], dtype=float32)
     """
 
@@ -71,28 +71,16 @@ class BCSoftmax(keras.layers.Layer):
         self.lower = _to_config(lower, "lower")
         self.upper = _to_config(upper, "upper")
         self.temperature = check_number(temperature, "temperature", low=0.0, low_open=True)
-        for flag, value in (
-            ("learn_bounds", learn_bounds),
-            ("learn_temperature", learn_temperature),
-        ):
-            if not isinstance(value, bool):
-                raise TypeError(f"`{flag}` must be a bool, got {value!r}.")
-        self.learn_bounds = learn_bounds
-        self.learn_temperature = learn_temperature
+        self.learn_bounds = check_bool(learn_bounds, "learn_bounds")
+        self.learn_temperature = check_bool(learn_temperature, "learn_temperature")
         self.axis = check_number(axis, "axis", integer=True)
         self.method = check_choice(method, "method", METHODS)
-        self._check_fixed_bounds()
-
-    def _check_fixed_bounds(self):
-        for name, v in (("lower", self.lower), ("upper", self.upper)):
-            if v is not None and not np.all((np.asarray(v) >= 0) & (np.asarray(v) <= 1)):
-                raise ValueError(f"`{name}` must lie in [0, 1] (rule 0 <= lower <= upper <= 1).")
-        if (
-            self.lower is not None
-            and self.upper is not None
-            and np.any(np.asarray(self.lower) > np.asarray(self.upper))
-        ):
-            raise ValueError("`lower` must be <= `upper` (rule lower <= upper).")
+        # The element-wise half of the box rule now; the sums once K is known (in the op).
+        lo = np.reshape(0.0 if self.lower is None else self.lower, (1, -1))
+        hi = np.reshape(1.0 if self.upper is None else self.upper, (1, -1))
+        for name, bound, other, is_lower in (("lower", lo, hi, True), ("upper", hi, lo, False)):
+            if PROBABILITY_BOUNDS.mask(np, bound, other, np.inf, bound.shape[-1], is_lower).any():
+                raise ValueError(f"`{name}` {PROBABILITY_BOUNDS.text}.")
 
     def build(self, input_shape):
         rank = len(input_shape)
@@ -140,19 +128,20 @@ class BCSoftmax(keras.layers.Layer):
         """The current ``(lower, upper)`` tensors or None (configured or learned)."""
         if self.learn_bounds:
             k = self.num_classes
-            lo = tf.sigmoid(self.lower_logit) / k
-            hi = 1.0 / k + (1.0 - 1.0 / k) * tf.sigmoid(self.upper_logit)
+            lo = kops.sigmoid(self.lower_logit) / k
+            hi = 1.0 / k + (1.0 - 1.0 / k) * kops.sigmoid(self.upper_logit)
             return lo, hi
-        lo = None if self.lower is None else tf.constant(self.lower, tf.float32)
-        hi = None if self.upper is None else tf.constant(self.upper, tf.float32)
+        lo = None if self.lower is None else kops.convert_to_tensor(self.lower, "float32")
+        hi = None if self.upper is None else kops.convert_to_tensor(self.upper, "float32")
         return lo, hi
 
     def call(self, inputs, lower=None, upper=None):
-        x = tf.cast(inputs, tf.float32) if inputs.dtype in (tf.float16, tf.bfloat16) else inputs
+        x = kops.convert_to_tensor(inputs)
+        x = kops.cast(x, "float32") if dtype_name(x) in ("float16", "bfloat16") else x
         lo, hi = self.bounds()
         lo = lo if lower is None else lower
         hi = hi if upper is None else upper
-        tau = tf.exp(self.log_temperature) if self.learn_temperature else self.temperature
+        tau = kops.exp(self.log_temperature) if self.learn_temperature else self.temperature
         return ops.bcsoftmax(x, lo, hi, tau, axis=self.axis, method=self.method)
 
     def compute_output_shape(self, input_shape):

@@ -8,78 +8,33 @@ probabilities. Call them on ``logits`` or on ``[logits, z]``. Fit them with
 Fail-loud contract (README, "Bad input"), shared by the three layers: hyper-parameters are
 checked at construction (``temperature`` finite and > 0, ``init_lower`` / ``init_upper`` finite,
 ``bound_fn`` / ``bounds`` / ``method`` from their lists), raising ``ValueError`` naming them.
-Logits with NaN or +inf, or a row whose logits are all -inf, raise ``ValueError`` eagerly and
-fail a graph assertion in ``tf.function`` (skipped with ``losszoo.set_validation(False)``).
-Under XLA those rows come back NaN. A ``-inf`` logit masks its class: probability exactly 0,
-and the other classes get what the calibrator gives on the unmasked classes alone (PB counts
-only unmasked classes in ``K``; LB-C's norm is over the unmasked logits).
+Logits breaking ``contract.LOGITS`` (NaN or +inf, or a row whose logits are all -inf) raise
+``ValueError`` eagerly and fail a graph assertion in a TensorFlow graph (skipped with
+``losszoo.set_validation(False)``). Under XLA / ``jax.jit`` those rows come back NaN. A
+``-inf`` logit masks its class: probability exactly 0, and the other classes get what the
+calibrator gives on the unmasked classes alone (PB counts only unmasked classes in ``K``; LB-C's
+norm is over the unmasked logits).
 """
 
 from __future__ import annotations
 
 import keras
 import numpy as np
-import tensorflow as tf
+from keras import ops as kops
 
 from losszoo import ops
 from losszoo.contract import (
+    LOGITS,
+    check_bool,
     check_choice,
     check_number,
     check_static_rank,
     nan_where,
-    static_value,
-    validation_enabled,
 )
 from losszoo.ops._bcsoftmax import METHODS
 from losszoo.registry import register
 
 _BOUND_FNS = ("constant", "linear")
-
-
-def check_logits(logits, name="logits"):
-    """Fail-loud checks on calibrator logits (``[..., K]``, class axis last).
-
-    NaN, +inf, or a row whose classes are all -inf raise ``ValueError`` when the values are
-    known and a graph assertion otherwise (skipped with ``losszoo.set_validation(False)``).
-    ``-inf`` alone masks a class. Returns the logits (with the assertions attached).
-    """
-    if not validation_enabled():
-        return logits
-    value = static_value(logits)
-    if value is not None:
-        value = np.asarray(value, np.float64)
-        if np.isnan(value).any():
-            raise ValueError(f"`{name}` must not contain NaN.")
-        if np.isposinf(value).any():
-            raise ValueError(f"`{name}` must not contain +inf (-inf masks a class).")
-        if value.size and np.isneginf(value).all(-1).any():
-            raise ValueError(f"`{name}`: every class of a row is -inf (all classes masked).")
-        return logits
-    checks = [
-        tf.debugging.Assert(
-            tf.logical_not(tf.reduce_any(tf.math.is_nan(logits))),
-            [f"`{name}` must not contain NaN."],
-        ),
-        tf.debugging.Assert(
-            tf.logical_not(tf.reduce_any(tf.equal(logits, np.inf))),
-            [f"`{name}` must not contain +inf (-inf masks a class)."],
-        ),
-        tf.debugging.Assert(
-            tf.reduce_all(tf.reduce_any(logits > -np.inf, -1)),
-            [f"`{name}`: every class of a row is -inf (all classes masked)."],
-        ),
-    ]
-    with tf.control_dependencies(checks):
-        return tf.identity(logits)
-
-
-def bad_logit_rows(logits):
-    """``[..., 1]`` mask of rows with NaN, +inf or only -inf logits (made NaN under XLA)."""
-    top = tf.reduce_max(logits, -1, keepdims=True)
-    shifted_sum = tf.reduce_sum(
-        logits - tf.where(tf.math.is_finite(top), top, 0.0), -1, keepdims=True
-    )
-    return tf.logical_or(tf.logical_not(tf.math.is_finite(top)), tf.math.is_nan(shifted_sum))
 
 
 def _split(inputs):
@@ -89,10 +44,10 @@ def _split(inputs):
         logits, feats = inputs
     else:
         logits, feats = inputs, None
-    logits = tf.cast(logits, tf.float32)
+    logits = kops.cast(logits, "float32")
     check_static_rank(logits, 1, "logits")
-    logits = check_logits(logits)
-    feats = None if feats is None else tf.cast(feats, tf.float32)
+    logits = LOGITS.check(logits, "logits")
+    feats = None if feats is None else kops.cast(feats, "float32")
     return logits, feats
 
 
@@ -116,9 +71,7 @@ class _Calibrator(keras.layers.Layer):
         kwargs.setdefault("dtype", "float32")
         super().__init__(**kwargs)
         self.temperature = check_number(temperature, "temperature", low=0.0, low_open=True)
-        if not isinstance(fit_temperature, bool):
-            raise TypeError(f"`fit_temperature` must be a bool, got {fit_temperature!r}.")
-        self.fit_temperature = fit_temperature
+        self.fit_temperature = check_bool(fit_temperature, "fit_temperature")
 
     def _build_temperature(self):
         self.log_temperature = self.add_weight(
@@ -130,7 +83,7 @@ class _Calibrator(keras.layers.Layer):
         )
 
     def tau(self):
-        return tf.exp(tf.convert_to_tensor(self.log_temperature))
+        return kops.exp(self.log_temperature)
 
     def _linear_or_constant(self, name, bound_fn, d, init):
         if bound_fn == "constant":
@@ -150,12 +103,12 @@ class _Calibrator(keras.layers.Layer):
     def _eval(param, feats):
         bias, w = param
         if w is None:
-            return tf.convert_to_tensor(bias)
+            return kops.convert_to_tensor(bias)
         if feats is None:
             raise ValueError(
                 "The linear variant needs the features: call it on [logits, features]."
             )
-        return tf.linalg.matvec(feats, tf.convert_to_tensor(w))[:, None] + bias
+        return kops.matmul(feats, w)[:, None] + bias
 
     def compute_output_shape(self, input_shape):
         return _shapes(input_shape)[0]
@@ -184,7 +137,7 @@ class TemperatureScaling(_Calibrator):
 
     Example:
       >>> ts = losszoo.heads.TemperatureScaling(temperature=2.0)
-      >>> ts(np.array([[0.0, 2.0]])).numpy().round(4)
+      >>> keras.ops.convert_to_numpy(ts(np.array([[0.0, 2.0]]))).round(4)
       array([[0.2689, 0.7311]], dtype=float32)
     """
 
@@ -195,7 +148,7 @@ class TemperatureScaling(_Calibrator):
     def call(self, inputs):
         logits, _ = _split(inputs)
         # NaN / +inf / all -inf rows come out NaN by themselves; -inf classes get 0.
-        return tf.nn.softmax(logits / self.tau(), axis=-1)
+        return kops.softmax(logits / self.tau(), axis=-1)
 
 
 @register(
@@ -229,7 +182,7 @@ class ProbabilityBounding(_Calibrator):
 
     Example:
       >>> pb = losszoo.heads.ProbabilityBounding(init_lower=0.0, init_upper=0.0)
-      >>> pb(np.array([[0.0, 1.0, 8.0]])).numpy().round(3)
+      >>> keras.ops.convert_to_numpy(pb(np.array([[0.0, 1.0, 8.0]]))).round(3)
       array([[0.167, 0.167, 0.667]], dtype=float32)
     """
 
@@ -278,15 +231,16 @@ class ProbabilityBounding(_Calibrator):
         masked classes (``-inf`` logits) get ``a = b = 0``, so they get probability 0.
         """
         logits, feats = _split(inputs)
-        live = tf.math.is_finite(logits)
-        k = tf.reduce_sum(tf.cast(live, tf.float32), -1, keepdims=True)
-        inv_k = 1.0 / tf.maximum(k, 1.0)
-        zero = tf.zeros_like(logits)
+        live = kops.isfinite(logits)
+        k = kops.sum(kops.cast(live, "float32"), -1, keepdims=True)
+        inv_k = 1.0 / kops.maximum(k, 1.0)
+        zero = kops.zeros_like(logits)
         a = b = None
         if self._a is not None:
-            a = tf.where(live, tf.sigmoid(self._eval(self._a, feats)) * inv_k, zero)
+            a = kops.where(live, kops.sigmoid(self._eval(self._a, feats)) * inv_k, zero)
         if self._b is not None:
-            b = tf.where(live, inv_k + (1.0 - inv_k) * tf.sigmoid(self._eval(self._b, feats)), zero)
+            upper = inv_k + (1.0 - inv_k) * kops.sigmoid(self._eval(self._b, feats))
+            b = kops.where(live, upper, zero)
         return a, b
 
     def call(self, inputs):
@@ -294,10 +248,10 @@ class ProbabilityBounding(_Calibrator):
         a, b = self.bound_values(inputs)
         if b is None:
             # masked classes must not take mass: with upper bounds absent, b = [live].
-            b = tf.cast(tf.math.is_finite(logits), logits.dtype)
-        # Inputs were checked in _split; the bounds are feasible by construction. Under XLA,
-        # rows with NaN / +inf / all -inf logits come back NaN (bcsoftmax's bad-row test).
-        return ops.bcsoftmax(logits, a, b, self.tau(), method=self.method, validate=False)
+            b = kops.cast(kops.isfinite(logits), logits.dtype)
+        # The bounds are feasible by construction; under XLA, rows with NaN / +inf / all -inf
+        # logits come back NaN (bcsoftmax's bad-row test).
+        return ops.bcsoftmax(logits, a, b, self.tau(), method=self.method)
 
     def get_config(self):
         return {
@@ -335,8 +289,8 @@ class LogitBounding(_Calibrator):
 
     Example:
       >>> lb = losszoo.heads.LogitBounding(temperature=1.0, init_lower=-1.0, init_upper=0.0)
-      >>> lb(np.array([[-3.0, 0.0, 4.0]])).shape
-      TensorShape([1, 3])
+      >>> tuple(lb(np.array([[-3.0, 0.0, 4.0]])).shape)
+      (1, 3)
     """
 
     def __init__(
@@ -368,26 +322,26 @@ class LogitBounding(_Calibrator):
         """``(c, C)``: the lower/upper logit bounds, shape ``[N, 1]`` or scalar."""
         logits, feats = _split(inputs)
         lo = self._eval(self._c, feats)
-        hi = lo + tf.nn.softplus(self._eval(self._C, feats))
+        hi = lo + kops.softplus(self._eval(self._C, feats))
         if self.bound_fn == "constant":
             # The norm of the unmasked logits (-inf classes are masked, not infinitely large),
             # as scale * ||logits / scale|| with scale = max |logit|: squares of 1e30 overflow.
-            live = tf.where(tf.math.is_finite(logits), logits, 0.0)
-            scale = tf.stop_gradient(tf.reduce_max(tf.abs(live), -1, keepdims=True))
-            scale = tf.where(scale > 0, scale, 1.0)
-            unit = tf.sqrt(tf.reduce_sum(tf.square(live / scale), -1, keepdims=True))
-            return scale * (unit * tf.tanh(lo)), scale * (unit * tf.tanh(hi))
+            live = kops.where(kops.isfinite(logits), logits, 0.0)
+            scale = kops.stop_gradient(kops.max(kops.abs(live), -1, keepdims=True))
+            scale = kops.where(scale > 0, scale, 1.0)
+            unit = kops.sqrt(kops.sum(kops.square(live / scale), -1, keepdims=True))
+            return scale * (unit * kops.tanh(lo)), scale * (unit * kops.tanh(hi))
         return lo, hi
 
     def call(self, inputs):
         logits, _ = _split(inputs)
         c, cap = self.bound_values(inputs)
-        clipped = tf.minimum(tf.maximum(logits, c), cap)  # gradients reach both bounds
+        clipped = kops.minimum(kops.maximum(logits, c), cap)  # gradients reach both bounds
         # -inf (masked) classes stay -inf, so they get probability 0 and the rest is unchanged;
-        # NaN / +inf / all -inf rows are NaN (the clip alone would make them finite).
-        clipped = tf.where(tf.equal(logits, -np.inf), logits, clipped)
-        p = tf.nn.softmax(clipped / self.tau(), axis=-1)
-        return nan_where(bad_logit_rows(logits), p)
+        # rows breaking contract.LOGITS are NaN (the clip alone would make them finite).
+        clipped = kops.where(kops.equal(logits, -np.inf), logits, clipped)
+        p = kops.softmax(clipped / self.tau(), axis=-1)
+        return nan_where(LOGITS.invalid(logits)[..., None], p)
 
     def get_config(self):
         return {

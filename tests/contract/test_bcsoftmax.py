@@ -141,7 +141,7 @@ def test_minus_inf_masks_a_class():
         assert y[0, 1] == np.float32(0.05)
 
 
-def test_validate_flag_and_global_switch():
+def test_global_validation_switch():
     x, a, b = _problem(4)
     bad_a = a.copy()
     bad_a[0] = 0.5
@@ -151,8 +151,9 @@ def test_validate_flag_and_global_switch():
         with ctx:
             y = bcsoftmax(x, bad_a, np.maximum(b, bad_a)).numpy()
         assert np.isnan(y[0]).all() and np.isfinite(y[1:]).all()
-    y = bcsoftmax(x, bad_a, np.maximum(b, bad_a), validate=False).numpy()
-    assert np.isnan(y[0]).all() and np.isfinite(y[1:]).all()
+    # issue 20 item 1: the global switch is the only one (no `validate=` argument)
+    with pytest.raises(TypeError, match="validate"):
+        bcsoftmax(x, bad_a, np.maximum(b, bad_a), validate=False)
     # traced with validation off: no assertion in the graph, NaN rows instead
     with losszoo.validation(False):
         f = tf.function(lambda x, a, b: bcsoftmax(x, a, b))
@@ -164,9 +165,6 @@ def test_hyper_parameters_rejected():
     x, a, b = _problem(5)
     assert_hparam_rejected(
         lambda m: bcsoftmax(x, a, b, method=m), "method", ["Newton", "", None, "exact"], suite=SUITE
-    )
-    assert_hparam_rejected(
-        lambda v: bcsoftmax(x, a, b, validate=v), "validate", [1, "yes"], suite=SUITE
     )
     assert_hparam_rejected(lambda c: bcsoftmax(x, a, b, clip=c), "clip", [0, None], suite=SUITE)
 
