@@ -146,26 +146,9 @@ def _live_nan(l, s):
     return ops.any(nan if s is None else nan & (s > 0))
 
 
-# Keras 3.15 on PyTorch computes ops.maximum / minimum / divide_no_nan / cumsum of float64
-# inputs in float32 (its result_type maps float64 to float32 off TensorFlow); these keep the
-# inputs' dtype there and are the Keras ops elsewhere.
-if _backend.NAME == "torch":
-    import torch
-
-    _maximum, _minimum = torch.maximum, torch.minimum
-
-    def _cumsum(x):
-        return torch.cumsum(x, 0)
-
-    def _divide_no_nan(x, y):
-        zero = ops.equal(y, 0)
-        return ops.where(zero, ops.zeros_like(x * y), x / ops.where(zero, ops.ones_like(y), y))
-
-else:
-    _maximum, _minimum, _divide_no_nan = ops.maximum, ops.minimum, ops.divide_no_nan
-
-    def _cumsum(x):
-        return ops.cumsum(x)
+# keras.ops that keep float64 on PyTorch (see losszoo._backend).
+_maximum, _minimum, _cumsum = _backend.maximum, _backend.minimum, _backend.cumsum
+_divide_no_nan = _backend.divide_no_nan
 
 
 def _const(x, dtype):
