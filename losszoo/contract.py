@@ -12,8 +12,9 @@ From it come all three forms of the check:
 * traced under XLA / ``jax.jit``: the mask of invalid entries or rows, which the kernel
   turns into NaN (:meth:`Rule.invalid` and :func:`nan_where`).
 
-The rules: :data:`LOGITS`, :data:`CLASS_IDS`, :data:`TARGETS`, :data:`NON_NEGATIVE`,
-:data:`POSSIBILITY`, :data:`SCALED_POSSIBILITY`, plus :func:`check_number` /
+The rules: :data:`LOGITS`, :data:`CLASS_IDS`, :data:`PADDED_CLASS_IDS`, :data:`TARGETS`,
+:data:`NON_NEGATIVE`, :data:`NON_NEGATIVE_OR_NAN`, :data:`POSSIBILITY`,
+:data:`SCALED_POSSIBILITY`, plus :func:`check_number` /
 :func:`check_choice` for hyper-parameters. Checks that cost time per step (host reads of
 eager values, graph assertions) are switched off with :func:`set_validation` /
 :func:`validation`; NaN poisoning folded into the kernels always stays. Every kernel computes
@@ -46,6 +47,8 @@ __all__ = [
     "CLASS_IDS",
     "LOGITS",
     "NON_NEGATIVE",
+    "NON_NEGATIVE_OR_NAN",
+    "PADDED_CLASS_IDS",
     "POSSIBILITY",
     "SCALED_POSSIBILITY",
     "TARGETS",
@@ -200,6 +203,30 @@ def _non_negative_mask(xp, x):
 
 NON_NEGATIVE = Rule("must be finite and >= 0", _non_negative_mask)
 """Finite, non-negative values (entry-wise): losses, weights, counts."""
+
+
+def _padded_ids_mask(xp, ids, n):
+    bad = xp.logical_or(xp.less(ids, -1), xp.greater_equal(ids, n))
+    if not _is_integer(ids):
+        whole = xp.logical_and(xp.isfinite(ids), xp.equal(ids, xp.round(ids)))
+        bad = xp.logical_or(bad, xp.logical_not(whole))
+    return bad
+
+
+PADDED_CLASS_IDS = Rule(
+    "holds class ids, which must be whole numbers in [0, K) (K = the logits' last axis), "
+    "or -1 for padding",
+    _padded_ids_mask,
+)
+"""Lists of class ids padded with -1 (entry-wise): ``CLASS_IDS`` plus the padding value;
+pass the number of classes."""
+
+
+NON_NEGATIVE_OR_NAN = Rule(
+    "must be finite and >= 0 (NaN passes: a state that NaN losses made NaN)",
+    lambda xp, x: xp.isinf(x) | (x < 0),
+)
+"""A streaming state's sums (entry-wise): finite and >= 0, or NaN (NaN in, NaN out)."""
 
 _MAX_ONE_TOL = 1e-6
 

@@ -63,7 +63,7 @@ from losszoo import _backend
 from losszoo._backend import custom_gradient
 from losszoo.contract import (
     NON_NEGATIVE,
-    Rule,
+    NON_NEGATIVE_OR_NAN,
     check_finite,
     check_number,
     dtype_name,
@@ -89,12 +89,6 @@ __all__ = [
     "safe_kl_dro_solve_alpha",
     "safe_kl_dro_weights",
 ]
-
-NON_NEGATIVE_OR_NAN = Rule(
-    "must be finite and >= 0 (NaN passes: a state that NaN losses made NaN)",
-    lambda xp, x: xp.isinf(x) | (x < 0),
-)
-"""A streaming state's sums (entry-wise): finite and >= 0, or NaN (NaN in, NaN out)."""
 
 
 # ----------------------------------------------------------------------------- validation

@@ -71,7 +71,7 @@ from losszoo._backend import custom_gradient
 from losszoo.contract import (
     LOGITS,
     NON_NEGATIVE,
-    Rule,
+    PADDED_CLASS_IDS,
     check_choice,
     check_number,
     dense_labels,
@@ -87,23 +87,6 @@ from losszoo.contract import (
 __all__ = ["PADDED_CLASS_IDS", "check_rankmax_arguments", "rankmax", "rankmax_loss"]
 
 LABEL_FORMATS = ("auto", "keras", "ids", "dense")
-
-
-def _padded_ids_mask(xp, ids, n):
-    bad = xp.logical_or(xp.less(ids, -1), xp.greater_equal(ids, n))
-    if is_floating(ids):
-        whole = xp.logical_and(xp.isfinite(ids), xp.equal(ids, xp.round(ids)))
-        bad = xp.logical_or(bad, xp.logical_not(whole))
-    return bad
-
-
-PADDED_CLASS_IDS = Rule(
-    "holds class ids, which must be whole numbers in [0, K) (K = the logits' last axis), "
-    "or -1 for padding",
-    _padded_ids_mask,
-)
-"""Lists of class ids padded with -1 (entry-wise): ``CLASS_IDS`` plus the padding value;
-pass the number of classes."""
 
 
 # --------------------------------------------------------------------------- arguments
