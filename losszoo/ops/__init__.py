@@ -1,9 +1,11 @@
-"""Pure TensorFlow kernels. Each method's maths lives in one private module beside this file.
+"""Kernels written once with ``keras.ops``: TensorFlow, JAX and PyTorch run the same code.
 
-Every op has a hand-derived ``tf.custom_gradient``, compiles under XLA
-(``tf.function(jit_compile=True)``), and computes in float32 or wider.
-:mod:`losszoo.ops.distribute` holds the DRO risks of the global batch under
-``tf.distribute`` (the ``*_global`` ops) and the cross-replica sums and gathers they use.
+Each method's maths lives in one private module or small package beside this file. Every op
+has a hand-derived gradient (``losszoo._backend.custom_gradient``), compiles under XLA
+(``jit_compile=True`` on TensorFlow, ``jax.jit``), computes in float32 or wider, and checks
+its inputs with the rules of :mod:`losszoo.contract`. :mod:`losszoo.ops.distribute` holds the
+DRO risks of the global batch (the ``*_global`` ops: ``tf.distribute`` replicas on
+TensorFlow; on JAX and PyTorch ``keras.distribution`` computes one global batch already).
 """
 
 from losszoo.ops._bcsoftmax import bcsoftmax
