@@ -38,6 +38,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from losszoo import ops  # noqa: E402
+from losszoo.ops.possibilistic import ProjectionConfig  # noqa: E402
+
+NLI_CONFIG = ProjectionConfig(eps_cap=0.05, tol=1e-6, max_cycles=500)
+SYNTHETIC_CONFIG = ProjectionConfig(tol=1e-8, max_cycles=2000)
 
 # ----------------------------------------------------------------------------------------
 # Training-step rows (harness)
@@ -77,15 +81,15 @@ def softmax_ce(logits, pi):
 
 
 def projection_loss_nli(logits, pi):
-    return ops.possibilistic_projection_loss(logits, pi, eps_cap=0.05, tol=1e-6, max_cycles=500)[0]
+    return ops.possibilistic_projection_loss(pi, logits, NLI_CONFIG)
 
 
 def projection_loss_synthetic(logits, pi):
-    return ops.possibilistic_projection_loss(logits, pi, tol=1e-8, max_cycles=2000)[0]
+    return ops.possibilistic_projection_loss(pi, logits, SYNTHETIC_CONFIG)
 
 
 def antipignistic_kl(logits, pi):
-    return ops.antipignistic_kl_loss(logits, pi)
+    return ops.antipignistic_kl_loss(pi, logits)
 
 
 def cases(quick=False):
@@ -175,18 +179,18 @@ def projection_tables(quick):
             _, info = ops.possibilistic_projection(
                 logq, pi, tol=tau, max_cycles=k_max, stopping="paper"
             )
-            cycles = info["cycles"].numpy()
+            cycles = info.cycles.numpy()
             seconds = (time.perf_counter() - start) / len(cycles)
             paper = PAPER[tau].get(k_max)
             rows.append(
                 (
                     tau,
                     k_max,
-                    info["converged"].numpy().mean(),
+                    info.converged.numpy().mean(),
                     cycles.mean(),
                     np.percentile(cycles, 90),
                     cycles.max(),
-                    info["max_violation"].numpy().mean(),
+                    info.max_violation.numpy().mean(),
                     seconds,
                     paper,
                 )
@@ -273,11 +277,11 @@ def issue11_row(index, repeats=7):
     """Time case ``index`` of ``_ISSUE11_CASES`` against softmax CE; print its table row."""
     k, batch, kind, z, pi = next(itertools.islice(_issue11_inputs(), index, None))
     _, info = ops.possibilistic_projection(z, pi)
-    certified = float(np.mean(info["converged"].numpy()))
-    t_ours = _step_time(lambda a, b: ops.possibilistic_projection_loss(a, b)[0], z, pi, repeats)
+    certified = float(np.mean(info.converged.numpy()))
+    t_ours = _step_time(lambda a, b: ops.possibilistic_projection_loss(b, a), z, pi, repeats)
     t_ce = _step_time(softmax_ce, z, pi, max(repeats, 10))
-    iters = float(np.mean(info["iterations"].numpy()))
-    cycles = float(np.max(info["cycles"].numpy()))
+    iters = float(np.mean(info.iterations.numpy()))
+    cycles = float(np.max(info.cycles.numpy()))
     print(
         f"| {k} | {batch} | {kind} | {t_ours * 1e3:.1f} ms | {t_ours / t_ce:.0f}x | "
         f"{certified:.3f} | {iters:.1f} | {cycles:.0f} |",
@@ -314,7 +318,7 @@ def issue11_paper(taus=(1e-4, 1e-6, 1e-8)):
             _, info = ops.possibilistic_projection(logq, pi, **kw)
             out[method] = (
                 (time.perf_counter() - start) / len(logq),
-                float(np.mean(info["converged"].numpy())),
+                float(np.mean(info.converged.numpy())),
             )
         (ti, ci), (td, cd) = out["interior_point"], out["dykstra"]
         print(

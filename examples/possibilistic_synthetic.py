@@ -36,6 +36,10 @@ import tensorflow as tf  # noqa: E402
 
 import _common  # noqa: E402
 from losszoo import ops  # noqa: E402
+from losszoo.ops.possibilistic import ProjectionConfig  # noqa: E402
+
+# The paper's setting: stopping rule "paper", tolerance 1e-8, eps 1e-9.
+PAPER_CONFIG = ProjectionConfig(tol=1e-8, max_cycles=2000, stopping="paper", eps_cap=1e-9)
 
 SCRIPT = "possibilistic_synthetic"
 
@@ -134,11 +138,11 @@ class LinearTrainer:
             logits = tf.matmul(x, self.w) + self.b
             if self.model == "A":
                 loss, info = ops.possibilistic_projection_loss(
-                    logits, pi, tol=1e-8, max_cycles=2000, stopping="paper", eps_cap=1e-9
+                    pi, logits, PAPER_CONFIG, return_info=True
                 )
-                cycles = info["cycles"]
+                cycles = info.cycles
             else:
-                loss = ops.antipignistic_kl_loss(logits, pi)
+                loss = ops.antipignistic_kl_loss(pi, logits)
                 cycles = tf.zeros_like(mask, tf.int32)
             loss = tf.reduce_sum(loss * mask) / tf.reduce_sum(mask)
         grads = tape.gradient(loss, [self.w, self.b])

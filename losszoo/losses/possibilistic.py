@@ -7,7 +7,8 @@
 
 The maths lives in :mod:`losszoo.ops.possibilistic`; these classes handle config and labels.
 :class:`ProjectionDiagnostic` exposes the projection's convergence (mean / p90 cycles,
-non-converged count) as Keras metrics.
+non-converged count) as Keras metrics. Every backend (float64 inside: on JAX with
+``jax_enable_x64``).
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ import dataclasses
 import threading
 
 import keras
-import tensorflow as tf
+from keras import ops as kops
 
-from losszoo import ops
+from losszoo import _backend, ops
 from losszoo._logits import attached_logits
 from losszoo.contract import to_compute_dtype
 from losszoo.losses._targets import SampleWeightCheck, is_sparse, one_hot_targets
-from losszoo.ops.possibilistic import ProjectionConfig, validate_possibility
+from losszoo.ops.possibilistic import ProjectionConfig
 from losszoo.registry import register
 
 
@@ -32,16 +33,17 @@ def _scores(y_pred, from_logits):
         y_pred, from_logits = logits, True
     y_pred, _ = to_compute_dtype(y_pred, "y_pred")
     if not from_logits:
-        y_pred = tf.math.log(tf.maximum(y_pred, tf.cast(1e-15, y_pred.dtype)))
+        y_pred = kops.log(kops.maximum(y_pred, kops.cast(1e-15, y_pred.dtype)))
     return y_pred
 
 
 def _labels(y_true, y_pred, name):
     """Dense ``[..., K]`` labels; class ids become one-hot rows (all NaN for an invalid id)."""
-    y_true = tf.convert_to_tensor(y_true)
+    y_true = kops.convert_to_tensor(y_true)
     if is_sparse(y_true, y_pred):
         return one_hot_targets(y_true, y_pred, name)
-    if not y_true.shape.is_compatible_with(y_pred.shape):
+    a, b = tuple(y_true.shape), tuple(y_pred.shape)
+    if len(a) != len(b) or any(x is not None and y is not None and x != y for x, y in zip(a, b)):
         raise ValueError(
             f"`{name}` must have the shape of `y_pred` {list(y_pred.shape)} (or hold class "
             f"ids), got {list(y_true.shape)}."
@@ -145,29 +147,38 @@ class PossibilisticProjectionLoss(SampleWeightCheck, keras.losses.Loss):
             q_clip=q_clip,
             method=method,
         )
+        self.config = config
         self.projection_config = dataclasses.asdict(config)
         self.from_logits = bool(from_logits)
         self._store = threading.local()
 
     def compute(self, y_true, y_pred):
-        """Per-example loss and the projection diagnostics (dict of tensors)."""
+        """Per-example loss and the projection diagnostics (a ``ProjectionInfo``)."""
         z = _scores(y_pred, self.from_logits)
-        pi = validate_possibility(_labels(y_true, z, "y_true"), "y_true")
-        loss, info = ops.possibilistic_projection_loss(z, pi, **self.projection_config)
-        return loss, info
+        return ops.possibilistic_projection_loss(
+            _labels(y_true, z, "y_true"), z, self.config, return_info=True, labels_name="y_true"
+        )
 
     def call(self, y_true, y_pred):
         loss, info = self.compute(y_true, y_pred)
-        self._store.info = info
-        self._store.graph = tf.compat.v1.get_default_graph()
+        if _backend.TENSORFLOW:
+            import tensorflow as tf
+
+            self._store.info = info
+            self._store.graph = tf.compat.v1.get_default_graph()
         return loss
 
     def latest_diagnostics(self):
-        """Diagnostics of the last call made in the current graph and thread, else None."""
+        """Diagnostics of the last call made in the current TensorFlow graph and thread, else
+        None (always None on JAX / PyTorch, where the metric recomputes the projection: JAX
+        computes the loss inside its gradient transformation, whose values cannot leave it).
+        """
         info = getattr(self._store, "info", None)
-        if info is None or self._store.graph is not tf.compat.v1.get_default_graph():
+        if info is None:
             return None
-        return info
+        import tensorflow as tf
+
+        return info if self._store.graph is tf.compat.v1.get_default_graph() else None
 
     def diagnostic_metrics(self):
         """Keras metrics reporting this loss's projection cycles and convergence."""
@@ -178,13 +189,13 @@ class PossibilisticProjectionLoss(SampleWeightCheck, keras.losses.Loss):
 
 
 def _p90(values):
-    values = tf.sort(tf.reshape(tf.cast(values, tf.float64), [-1]))
-    n = tf.shape(values)[0]
-    pos = 0.9 * tf.cast(tf.maximum(n - 1, 0), tf.float64)
-    lo = tf.cast(tf.floor(pos), tf.int32)
-    hi = tf.minimum(lo + 1, tf.maximum(n - 1, 0))
-    frac = pos - tf.floor(pos)
-    return tf.gather(values, lo) * (1.0 - frac) + tf.gather(values, hi) * frac
+    values = kops.sort(kops.reshape(kops.cast(values, "float64"), (-1,)))
+    last = kops.maximum(kops.shape(values)[0] - 1, 0)
+    pos = 0.9 * kops.cast(last, "float64")
+    lo = kops.cast(kops.floor(pos), "int32")
+    hi = kops.minimum(lo + 1, last)
+    frac = pos - kops.floor(pos)
+    return kops.take(values, lo) * (1.0 - frac) + kops.take(values, hi) * frac
 
 
 @register(
@@ -238,23 +249,22 @@ class ProjectionDiagnostic(keras.metrics.Metric):
         dykstra_only = cfg["method"] == "dykstra" or (
             cfg["method"] is None and cfg["stopping"] != "certified"
         )
-        cycles = info["cycles"] if dykstra_only else info["iterations"] + info["cycles"]
+        cycles = info.cycles if dykstra_only else info.iterations + info.cycles
         if self.statistic == "mean_cycles":
-            value = tf.reduce_sum(tf.cast(cycles, tf.float64))
-            count = tf.cast(tf.size(cycles), tf.float64)
+            value = kops.sum(kops.cast(cycles, "float64"))
+            count = kops.cast(kops.size(cycles), "float64")
         elif self.statistic == "p90_cycles":
-            value, count = _p90(cycles), tf.constant(1.0, tf.float64)
+            value, count = _p90(cycles), 1.0
         else:
-            bad = info["valid"] & ~info["converged"]
-            value = tf.reduce_sum(tf.cast(bad, tf.float64))
-            count = tf.constant(0.0, tf.float64)
-        self.total.assign_add(tf.cast(value, self.dtype))
-        self.count.assign_add(tf.cast(count, self.dtype))
+            value = kops.sum(kops.cast(info.valid & ~info.converged, "float64"))
+            count = 0.0
+        self.total.assign_add(kops.cast(value, self.dtype))
+        self.count.assign_add(kops.cast(count, self.dtype))
 
     def result(self):
         if self.statistic == "nonconverged":
             return self.total
-        return tf.math.divide_no_nan(self.total, self.count)
+        return kops.divide_no_nan(self.total, self.count)
 
     def get_config(self):
         return {**super().get_config(), "loss": self.loss.get_config(), "statistic": self.statistic}
@@ -303,7 +313,8 @@ class AntipignisticKLLoss(SampleWeightCheck, keras.losses.Loss):
 
     def call(self, y_true, y_pred):
         z = _scores(y_pred, self.from_logits)
-        return ops.antipignistic_kl_loss(z, _labels(y_true, z, "y_true"), floor=self.floor)
+        labels = _labels(y_true, z, "y_true")
+        return ops.antipignistic_kl_loss(labels, z, floor=self.floor, labels_name="y_true")
 
     def get_config(self):
         return {**super().get_config(), "floor": self.floor, "from_logits": self.from_logits}
@@ -345,7 +356,7 @@ class VoteKLLoss(SampleWeightCheck, keras.losses.Loss):
 
     def call(self, y_true, y_pred):
         z = _scores(y_pred, self.from_logits)
-        return ops.vote_kl_loss(z, _labels(y_true, z, "y_true"))
+        return ops.vote_kl_loss(_labels(y_true, z, "y_true"), z, labels_name="y_true")
 
     def get_config(self):
         return {**super().get_config(), "from_logits": self.from_logits}

@@ -28,7 +28,7 @@ SUITE = "possibilistic"
 
 
 def _loss(z, pi):
-    return ops.possibilistic_projection_loss(z, pi)[0]
+    return ops.possibilistic_projection_loss(pi, z)
 
 
 def _proj(z, pi):
@@ -44,9 +44,9 @@ GOOD_Z = np.array([[0.5, -1.0, 2.0, 0.0], [1.0, 0.0, -0.5, 0.3]])
 def test_issue9_nan_logit_is_not_zero_loss():
     # Issue 9: possibilistic_projection_loss([[nan, 1, 0]], [[1, .5, .2]]) returned 0.
     with pytest.raises(ValueError, match="`logits`"):
-        ops.possibilistic_projection_loss([[np.nan, 1.0, 0.0]], [[1.0, 0.5, 0.2]])
+        ops.possibilistic_projection_loss([[1.0, 0.5, 0.2]], [[np.nan, 1.0, 0.0]])
     with losszoo.validation(False):
-        loss, _ = ops.possibilistic_projection_loss([[np.nan, 1.0, 0.0]], [[1.0, 0.5, 0.2]])
+        loss = ops.possibilistic_projection_loss([[1.0, 0.5, 0.2]], [[np.nan, 1.0, 0.0]])
     assert np.isnan(loss.numpy()).all()
     z = np.array([[np.nan, 1.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]])
     assert_rejects(LOSS, z, GOOD_PI, name="logits", rows=[0], suite=SUITE)
@@ -64,7 +64,7 @@ def test_issue9_nan_logit_is_not_zero_loss():
 )
 def test_invalid_possibility_rejected_or_nan(bad_row):
     pi = np.array([bad_row, GOOD_PI[1]])
-    assert_rejects(LOSS, GOOD_Z, pi, name="possibility", rows=[0], suite=SUITE)
+    assert_rejects(LOSS, GOOD_Z, pi, name="labels", rows=[0], suite=SUITE)
     assert_rejects(PROJ, GOOD_Z, pi, name="possibility", rows=[0], suite=SUITE)
 
 
@@ -143,18 +143,18 @@ def test_valid_inputs_agree_across_modes_and_with_dykstra(case):
 def test_bad_possibility_entries_property(col, value):
     pi = GOOD_PI.copy()
     pi[0, col] = value
-    assert_rejects(LOSS, GOOD_Z, pi, name="possibility", rows=[0], suite=SUITE)
+    assert_rejects(LOSS, GOOD_Z, pi, name="labels", rows=[0], suite=SUITE)
 
 
 # Issue 19: invalid logits rows, antipignistic bad rows, constraint options, None batch dim.
 
 
 def _fixed_b(z, pi):
-    return ops.antipignistic_kl_loss(z, pi)
+    return ops.antipignistic_kl_loss(pi, z)
 
 
 def _fixed_c(z, votes):
-    return ops.vote_kl_loss(z, votes)
+    return ops.vote_kl_loss(votes, z)
 
 
 @pytest.mark.parametrize(
@@ -226,4 +226,4 @@ def test_none_batch_dim_bad_input_rejected_or_nan():
     z = np.array([[np.inf, 0.0, -1.0, 0.5], GOOD_Z[1]])
     assert_rejects(LOSS_NONE, z, GOOD_PI, name="logits", rows=[0], suite=SUITE)
     pi = np.array([[np.nan, 1.0, 0.5, 0.2], GOOD_PI[1]])
-    assert_rejects(LOSS_NONE, GOOD_Z, pi, name="possibility", rows=[0], suite=SUITE)
+    assert_rejects(LOSS_NONE, GOOD_Z, pi, name="labels", rows=[0], suite=SUITE)

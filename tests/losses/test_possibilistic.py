@@ -161,23 +161,23 @@ def test_diagnostics_are_logged_as_metrics():
     # with the initial weights), read from the loss without recomputing it.
     model.set_weights(initial)
     _, info = losszoo.ops.possibilistic_projection(model(X), PI)
-    it, cyc = info["iterations"].numpy(), info["cycles"].numpy()
+    it, cyc = info.iterations.numpy(), info.cycles.numpy()
     cycles = it + cyc  # interior point (+ Dykstra finish) work
     assert cycles.max() > 1
     np.testing.assert_allclose(logs["projection_mean_cycles"][0], cycles.mean(), rtol=1e-6)
     np.testing.assert_allclose(
         logs["projection_p90_cycles"][0], np.percentile(cycles, 90), rtol=1e-6
     )
-    assert logs["projection_nonconverged"][0] == np.sum(~info["converged"].numpy())
+    assert logs["projection_nonconverged"][0] == np.sum(~info.converged.numpy())
     # Standalone metric (recomputes the projection) on known cycles.
     z = tf.constant(Z)
     _, info = losszoo.ops.possibilistic_projection(z, PI)
-    it, cyc = info["iterations"].numpy(), info["cycles"].numpy()
+    it, cyc = info.iterations.numpy(), info.cycles.numpy()
     cycles = np.where(it == cyc, cyc, it + cyc)
     for stat, want in (
         ("mean_cycles", cycles.mean()),
         ("p90_cycles", np.percentile(cycles, 90)),
-        ("nonconverged", np.sum(~info["converged"].numpy())),
+        ("nonconverged", np.sum(~info.converged.numpy())),
     ):
         metric = ProjectionDiagnostic(PossibilisticProjectionLoss(), stat)
         metric.update_state(PI, z)
@@ -187,7 +187,7 @@ def test_diagnostics_are_logged_as_metrics():
     metric = ProjectionDiagnostic(tight, "nonconverged")
     metric.update_state(PI, z)
     _, info = losszoo.ops.possibilistic_projection(z, PI, max_cycles=1, tol=1e-12, method="dykstra")
-    want = np.sum(~info["converged"].numpy())
+    want = np.sum(~info.converged.numpy())
     assert want > 0 and metric.result().numpy() == want
 
 

@@ -191,7 +191,7 @@ def project_logits(logits, pi, pad_to=64, **kw):
         tf.concat([pi, tf.ones([extra, k], tf.float64)], 0),
         **kw,
     )
-    return p[:b], {key: val[:b] for key, val in info.items()}
+    return p[:b], type(info)(*(val[:b] for val in info))
 
 
 def kl(p, q):
@@ -208,7 +208,7 @@ def project(q, pi, pad_to=64, **kw):
     q = np.concatenate([q, np.full((extra, q.shape[1]), 1.0 / q.shape[1])])
     pi = np.concatenate([pi, np.ones((extra, pi.shape[1]))])
     p, info = possibilistic_projection(np.log(q), pi, **kw)
-    return p.numpy()[:b], {k: v.numpy()[:b] for k, v in info.items()}
+    return p.numpy()[:b], type(info)(*(v.numpy()[:b] for v in info))
 
 
 # ----------------------------------------------------------------------------------------
@@ -255,8 +255,8 @@ def test_example4_one_cycle(policy, eps_cap):
         eps_cap=eps_cap,
     )
     np.testing.assert_allclose(p[0], [0.49, 0.25598077, 0.25401923], atol=1e-8)
-    assert info["cycles"][0] == 1
-    lam = info["lambda"][0]
+    assert info.cycles[0] == 1
+    lam = info.multipliers[0]
     assert lam[0, 0] > 0 and np.all(lam.ravel()[1:] == 0)
 
 
@@ -273,8 +273,8 @@ def test_softmax_counterexample_and_paper_flaw():
     np.testing.assert_allclose(cert[0], [0.5764, 0.3593, 0.0643], atol=1e-4)
     np.testing.assert_allclose(kl(paper[0], q[0]), 2.690, atol=2e-3)
     np.testing.assert_allclose(kl(cert[0], q[0]), 2.139, atol=2e-3)
-    assert info_p["cycles"][0] == 1 and info_c["cycles"][0] > 1
-    assert info_p["duality_gap"][0] > 0.1 and abs(info_c["duality_gap"][0]) <= 1e-10
+    assert info_p.cycles[0] == 1 and info_c.cycles[0] > 1
+    assert info_p.duality_gap[0] > 0.1 and abs(info_c.duality_gap[0]) <= 1e-10
     a_mat, b = ref_constraints(pi[0])
     np.testing.assert_allclose(cert[0], scipy_dual(np.array(q[0]), a_mat, b), atol=1e-7)
 
@@ -295,7 +295,7 @@ def test_matches_scipy_dual_and_slsqp_on_random_cases():
     for n in sizes:
         pi, q = random_cases(rng, per_n, n)
         p, info = project(q, pi, max_cycles=100000)
-        assert info["converged"].all()
+        assert info.converged.all()
         for i in range(per_n):
             a_mat, b = ref_constraints(pi[i])
             dual = scipy_dual(q[i], a_mat, b)
@@ -321,7 +321,7 @@ def test_feasibility_on_all_events_and_kkt():
     pi[:5, 3] = pi[:5, 1]  # some ties
     pi /= pi.max(1, keepdims=True)
     p, info = project(q, pi)
-    assert info["converged"].all()
+    assert info.converged.all()
     np.testing.assert_allclose(p.sum(1), 1.0, atol=1e-12)
     assert np.all(p > 0)
     events = np.array(list(itertools.product([0, 1], repeat=n)), bool)
@@ -334,13 +334,13 @@ def test_feasibility_on_all_events_and_kkt():
         a_mat, b = ref_constraints(pi[i])
         assert np.max(b - a_mat @ p[i]) <= tau
         # KKT: log p - log q - A^T lam is constant, lam >= 0 (lambda is in sorted order).
-        lam = info["lambda"][i].ravel()
+        lam = info.multipliers[i].ravel()
         sigma = np.argsort(-pin, kind="stable")
         assert np.all(lam >= 0)
         a_sorted = a_mat[:, sigma]
         resid = np.log(p[i][sigma]) - np.log(q[i][sigma]) - a_sorted.T @ lam
         assert np.ptp(resid) <= 1e-9
-        assert abs(info["duality_gap"][i]) <= 1e-10
+        assert abs(info.duality_gap[i]) <= 1e-10
         # Pythagoras: the projection beats the antipignistic point (Model B's target).
         assert kl(p[i], q[i]) <= kl(ref_antipignistic(pi[i]), q[i]) + 1e-12
 
@@ -353,8 +353,8 @@ def test_idempotence_order_and_equivariance():
     pi /= pi.max(1, keepdims=True)
     pdot = np.stack([ref_antipignistic(row) for row in pi])
     p, info = project(pdot, pi, method="dykstra")
-    assert np.all(info["cycles"] == 1)
-    assert np.all(info["lambda"] == 0)
+    assert np.all(info.cycles == 1)
+    assert np.all(info.multipliers == 0)
     assert np.max(np.abs(p - pdot)) <= 1e-15
     star, info = project(q, pi)
     again, _ = project(star, pi)
@@ -378,9 +378,7 @@ def test_idempotence_order_and_equivariance():
 
 @pytest.mark.parametrize("n", [3, 10])
 def test_literal_algorithm_equivalence(n):
-    """Dual form == the paper's Algorithm 1: same iterates, same cycle counts (spec 7.4).
-
-    n = 10 exercises the rolled inner loops (K > unroll_max_k)."""
+    """Dual form == the paper's Algorithm 1: same iterates, same cycle counts (spec 7.4)."""
     rng = np.random.default_rng(4)
     pi = 1e-6 + (1 - 1e-6) * rng.random((6, n))
     pi /= pi.max(1, keepdims=True)
@@ -390,11 +388,11 @@ def test_literal_algorithm_equivalence(n):
         p, info = project(q, pi, tol=tau, max_cycles=k_max, stopping="paper")
         for i in range(len(q)):
             ref, cycles = ref_literal_dykstra(q[i], pi[i], tau, k_max)
-            assert info["cycles"][i] == cycles
+            assert info.cycles[i] == cycles
             np.testing.assert_allclose(p[i], ref, atol=1e-13, rtol=0)
     # stopping="fixed" runs exactly max_cycles cycles
     p, info = project(q, pi, max_cycles=7, stopping="fixed")
-    assert np.all(info["cycles"] == 7)
+    assert np.all(info.cycles == 7)
     ref, _ = ref_literal_dykstra(q[0], pi[0], 0.0, 7)
     np.testing.assert_allclose(p[0], ref, atol=1e-13, rtol=0)
 
@@ -422,11 +420,11 @@ def test_table1_regression_anchor():
     for tau, (mean, p90, v_mean) in expected.items():
         pi, q = table1_batch(rng)
         _, info = project(q, pi, tol=tau, max_cycles=1000, stopping="paper")
-        cycles = info["cycles"]
-        assert info["converged"].all()
+        cycles = info.cycles
+        assert info.converged.all()
         np.testing.assert_allclose(cycles.mean(), mean, atol=0.05)
         np.testing.assert_allclose(np.percentile(cycles, 90), p90, atol=0.05)
-        np.testing.assert_allclose(info["max_violation"].mean(), v_mean, rtol=5e-3)
+        np.testing.assert_allclose(info.max_violation.mean(), v_mean, rtol=5e-3)
 
 
 # ----------------------------------------------------------------------------------------
@@ -439,7 +437,7 @@ def test_loss_gradient_matches_finite_differences_of_value_function():
     pi, _ = random_cases(rng, 3, 3)
     logits = rng.normal(size=(3, 3))
     _, info = padded_loss(logits, pi, tol=1e-14, gap_tol=1e-16, max_cycles=20000)
-    assert info["converged"].numpy().all()
+    assert info.converged.numpy().all()
 
     def value(z, p):
         return padded_loss(z, p, tol=1e-14, gap_tol=1e-16, max_cycles=20000)[0]
@@ -454,7 +452,7 @@ def test_loss_gradient_matches_finite_differences_of_value_function():
     star, _ = project(tf.nn.softmax(z).numpy(), pi)
     np.testing.assert_allclose(grad, tf.nn.softmax(z).numpy() - star, atol=1e-15)
     # l_A <= KL(pdot || q) (Model B's loss)
-    np.testing.assert_array_less(loss.numpy(), antipignistic_kl_loss(z, pi).numpy() + 1e-12)
+    np.testing.assert_array_less(loss.numpy(), antipignistic_kl_loss(pi, z).numpy() + 1e-12)
 
 
 def test_baseline_losses_and_antipignistic_gradient():
@@ -463,12 +461,12 @@ def test_baseline_losses_and_antipignistic_gradient():
     logits = rng.normal(size=(3, 4))
     q = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
     pdot = np.stack([ref_antipignistic(r) for r in pi])
-    np.testing.assert_allclose(antipignistic_kl_loss(logits, pi).numpy(), kl(pdot, q), atol=1e-12)
+    np.testing.assert_allclose(antipignistic_kl_loss(pi, logits).numpy(), kl(pdot, q), atol=1e-12)
     votes = rng.integers(0, 50, size=(3, 4)).astype(float)
     vbar = votes / votes.sum(1, keepdims=True)
-    np.testing.assert_allclose(vote_kl_loss(logits, votes).numpy(), kl(vbar, q), atol=1e-12)
-    assert_grad_matches_fd(lambda z, v: vote_kl_loss(z, v), [logits, votes], eps=1e-6)
-    assert_grad_matches_fd(lambda z, p: antipignistic_kl_loss(z, p), [logits, pi], eps=1e-6)
+    np.testing.assert_allclose(vote_kl_loss(votes, logits).numpy(), kl(vbar, q), atol=1e-12)
+    assert_grad_matches_fd(lambda z, v: vote_kl_loss(v, z), [logits, votes], eps=1e-6)
+    assert_grad_matches_fd(lambda z, p: antipignistic_kl_loss(p, z), [logits, pi], eps=1e-6)
     # antipignistic is piecewise linear in pi: its hand-derived gradient vs FD (no ties).
     assert_grad_matches_fd(lambda p: antipignistic(p), [pi], eps=1e-7, atol=1e-7)
     assert_grad_matches_fd(lambda p: antipignistic(p, floor=0.3), [pi], eps=1e-7, atol=1e-7)
@@ -481,8 +479,8 @@ def test_xla_matches_eager_and_jitted_train_step():
     pi = tf.constant(pi)
 
     def f(z, p):
-        loss, info = possibilistic_projection_loss(z, p, jit=False)
-        return loss, info["cycles"], info["max_violation"]
+        loss, info = possibilistic_projection_loss(p, z, jit=False, return_info=True)
+        return loss, info.cycles, info.max_violation
 
     assert_xla_matches_eager(f, logits, pi, atol=1e-13, rtol=1e-13)
     # Gradient through the jitted loss with an outer tape, and a fully jitted train step.
@@ -491,7 +489,7 @@ def test_xla_matches_eager_and_jitted_train_step():
 
     @tf.function(jit_compile=True)
     def jitted_loss(z):
-        return possibilistic_projection_loss(z, pi)[0]
+        return possibilistic_projection_loss(pi, z)
 
     with tf.GradientTape() as tape:
         tape.watch(logits)
@@ -502,11 +500,11 @@ def test_xla_matches_eager_and_jitted_train_step():
     @tf.function(jit_compile=True)
     def train_step(x):
         with tf.GradientTape() as tape:
-            loss, info = possibilistic_projection_loss(tf.matmul(x, w), pi)
+            loss, info = possibilistic_projection_loss(pi, tf.matmul(x, w), return_info=True)
             total = tf.reduce_sum(loss)
         grad = tape.gradient(total, w)
         w.assign_sub(0.0 * grad)
-        return grad, info["cycles"]
+        return grad, info.cycles
 
     grad, _ = train_step(logits)
     np.testing.assert_allclose(
@@ -525,11 +523,12 @@ def padded_loss(z, pi, pad_to=64, **kw):
     b, k = z.shape
     extra = -b % pad_to
     loss, info = possibilistic_projection_loss(
-        tf.concat([z, tf.zeros([extra, k], tf.float64)], 0),
         tf.concat([pi, tf.ones([extra, k], tf.float64)], 0),
+        tf.concat([z, tf.zeros([extra, k], tf.float64)], 0),
+        return_info=True,
         **kw,
     )
-    return loss[:b], {key: val[:b] for key, val in info.items()}
+    return loss[:b], type(info)(*(val[:b] for val in info))
 
 
 def _loss_and_grad(logits, pi, **kw):
@@ -537,7 +536,7 @@ def _loss_and_grad(logits, pi, **kw):
     with tf.GradientTape() as tape:
         tape.watch(z)
         loss, info = padded_loss(z, np.asarray(pi, np.float64), **kw)
-    return loss.numpy(), tape.gradient(loss, z).numpy(), {k: v.numpy() for k, v in info.items()}
+    return loss.numpy(), tape.gradient(loss, z).numpy(), type(info)(*(v.numpy() for v in info))
 
 
 def test_bad_input_unnormalized_and_out_of_range_possibility():
@@ -550,17 +549,17 @@ def test_bad_input_unnormalized_and_out_of_range_possibility():
             possibilistic_projection(np.log(q), bad)
         with losszoo.validation(False):
             p, info = possibilistic_projection(np.log(q), bad)
-        assert np.isnan(p.numpy()).all() and not info["valid"].numpy().any()
+        assert np.isnan(p.numpy()).all() and not info.valid.numpy().any()
 
 
 def test_bad_input_nan_or_all_zero_rows_are_nan_not_zero():
     logits = np.array([[1.0, 0.0, -1.0]] * 3 + [[-1.0, 0.0, 1.0]])
     pi = np.array([[np.nan, 1.0, 0.2], [0.0, 0.0, 0.0], [-1.0, -2.0, 0.0], [1.0, 0.5, 0.1]])
-    with pytest.raises(ValueError, match="`possibility`"):
-        possibilistic_projection_loss(logits, pi)
+    with pytest.raises(ValueError, match="`labels`"):
+        possibilistic_projection_loss(pi, logits)
     with losszoo.validation(False):
         loss, grad, info = _loss_and_grad(logits, pi)
-    np.testing.assert_array_equal(info["valid"], [False, False, False, True])
+    np.testing.assert_array_equal(info.valid, [False, False, False, True])
     assert np.isnan(loss[:3]).all() and loss[3] > 0
     assert np.all(np.isfinite(grad[3]))
 
@@ -604,7 +603,7 @@ def test_bad_input_total_ignorance_short_circuits_to_uniform():
     np.testing.assert_allclose(star.numpy(), np.full((1, 6), 1 / 6), atol=1e-15)
     q = np.exp(logits) / np.exp(logits).sum()
     np.testing.assert_allclose(loss, kl(np.full(6, 1 / 6), q[0]), atol=1e-12)
-    assert info["cycles"][0] == 0 and info["converged"][0]
+    assert info.cycles[0] == 0 and info.converged[0]
 
 
 def test_bad_input_ties_and_tie_tol():
@@ -628,7 +627,7 @@ def test_bad_input_zero_or_underflowing_q():
     loss, grad, info = _loss_and_grad(logits, pi)
     p, _ = project_logits(logits, pi)
     assert np.all(np.isfinite(loss)) and np.all(np.isfinite(grad))
-    assert np.all(np.isfinite(p.numpy())) and info["converged"].all()
+    assert np.all(np.isfinite(p.numpy())) and info.converged.all()
     a_mat, b = ref_constraints(pi[0])
     assert np.max(b - a_mat @ p.numpy()[0]) <= 1e-8
 
@@ -640,7 +639,7 @@ def test_bad_input_float32_and_half_precision():
     p64, _ = project_logits(logits, pi)
     for dtype in (tf.float32, tf.float16, tf.bfloat16):
         p, info = project_logits(tf.constant(logits, dtype), pi)
-        assert p.dtype == dtype and info["max_violation"].dtype == tf.float64
+        assert p.dtype == dtype and info.max_violation.dtype == tf.float64
     p32, _ = project_logits(tf.constant(logits, tf.float32), pi)
     np.testing.assert_allclose(p32.numpy(), p64.numpy(), atol=1e-6)
     with pytest.raises(ValueError, match="compute_dtype='float32' needs `tol`"):
@@ -663,8 +662,8 @@ def test_bad_input_non_convergence_returns_last_iterate():
     rng = np.random.default_rng(11)
     pi, q = random_cases(rng, 4, 6)
     p, info = project(q, pi, max_cycles=1, tol=1e-12, method="dykstra")
-    assert np.all(np.isfinite(p)) and not info["converged"].all()
-    assert np.all(info["cycles"] == 1) and np.all(np.isfinite(info["max_violation"]))
+    assert np.all(np.isfinite(p)) and not info.converged.all()
+    assert np.all(info.cycles == 1) and np.all(np.isfinite(info.max_violation))
     ref, _ = ref_literal_dykstra(q[0], pi[0], 0.0, 1)
     np.testing.assert_allclose(p[0], ref, atol=1e-13)
 
@@ -710,7 +709,7 @@ def _graded(rng, batch, k):
         (12, 40, {}),  # interior point with batch compaction (40 >= 32), Dykstra finish
         (12, 3, {}),  # a batch below the compaction threshold
         (12, 40, {"method": "dykstra", "stopping": "paper"}),  # rolled Dykstra, compacted
-        (5, 6, {"method": "dykstra"}),  # unrolled small-K Dykstra
+        (5, 6, {"method": "dykstra"}),  # small-K Dykstra
     ],
 )
 def test_none_batch_dim_matches_static_shapes(k, batch, kw, jit_compile):
@@ -724,8 +723,8 @@ def test_none_batch_dim_matches_static_shapes(k, batch, kw, jit_compile):
         p, info = possibilistic_projection(z, pi, **kw)
         with tf.GradientTape() as tape:
             tape.watch(z)
-            loss, _ = possibilistic_projection_loss(z, pi, **kw)
-        return p, info["iterations"], loss, tape.gradient(loss, z)
+            loss = possibilistic_projection_loss(pi, z, **kw)
+        return p, info.iterations, loss, tape.gradient(loss, z)
 
     spec = [tf.TensorSpec([None, k], tf.float64)] * 2
     dynamic = tf.function(fn, input_signature=spec, jit_compile=jit_compile)
@@ -756,15 +755,15 @@ def test_fixed_target_ops_accept_unknown_batch_and_class_dims(jit_compile):
 
     np.testing.assert_allclose(run(lambda p: antipignistic(p), pi).numpy(), pdot, atol=1e-12)
     np.testing.assert_allclose(
-        run(lambda z, p: antipignistic_kl_loss(z, p), logits, pi).numpy(), kl(pdot, q), atol=1e-12
+        run(lambda z, p: antipignistic_kl_loss(p, z), logits, pi).numpy(), kl(pdot, q), atol=1e-12
     )
     vbar = votes / votes.sum(1, keepdims=True)
     np.testing.assert_allclose(
-        run(lambda z, v: vote_kl_loss(z, v), logits, votes).numpy(), kl(vbar, q), atol=1e-12
+        run(lambda z, v: vote_kl_loss(v, z), logits, votes).numpy(), kl(vbar, q), atol=1e-12
     )
     # The projection unrolls over K: an unknown class axis is a clear error.
     with pytest.raises(ValueError, match="class axis .* `logits` must have a static size"):
-        run(lambda z, p: possibilistic_projection_loss(z, p)[0], logits, pi)
+        run(lambda z, p: possibilistic_projection_loss(p, z), logits, pi)
 
 
 BAD_LOGIT_ROWS = [
@@ -779,10 +778,10 @@ def test_invalid_logits_give_nan_loss_not_zero(bad):
     z = np.array([bad, [2.0, 0.0, -1.0]])
     pi = np.array([[1.0, 0.5, 0.2], [1.0, 0.5, 0.2]])
     for op in (
-        lambda z, p: possibilistic_projection_loss(z, p)[0],
+        lambda z, p: possibilistic_projection_loss(p, z),
         lambda z, p: possibilistic_projection(z, p)[0],
-        antipignistic_kl_loss,
-        vote_kl_loss,
+        lambda z, p: antipignistic_kl_loss(p, z),
+        lambda z, p: vote_kl_loss(p, z),
     ):
         with pytest.raises(ValueError, match="`logits` must not hold NaN or \\+inf"):
             op(z, pi)
@@ -792,17 +791,19 @@ def test_invalid_logits_give_nan_loss_not_zero(bad):
         for out in (eager, xla):
             assert np.isnan(out[0]).all() and np.isfinite(out[1]).all()
     # A -inf logit alone masks its class: still a finite loss.
-    loss, _ = possibilistic_projection_loss([[-np.inf, 0.0, -1.0]], [[1.0, 0.5, 0.2]])
+    loss = possibilistic_projection_loss([[1.0, 0.5, 0.2]], [[-np.inf, 0.0, -1.0]])
     assert np.isfinite(loss.numpy()).all()
 
 
 def test_restrict_mode_with_every_support_class_masked_is_nan():
     # The support's logits all -inf (the others finite): q is undefined on the support.
     args = ([[-np.inf, -np.inf, 1.0], [0.0, 1.0, 1.0]], [[1.0, 0.5, 0.0]] * 2)
-    loss, info = possibilistic_projection_loss(*args, support_mode="restrict")
+    loss, info = possibilistic_projection_loss(
+        args[1], args[0], support_mode="restrict", return_info=True
+    )
     p, _ = possibilistic_projection(*args, support_mode="restrict")
     assert np.isnan(loss.numpy()[0]) and np.isnan(p.numpy()[0]).all()
-    np.testing.assert_array_equal(info["valid"].numpy(), [False, True])
+    np.testing.assert_array_equal(info.valid.numpy(), [False, True])
     assert np.isfinite(loss.numpy()[1])
 
 

@@ -44,17 +44,17 @@ def graded(rng, batch, k, levels=100):
 
 def assert_certified(p, q, pi, info, gap_tol=1e-10, tol=1e-8):
     for i in range(len(q)):
-        v, gap = numpy_certificate(p[i], q[i], pi[i], info["lambda"][i])
+        v, gap = numpy_certificate(p[i], q[i], pi[i], info.multipliers[i])
         assert v <= tol, (i, v)
         assert abs(gap) <= gap_tol, (i, gap)  # may be < 0 by lam . (violation <= tol)
         # The op reports the same gap (KL(p || p(lam)) + lam.slack, the stable form).
-        assert abs(gap - info["duality_gap"][i]) <= 1e-11, (i, gap, info["duality_gap"][i])
-    assert info["converged"].all()
+        assert abs(gap - info.duality_gap[i]) <= 1e-11, (i, gap, info.duality_gap[i])
+    assert info.converged.all()
 
 
 def run(z, pi, **kw):
     p, info = possibilistic_projection(np.asarray(z, np.float64), np.asarray(pi, np.float64), **kw)
-    return p.numpy(), {k: v.numpy() for k, v in info.items()}
+    return p.numpy(), type(info)(*(v.numpy() for v in info))
 
 
 @pytest.mark.parametrize(
@@ -73,11 +73,11 @@ def run(z, pi, **kw):
 def test_two_block_rows_are_solved_in_closed_form(pi, q, policy, binding):
     pi, q = np.array([pi]), np.array([q])
     p, info = run(np.log(q), pi, gap_policy=policy)
-    assert info["iterations"][0] == 0 and info["cycles"][0] == 0  # no iteration at all
+    assert info.iterations[0] == 0 and info.cycles[0] == 0  # no iteration at all
     ref, ref_info = run(np.log(q), pi, gap_policy=policy, method="dykstra", tol=1e-13)
-    assert ref_info["converged"].all()
+    assert ref_info.converged.all()
     np.testing.assert_allclose(p, ref, atol=1e-12, rtol=0)
-    lam = info["lambda"][0]  # [3, m1]: prefix, lower, upper
+    lam = info.multipliers[0]  # [3, m1]: prefix, lower, upper
     which = {"ceiling": 0, "lower": 1, "upper": 2}
     if binding == "none":
         assert np.all(lam == 0.0)
@@ -98,8 +98,8 @@ def test_interior_point_certifies_graded_rows_without_dykstra():
     z = 3.0 * rng.normal(size=(batch, k))
     pi = graded(rng, batch, k)
     p, info = run(z, pi, max_cycles=1)
-    assert np.all(info["cycles"] == 0)
-    assert np.all((info["iterations"] > 0) & (info["iterations"] <= 30))
+    assert np.all(info.cycles == 0)
+    assert np.all((info.iterations > 0) & (info.iterations <= 30))
     assert_certified(p, softmax(z), pi, info)
 
 
@@ -116,7 +116,7 @@ def test_long_rows_few_or_many_levels(levels):
     else:
         pi = graded(rng, batch, k, levels=levels)
     p, info = run(z, pi, max_cycles=1)
-    assert np.all(info["cycles"] == 0)
+    assert np.all(info.cycles == 0)
     assert_certified(p, softmax(z), pi, info)
 
 
@@ -127,7 +127,7 @@ def test_interior_point_agrees_with_certified_dykstra():
     pi = graded(rng, batch, k, levels=5)
     p, info = run(z, pi)
     ref, ref_info = run(z, pi, method="dykstra", tol=1e-11, gap_tol=1e-13, max_cycles=200000)
-    assert ref_info["converged"].all()
+    assert ref_info.converged.all()
     np.testing.assert_allclose(p, ref, atol=1e-8, rtol=0)
     assert_certified(p, softmax(z), pi, info)
 
@@ -184,14 +184,14 @@ def test_batch_compaction_keeps_every_row(monkeypatch):
     z = 3.0 * rng.normal(size=(batch, k))
     pi = graded(rng, batch, k)
     p, info = run(z, pi, max_cycles=1)
-    iters = info["iterations"]
+    iters = info.iterations
     assert len(set(iters.tolist())) > 2  # rows finish at different times
     assert np.sum(iters == iters.max()) <= batch // 4  # the last iterations are compacted
     monkeypatch.setattr(_interior_point, "_IPM_COMPACT_MIN_BATCH", 10**9)
     ipm = tf.function(_interior_point._ipm_solve, jit_compile=True)
-    monkeypatch.setattr(_projection, "_IPM_JIT", ipm)
+    monkeypatch.setattr(_projection, "IPM_JIT", ipm)
     ref, ref_info = run(z, pi, max_cycles=1)
-    np.testing.assert_array_equal(info["iterations"], ref_info["iterations"])
+    np.testing.assert_array_equal(info.iterations, ref_info.iterations)
     np.testing.assert_allclose(p, ref, atol=1e-13, rtol=0)
     assert_certified(p, softmax(z), pi, info)
 

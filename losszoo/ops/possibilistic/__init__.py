@@ -7,43 +7,52 @@ exact gradient ``q - p*`` (Danskin). ``F(pi)`` in sorted coordinates (spec 1.4):
 
 Solvers: an interior point on the tie-reduced chain (default, ``stopping="certified"``) and
 Dykstra's algorithm in its dual form (``method="dykstra"``; the ``"paper"`` / ``"fixed"``
-rules); every row is certified by its max violation and exact duality gap. Everything runs
-in float64; outputs take the input's dtype.
+rules); every row is certified by its max violation and exact duality gap
+(:class:`ProjectionInfo`). Options: one :class:`ProjectionConfig`.
 
-Contract rules (fail loud): possibility rows (finite, in ``[0, 1]``, maximum 1), logits (no
-NaN / +inf, not all -inf), vote counts (finite, non-negative, positive sum); eagerly and in
-graphs an error names the argument, under XLA the row is NaN. Batch sizes may be unknown
-(``None``); ``K`` must be static for the projection.
+Written once with ``keras.ops`` for TensorFlow, JAX and PyTorch. Everything runs in float64
+(outputs take the input's dtype): on JAX that needs 64-bit mode,
+``jax.config.update("jax_enable_x64", True)`` before building tensors; without it the ops
+raise a RuntimeError saying so. PyTorch and TensorFlow have float64 built in.
+
+Contract rules (fail loud): ``contract.POSSIBILITY`` (labels / possibility),
+``contract.SCALED_POSSIBILITY`` (:func:`antipignistic`), ``contract.LOGITS``, ``VOTES``;
+eagerly (and in TensorFlow graphs) an error names the argument; traced under XLA /
+``jax.jit`` the row is NaN. Batch sizes may be unknown (``None``, TensorFlow); ``K`` must
+be static for the projection.
 
 Modules: ``_constraints`` (``F(pi)``, antipignistic), ``_banded`` (pentadiagonal cyclic
 reduction), ``_interior_point``, ``_dykstra``, ``_certificates`` (violation, duality gap),
-``_config`` (:class:`ProjectionConfig`), ``_inputs`` (the rules), ``_projection`` and
-``_losses`` (the public ops). Derivation: ``docs/design/possibilistic_solver.md``; spec:
-``shared/specs/possibilistic_projection.md``.
+``_config`` (:class:`ProjectionConfig`, :class:`ProjectionInfo`), ``_inputs`` (shapes,
+``VOTES``), ``_projection`` and ``_losses`` (the public ops). Derivation:
+``docs/design/possibilistic_solver.md``; spec: ``shared/specs/possibilistic_projection.md``.
 """
 
-from losszoo.ops.possibilistic._config import ProjectionConfig
+from losszoo.ops.possibilistic._config import ProjectionConfig, ProjectionInfo
 from losszoo.ops.possibilistic._constraints import (
     PossibilityConstraints,
     antipignistic,
     possibility_constraints,
 )
-from losszoo.ops.possibilistic._inputs import _validate_possibility as validate_possibility
+from losszoo.ops.possibilistic._inputs import VOTES
 from losszoo.ops.possibilistic._losses import (
     antipignistic_kl_loss,
+    possibilistic_projection_info,
     possibilistic_projection_loss,
     vote_kl_loss,
 )
 from losszoo.ops.possibilistic._projection import possibilistic_projection
 
 __all__ = [
+    "VOTES",
     "PossibilityConstraints",
     "ProjectionConfig",
+    "ProjectionInfo",
     "antipignistic",
     "antipignistic_kl_loss",
     "possibilistic_projection",
+    "possibilistic_projection_info",
     "possibilistic_projection_loss",
     "possibility_constraints",
-    "validate_possibility",
     "vote_kl_loss",
 ]

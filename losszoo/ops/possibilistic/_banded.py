@@ -4,10 +4,11 @@
 blocks level after level (``log2 n`` stages of batched 2x2 arithmetic instead of ``n``
 sequential steps) and :func:`penta_solve` reuses the factors for each right-hand side.
 Time-major: ``[n, B]``, ``B`` may be unknown. Used by the interior point's Newton systems;
-derivation in ``docs/design/possibilistic_solver.md``.
+derivation in ``docs/design/possibilistic_solver.md``. Written with ``keras.ops`` (any dtype;
+the interior point calls it in float64).
 """
 
-import tensorflow as tf
+from keras import ops
 
 # Blocks X_k = (x_2k, x_2k+1). Cyclic reduction is the block Cholesky factorisation of the
 # matrix in odd-even order (backward stable like any symmetric ordering of Cholesky: the
@@ -18,11 +19,11 @@ import tensorflow as tf
 
 
 def _shift_down(x):  # x[:, i - 1] along the block axis (0 first)
-    return tf.pad(x[:, :-1], [[0, 0], [1, 0], [0, 0]])
+    return ops.pad(x[:, :-1], [[0, 0], [1, 0], [0, 0]])
 
 
 def _shift_up(x):  # x[:, i + 1] along the block axis (0 last)
-    return tf.pad(x[:, 1:], [[0, 0], [0, 1], [0, 0]])
+    return ops.pad(x[:, 1:], [[0, 0], [0, 1], [0, 0]])
 
 
 def _chol2(d, tiny):
@@ -35,34 +36,34 @@ def _chol2(d, tiny):
     of interior-point codes, instead of blowing up to inf / NaN in the next level. A NaN
     pivot is dropped too.
     """
-    a, b, c = tf.unstack(d)
-    il00 = tf.where(a > tiny, tf.math.rsqrt(tf.maximum(a, tiny)), 0.0)
+    a, b, c = ops.unstack(d)
+    il00 = ops.where(a > tiny, ops.rsqrt(ops.maximum(a, tiny)), 0.0)
     l10 = b * il00
     schur = c - l10 * l10
-    il11 = tf.where(schur > tiny, tf.math.rsqrt(tf.maximum(schur, tiny)), 0.0)
-    return tf.stack([il00, l10, il11])
+    il11 = ops.where(schur > tiny, ops.rsqrt(ops.maximum(schur, tiny)), 0.0)
+    return ops.stack([il00, l10, il11])
 
 
 def _lsolve(chol, v0, v1):  # L^{-1} (v0, v1)
-    il00, l10, il11 = tf.unstack(chol)
+    il00, l10, il11 = ops.unstack(chol)
     y0 = v0 * il00
     return y0, (v1 - l10 * y0) * il11
 
 
 def _ltsolve(chol, v):  # L^{-T} v, stacked
-    il00, l10, il11 = tf.unstack(chol)
+    il00, l10, il11 = ops.unstack(chol)
     x1 = v[1] * il11
-    return tf.stack([(v[0] - l10 * x1) * il00, x1])
+    return ops.stack([(v[0] - l10 * x1) * il00, x1])
 
 
 def _mv(g, v):  # g v, stacked
-    p, q, r, s = tf.unstack(g)
-    return tf.stack([p * v[0] + q * v[1], r * v[0] + s * v[1]])
+    p, q, r, s = ops.unstack(g)
+    return ops.stack([p * v[0] + q * v[1], r * v[0] + s * v[1]])
 
 
 def _mtv(g, v):  # g^T v, stacked
-    p, q, r, s = tf.unstack(g)
-    return tf.stack([p * v[0] + r * v[1], q * v[0] + s * v[1]])
+    p, q, r, s = ops.unstack(g)
+    return ops.stack([p * v[0] + r * v[1], q * v[0] + s * v[1]])
 
 
 def penta_factor(d0, d1, d2):
@@ -81,28 +82,28 @@ def penta_factor(d0, d1, d2):
     half = 1 << (max(1, -(-n // 2)) - 1).bit_length()
 
     def padded(x, fill):
-        return tf.pad(x, [[0, 2 * half - n], [0, 0]], constant_values=fill)
+        return ops.pad(x, [[0, 2 * half - n], [0, 0]], constant_values=fill)
 
-    tiny = 1e-30 * tf.reduce_max(tf.abs(d0), axis=0)
+    tiny = 1e-30 * ops.max(ops.abs(d0), axis=0)
     d0, d1, d2 = padded(d0, 1.0), padded(d1, 0.0), padded(d2, 0.0)
-    dd = tf.stack([d0[0::2], d1[0::2], d0[1::2]])
-    cc = tf.stack([d2[0::2], tf.zeros_like(d2[0::2]), d1[1::2], d2[1::2]])
+    dd = ops.stack([d0[0::2], d1[0::2], d0[1::2]])
+    cc = ops.stack([d2[0::2], ops.zeros_like(d2[0::2]), d1[1::2], d2[1::2]])
     levels = []
     while dd.shape[1] > 1:
         chol = _chol2(dd[:, 1::2], tiny)
-        p, q, r, s = tf.unstack(cc[:, 0::2])
+        p, q, r, s = ops.unstack(cc[:, 0::2])
         e00, e01 = _lsolve(chol, p, q)  # rows of C_even L^{-T}
         e10, e11 = _lsolve(chol, r, s)
-        p, q, r, s = tf.unstack(cc[:, 1::2])
+        p, q, r, s = ops.unstack(cc[:, 1::2])
         f00, f10 = _lsolve(chol, p, r)  # columns of L^{-1} C_odd
         f01, f11 = _lsolve(chol, q, s)
-        ef = tf.stack([e00, e01, e10, e11, f00, f01, f10, f11])  # kept for the solves
+        ef = ops.stack([e00, e01, e10, e11, f00, f01, f10, f11])  # kept for the solves
         # The products below read the stored E, F (XLA would otherwise recompute them).
-        e00, e01, e10, e11, f00, f01, f10, f11 = tf.unstack(ef)
-        ee = tf.stack([e00 * e00 + e01 * e01, e00 * e10 + e01 * e11, e10 * e10 + e11 * e11])
-        ff = tf.stack([f00 * f00 + f10 * f10, f00 * f01 + f10 * f11, f01 * f01 + f11 * f11])
+        e00, e01, e10, e11, f00, f01, f10, f11 = ops.unstack(ef)
+        ee = ops.stack([e00 * e00 + e01 * e01, e00 * e10 + e01 * e11, e10 * e10 + e11 * e11])
+        ff = ops.stack([f00 * f00 + f10 * f10, f00 * f01 + f10 * f11, f01 * f01 + f11 * f11])
         dd = dd[:, 0::2] - ee - _shift_down(ff)
-        cc = -tf.stack(
+        cc = -ops.stack(
             [
                 e00 * f00 + e01 * f10,
                 e00 * f01 + e01 * f11,
@@ -116,29 +117,29 @@ def penta_factor(d0, d1, d2):
     # Read from the stored factors: testing the pivots themselves, XLA recomputed the
     # whole factorisation inside the reduction (10% of a training step at K = 64).
     pivots = [chol[::2] for chol, _ in levels] + [root[::2]]
-    pivots = tf.concat([tf.reshape(x, [-1, tf.shape(x)[-1]]) for x in pivots], axis=0)
-    return (levels, root), tf.reduce_any(pivots <= 0.0, axis=0)
+    pivots = ops.concatenate([ops.reshape(x, (-1, ops.shape(x)[-1])) for x in pivots], axis=0)
+    return (levels, root), ops.any(pivots <= 0.0, axis=0)
 
 
 def _interleave(even, odd):  # [C, M, B] x 2 -> [C, 2M, B], even rows first (B may be None)
     c, m, _ = even.shape
-    return tf.reshape(tf.stack([even, odd], axis=2), [c, 2 * m, -1])
+    return ops.reshape(ops.stack([even, odd], axis=2), (c, 2 * m, -1))
 
 
 def penta_solve(factors, rhs):
     """``H x = rhs`` with the factorisation of :func:`penta_factor` (``rhs`` ``[n, B]``)."""
     levels, root = factors
     n = rhs.shape[0]
-    rhs = tf.pad(rhs, [[0, 2 ** (len(levels) + 1) - n], [0, 0]])
-    r = tf.stack([rhs[0::2], rhs[1::2]])
+    rhs = ops.pad(rhs, [[0, 2 ** (len(levels) + 1) - n], [0, 0]])
+    r = ops.stack([rhs[0::2], rhs[1::2]])
     ys = []
     for chol, ef in levels:
         odd = r[:, 1::2]
-        y = tf.stack(_lsolve(chol, odd[0], odd[1]))
+        y = ops.stack(_lsolve(chol, odd[0], odd[1]))
         r = r[:, 0::2] - _mv(ef[:4], y) - _shift_down(_mtv(ef[4:], y))
         ys.append(y)
-    x = _ltsolve(root, tf.stack(_lsolve(root, r[0], r[1])))
+    x = _ltsolve(root, ops.stack(_lsolve(root, r[0], r[1])))
     for (chol, ef), y in zip(reversed(levels), reversed(ys)):
         t = y - _mtv(ef[:4], x) - _mv(ef[4:], _shift_up(x))
         x = _interleave(x, _ltsolve(chol, t))
-    return tf.reshape(tf.transpose(x, [1, 0, 2]), [2 * x.shape[1], -1])[:n]
+    return ops.reshape(ops.transpose(x, (1, 0, 2)), (2 * x.shape[1], -1))[:n]

@@ -1,35 +1,37 @@
-"""The projection's options, validated once: :class:`ProjectionConfig`.
+"""The projection's options, validated once (:class:`ProjectionConfig`), and its diagnostics
+(:class:`ProjectionInfo`).
 
 Each option is checked where the config is built (a ``TypeError`` / ``ValueError`` naming
 it); the solvers then read plain Python numbers and choices. The Keras loss stores the same
-object's fields as its ``get_config`` payload.
+object's fields as its ``get_config`` payload. The solvers run in float64: on JAX that needs
+``jax_enable_x64`` (:func:`require_float64` raises a clear error without it).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, NamedTuple
 
-import tensorflow as tf
+import numpy as np
 
-from losszoo.contract import check_number
+from losszoo import _backend
+from losszoo.contract import check_choice, check_number
 
-_F64 = tf.float64
+F64 = "float64"
+# float64 scalars for ops.maximum / ops.minimum: a Python float there makes Keras' PyTorch
+# backend compute in float32.
+_0, _1 = np.float64(0.0), np.float64(1.0)
 _STOPPING = ("certified", "paper", "fixed")
-_STOPPING_CODE = {"paper": 0, "certified": 1, "fixed": 2}
+STOPPING_CODE = {"paper": 0, "certified": 1, "fixed": 2}
 _SUPPORT = ("floor", "restrict")
 _GAP_POLICY = ("wide", "antipignistic_tight")
 _METHODS = ("interior_point", "dykstra")
 
 
-def _check_choice(value, choices, name):
-    if value not in choices:
-        raise ValueError(f"`{name}` must be one of {choices}, got {value!r}.")
-
-
-def _check_constraint_options(eps_cap, tie_tol, support_mode, floor, gap_policy):
+def check_constraint_options(eps_cap, tie_tol, support_mode, floor, gap_policy):
     """Validate the options of :func:`possibility_constraints`; returns the numbers."""
-    _check_choice(support_mode, _SUPPORT, "support_mode")
-    _check_choice(gap_policy, _GAP_POLICY, "gap_policy")
+    check_choice(support_mode, "support_mode", _SUPPORT)
+    check_choice(gap_policy, "gap_policy", _GAP_POLICY)
     return {
         "floor": check_number(floor, "floor", low=0.0, low_open=True, high=1.0, high_open=True),
         "tie_tol": check_number(tie_tol, "tie_tol", low=0.0, high=1.0, high_open=True),
@@ -41,7 +43,7 @@ def _resolve_method(method, stopping):
     """``None`` -> interior point for the certified rule, Dykstra for "paper" / "fixed"."""
     if method is None:
         return "interior_point" if stopping == "certified" else "dykstra"
-    _check_choice(method, _METHODS, "method")
+    check_choice(method, "method", _METHODS)
     if method == "interior_point" and stopping != "certified":
         raise ValueError(
             f"`method`='interior_point' only supports stopping='certified' (the 'paper' and "
@@ -53,15 +55,35 @@ def _resolve_method(method, stopping):
 
 @dataclasses.dataclass(frozen=True)
 class ProjectionConfig:
-    """Options of :func:`possibilistic_projection`, checked at construction.
+    """Options of :func:`~losszoo.ops.possibilistic_projection`, checked at construction.
 
-    The fields are the arguments of the same names (see
-    :func:`~losszoo.ops.possibilistic_projection`); numbers are stored as Python ``float`` /
-    ``int``. ``dataclasses.asdict(config)`` is the loss's ``get_config`` payload.
+    Attributes:
+      tol: feasibility tolerance on the max violation ``V``, in ``(0, 1)``.
+      max_cycles: most Dykstra cycles (each visits all ``3(K-1)`` constraints); with the
+        interior point, the budget of its Dykstra finish.
+      stopping: ``"certified"`` (``V <= tol`` and ``|gap| <= gap_tol``), ``"paper"``
+        (``V <= tol``) or ``"fixed"`` (exactly ``max_cycles`` cycles).
+      support_mode: ``"floor"`` (``pi <- max(pi, floor)``) or ``"restrict"`` (zero-``pi``
+        classes excluded; ``q`` renormalised on the support).
+      gap_tol: duality-gap tolerance of the certified rule, in ``(0, 1)``.
+      floor: ``rho`` of the floor mode, in ``(0, 1)``.
+      eps_cap: cap on the strict-drop margin ``eps``, in ``[0, 0.5)``.
+      tie_tol: sorted neighbours closer than this are tied, in ``[0, 1)``.
+      gap_policy: ``"wide"`` (``up = 1 - eps``) or ``"antipignistic_tight"`` (``up_r = g_r``).
+      q_clip: ``q`` is clipped at this probability (and renormalised) before projecting.
+      method: ``None`` (interior point for ``"certified"``, Dykstra for the other rules),
+        ``"interior_point"`` or ``"dykstra"``.
+
+    Numbers are stored as Python ``float`` / ``int``; ``dataclasses.asdict(config)`` is the
+    loss's ``get_config`` payload.
 
     Raises:
       TypeError: an option of the wrong type (the message names it).
       ValueError: an option outside its range or choices (the message names it).
+
+    Example:
+      >>> ProjectionConfig(eps_cap=0.05, tol=1e-6).solver
+      'interior_point'
     """
 
     tol: float = 1e-8
@@ -77,19 +99,17 @@ class ProjectionConfig:
     method: str | None = None
 
     def __post_init__(self):
-        _check_choice(self.stopping, _STOPPING, "stopping")
+        check_choice(self.stopping, "stopping", _STOPPING)
         unit = dict(low=0.0, low_open=True, high=1.0, high_open=True)
         checked = {
             "tol": check_number(self.tol, "tol", **unit),
             "gap_tol": check_number(self.gap_tol, "gap_tol", **unit),
             "q_clip": check_number(self.q_clip, "q_clip", **unit),
             "max_cycles": check_number(self.max_cycles, "max_cycles", low=1, integer=True),
-        }
-        checked.update(
-            _check_constraint_options(
+            **check_constraint_options(
                 self.eps_cap, self.tie_tol, self.support_mode, self.floor, self.gap_policy
-            )
-        )
+            ),
+        }
         _resolve_method(self.method, self.stopping)
         for key, value in checked.items():
             object.__setattr__(self, key, value)
@@ -100,13 +120,68 @@ class ProjectionConfig:
         return _resolve_method(self.method, self.stopping)
 
 
-def _check_compute_dtype(compute_dtype, config):
-    """``compute_dtype`` is ``"float64"``, or ``"float32"`` with ``tol`` and ``eps_cap`` >= 1e-5
-    (the kernels run in float64 either way)."""
-    _check_choice(compute_dtype, ("float64", "float32"), "compute_dtype")
+def resolve_config(config, options, compute_dtype="float64") -> ProjectionConfig:
+    """``config``, or a :class:`ProjectionConfig` built from the keyword ``options``.
+
+    Also checks ``compute_dtype``: ``"float64"``, or ``"float32"`` with ``tol`` and
+    ``eps_cap`` >= 1e-5 (the kernels run in float64 either way; the argument documents the
+    weaker regime).
+    """
+    if config is None:
+        config = ProjectionConfig(**options)
+    elif options:
+        raise TypeError(
+            f"Pass the projection options either as `config` or as keywords, not both; got "
+            f"`config` and {sorted(options)}."
+        )
+    elif not isinstance(config, ProjectionConfig):
+        raise TypeError(f"`config` must be a ProjectionConfig, got {type(config).__name__}.")
+    check_choice(compute_dtype, "compute_dtype", ("float64", "float32"))
     if compute_dtype == "float32" and (config.tol < 1e-5 or config.eps_cap < 1e-5):
         raise ValueError(
             "compute_dtype='float32' needs `tol` >= 1e-5 and `eps_cap` >= 1e-5 (eps=1e-9 and "
             f"tol=1e-8 are below float32 resolution); got tol={config.tol!r}, "
             f"eps_cap={config.eps_cap!r}. Use the default compute_dtype='float64'."
         )
+    return config
+
+
+class ProjectionInfo(NamedTuple):
+    """Diagnostics of a projection, per example (leading dims ``[...]``; no gradient).
+
+    Attributes:
+      iterations: int32, interior-point iterations (0 for closed-form rows); Dykstra cycles
+        when Dykstra alone runs.
+      cycles: int32, Dykstra cycles (with the interior point: those of its finish).
+      max_violation: float64, ``V = max_h (b_h - <a_h, p>)_+``.
+      duality_gap: float64, ``KL(p || q) - g(lambda)``.
+      residual: float64, ``max(V, |gap|)``.
+      converged: bool, certified (``V <= tol`` and ``|gap| <= gap_tol``; ``V <= tol`` alone
+        for ``stopping="paper"``) on a valid row.
+      valid: bool, the row's inputs keep the contract rules.
+      multipliers: float64 ``[..., 3, K-1]``, the dual variables of the prefix, lower and
+        upper shape constraints, in sorted order.
+    """
+
+    iterations: Any
+    cycles: Any
+    max_violation: Any
+    duality_gap: Any
+    residual: Any
+    converged: Any
+    valid: Any
+    multipliers: Any
+
+
+def compiled(fn, static_argnames=()):
+    """``fn`` compiled by XLA and cached: ``tf.function(jit_compile=True)`` on TensorFlow,
+    ``jax.jit`` on JAX (``static_argnames`` are Python options); unchanged on PyTorch."""
+    if _backend.TENSORFLOW:
+        import tensorflow as tf
+
+        return tf.function(fn, jit_compile=True, autograph=False)
+    if _backend.NAME == "jax":
+        import jax
+
+        return jax.jit(fn, static_argnames=static_argnames)
+    return fn

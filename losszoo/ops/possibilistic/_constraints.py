@@ -7,25 +7,21 @@ In sorted coordinates (``pt = pi[sigma]`` non-increasing, ``pt_{K+1} = 0``)::
 
 with ``lo_r = eps``, ``up_r = min(1 - eps, nextafter(1, 0))`` on strict drops (gap-wide) and
 ``lo_r = up_r = 0`` on ties. Antipignistic: ``pdot_r = sum_{j>=r} (pt_j - pt_{j+1}) / j``.
-Contract rule: possibility rows (:mod:`._inputs`). Derivation and notation:
-``docs/design/possibilistic_solver.md``.
+Contract rules: ``SCALED_POSSIBILITY`` (antipignistic). Computed in float64 (on JAX with
+``jax_enable_x64``). Derivation and notation: ``docs/design/possibilistic_solver.md``.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
-import tensorflow as tf
+from keras import ops
 
-from losszoo.contract import nan_where
-from losszoo.ops.possibilistic._config import _F64, _check_constraint_options
-from losszoo.ops.possibilistic._inputs import (
-    _as_float,
-    _flatten,
-    _possibility_invalid,
-    _validate_possibility,
-)
+from losszoo import _backend
+from losszoo.contract import SCALED_POSSIBILITY, check_number, nan_where
+from losszoo.ops.possibilistic._config import F64, _0, _1, check_constraint_options
+from losszoo.ops.possibilistic._inputs import as_float, flatten
 
 
 class PossibilityConstraints(NamedTuple):
@@ -44,60 +40,62 @@ class PossibilityConstraints(NamedTuple):
       valid: bool ``[...]``, False for NaN/Inf or all-non-positive rows.
     """
 
-    order: tf.Tensor
-    sorted_possibility: tf.Tensor
-    dominance_bound: tf.Tensor
-    gap_lower: tf.Tensor
-    gap_upper: tf.Tensor
-    active: tf.Tensor
-    strict: tf.Tensor
-    eps: tf.Tensor
-    num_support: tf.Tensor
-    valid: tf.Tensor
+    order: Any
+    sorted_possibility: Any
+    dominance_bound: Any
+    gap_lower: Any
+    gap_upper: Any
+    active: Any
+    strict: Any
+    eps: Any
+    num_support: Any
+    valid: Any
 
 
-def _sanitize(pi):
+def sanitize(pi):
     """Clip to [0, inf), divide by the max; invalid rows (NaN/Inf, max <= 0) become ones."""
-    pi = tf.cast(pi, _F64)
-    finite = tf.reduce_all(tf.math.is_finite(pi), axis=-1)
-    clipped = tf.where(tf.math.is_finite(pi), tf.maximum(pi, 0.0), tf.zeros_like(pi))
-    top = tf.reduce_max(clipped, axis=-1)
+    pi = ops.cast(pi, F64)
+    finite = ops.all(ops.isfinite(pi), axis=-1)
+    clipped = ops.where(ops.isfinite(pi), ops.maximum(pi, _0), ops.zeros_like(pi))
+    top = ops.max(clipped, axis=-1)
     valid = finite & (top > 0.0)
-    safe_top = tf.where(valid, top, tf.ones_like(top))
-    pi = tf.where(valid[:, None], clipped / safe_top[:, None], tf.ones_like(pi))
-    return tf.minimum(pi, 1.0), valid
+    safe_top = ops.where(valid, top, ops.ones_like(top))
+    pi = ops.where(valid[:, None], clipped / safe_top[:, None], ops.ones_like(pi))
+    return ops.minimum(pi, _1), valid
 
 
-def _constraints_2d(pi, eps_cap, tie_tol, support_mode, floor, gap_policy):
-    pi, valid = _sanitize(pi)
+def take_rows(x, order):
+    """``x[b, order[b, i]]`` (a gather along the last axis of ``[B, K]``)."""
+    return ops.take_along_axis(x, order, axis=-1)
+
+
+def constraints_2d(pi, eps_cap, tie_tol, support_mode, floor, gap_policy):
+    """:class:`PossibilityConstraints` of ``pi`` [B, K] float64."""
+    pi, valid = sanitize(pi)
     if support_mode == "floor":
-        pi = tf.maximum(pi, tf.constant(floor, _F64))
+        pi = ops.maximum(pi, ops.cast(floor, F64))
     k = pi.shape[-1]
-    order = tf.argsort(-pi, axis=-1, stable=True)
-    pt = tf.gather(pi, order, batch_dims=1)
-    n_support = tf.reduce_sum(tf.cast(pt > 0.0, tf.int32), axis=-1)
-    m1 = max(k - 1, 0)
-    r1 = tf.range(1, m1 + 1)  # 1-indexed r
+    order = ops.cast(ops.argsort(-pi, axis=-1), "int32")
+    pt = take_rows(pi, order)
+    n_support = ops.sum(ops.cast(pt > 0.0, "int32"), axis=-1)
+    r1 = ops.arange(1, max(k - 1, 0) + 1, dtype="int32")  # 1-indexed r
     diff = pt[:, :-1] - pt[:, 1:]
-    g = diff / tf.cast(r1, _F64)
+    g = diff / ops.cast(r1, F64)
     active = r1[None, :] < n_support[:, None]
     strict = active & (diff > tie_tol)
-    big = tf.constant(np.inf, _F64)
-    g_min = tf.reduce_min(tf.where(strict, g, big), axis=-1)
-    g_max = tf.reduce_max(tf.where(strict, g, -big), axis=-1)
-    any_strict = tf.reduce_any(strict, axis=-1)
+    g_min = ops.min(ops.where(strict, g, np.inf), axis=-1, initial=np.inf)
+    g_max = ops.max(ops.where(strict, g, -np.inf), axis=-1, initial=-np.inf)
+    any_strict = ops.any(strict, axis=-1)
+    eps = ops.minimum(ops.cast(eps_cap, F64), g_min)
     if gap_policy == "wide":
-        eps = tf.minimum(tf.minimum(tf.constant(eps_cap, _F64), g_min), 1.0 - g_max)
-    else:
-        eps = tf.minimum(tf.constant(eps_cap, _F64), g_min)
-    eps = tf.where(any_strict, tf.maximum(eps, 0.0), tf.zeros_like(eps))
-    zeros = tf.zeros_like(diff)
-    lower = tf.where(strict, tf.broadcast_to(eps[:, None], tf.shape(diff)), zeros)
+        eps = ops.minimum(eps, 1.0 - g_max)
+    eps = ops.where(any_strict, ops.maximum(eps, _0), ops.zeros_like(eps))
+    zeros = ops.zeros_like(diff)
+    lower = ops.where(strict, eps[:, None], zeros)
     if gap_policy == "wide":
-        one_minus = tf.minimum(1.0 - eps, np.nextafter(1.0, 0.0))
-        upper = tf.where(strict, tf.broadcast_to(one_minus[:, None], tf.shape(diff)), zeros)
+        upper = ops.where(strict, ops.minimum(1.0 - eps, np.nextafter(1.0, 0.0))[:, None], zeros)
     else:
-        upper = tf.where(strict, g, zeros)
+        upper = ops.where(strict, g, zeros)
     bound = 1.0 - pt[:, 1:]
     return PossibilityConstraints(
         order, pt, bound, lower, upper, active, strict, eps, n_support, valid
@@ -111,7 +109,6 @@ def possibility_constraints(
     support_mode: str = "floor",
     floor: float = 1e-6,
     gap_policy: str = "wide",
-    name: str | None = None,
 ) -> PossibilityConstraints:
     """Sorted constraint data of the admissible set ``F(pi)`` for a batch (spec 1.3-1.4).
 
@@ -130,7 +127,6 @@ def possibility_constraints(
       floor: the floor ``rho`` of ``"floor"`` mode, in ``(0, 1)``.
       gap_policy: ``"wide"`` (``up = 1 - eps``, the paper's experiments) or
         ``"antipignistic_tight"`` (``up_r = g_r``).
-      name: optional name scope.
 
     Returns:
       A :class:`PossibilityConstraints` of float64 tensors (no gradient flows to ``pi``).
@@ -141,102 +137,107 @@ def possibility_constraints(
 
     Example:
       >>> c = possibility_constraints([[1.0, 0.51, 0.5]])
-      >>> c.dominance_bound.numpy().round(6)
+      >>> keras.ops.convert_to_numpy(c.dominance_bound).round(6)
       array([[0.49, 0.5 ]])
     """
-    _check_constraint_options(eps_cap, tie_tol, support_mode, floor, gap_policy)
-    with tf.name_scope(name or "possibility_constraints"):
-        pi = tf.stop_gradient(_as_float(possibility, "possibility"))
-        pi2, restore = _flatten(pi, "possibility")
-        c = _constraints_2d(pi2, eps_cap, tie_tol, support_mode, floor, gap_policy)
-        return PossibilityConstraints(*[restore(t) for t in c])
+    check_constraint_options(eps_cap, tie_tol, support_mode, floor, gap_policy)
+    _backend.require_float64("possibility_constraints")
+    pi, _ = as_float(possibility, "possibility")
+    pi2, restore = flatten(ops.stop_gradient(pi), "possibility")
+    c = constraints_2d(pi2, eps_cap, tie_tol, support_mode, floor, gap_policy)
+    return PossibilityConstraints(*[restore(t) for t in c])
 
 
 def _ranks(x):
     """``1..K`` (float64) for the last axis of ``x``, whose size may be unknown."""
-    k = x.shape[-1] if x.shape[-1] is not None else tf.shape(x)[-1]
-    return tf.range(1, k + 1, dtype=_F64)
+    k = x.shape[-1] if x.shape[-1] is not None else ops.shape(x)[-1]
+    return ops.arange(1, k + 1, dtype=F64)
 
 
-def _antipignistic_sorted(h):
+def antipignistic_sorted(h):
     """``pdot_r = sum_{j>=r} (h_j - h_{j+1}) / j`` along the last axis (h_{K+1} = 0)."""
-    nxt = tf.concat([h[:, 1:], tf.zeros_like(h[:, :1])], axis=-1)
-    return tf.cumsum((h - nxt) / _ranks(h), axis=-1, reverse=True)
+    nxt = ops.concatenate([h[:, 1:], ops.zeros_like(h[:, :1])], axis=-1)
+    return ops.flip(ops.cumsum(ops.flip((h - nxt) / _ranks(h), -1), axis=-1), -1)
 
 
-def _unsort(x_sorted, order):
+def unsort(x_sorted, order):
     """``x`` with ``x[b, order[b, i]] = x_sorted[b, i]`` (a scatter: cheaper than sorting
     ``order`` again to gather)."""
-    rows = tf.broadcast_to(tf.range(tf.shape(order)[0])[:, None], tf.shape(order))
-    return tf.scatter_nd(tf.stack([rows, order], -1), x_sorted, tf.shape(x_sorted))
+    rows = ops.arange(ops.shape(order)[0], dtype="int32")[:, None]
+    rows = ops.broadcast_to(rows, ops.shape(order))
+    return ops.scatter(ops.stack([rows, order], -1), x_sorted, ops.shape(x_sorted))
 
 
-@tf.custom_gradient
-def _antipignistic_2d(pi, floor_value):
-    """pi [B, K] float64 (any scale) -> antipignistic [B, K]; rows with NaN/Inf or no
-    positive entry -> uniform (the public ops make them NaN or reject them)."""
-    clean = tf.where(tf.math.is_finite(pi), tf.maximum(pi, 0.0), tf.zeros_like(pi))
-    top = tf.reduce_max(clean, axis=-1, keepdims=True)
-    valid = tf.reduce_all(tf.math.is_finite(pi), -1, keepdims=True) & (top > 0.0)
-    safe_top = tf.where(valid, top, tf.ones_like(top))
-    unit = clean / safe_top
-    floored = tf.maximum(unit, floor_value)
-    h_in = tf.where(valid, floored, tf.ones_like(pi))
-    order = tf.argsort(-h_in, axis=-1, stable=True)
-    h = tf.gather(h_in, order, batch_dims=1)
-    out = _unsort(_antipignistic_sorted(h), order)
+def _antipignistic_2d(floor_value):
+    """pi [B, K] float64 (any scale) -> antipignistic [B, K] with its exact gradient; rows
+    with NaN/Inf or no positive entry -> uniform (the public ops make them NaN)."""
 
-    def grad(upstream):
-        u = tf.gather(tf.cast(upstream, _F64), order, batch_dims=1)
-        # d/d(gap_j) = sum_{r<=j} u_r; gap_j = (h_j - h_{j+1}) / j.
-        big_g = tf.cumsum(u, axis=-1) / _ranks(u)
-        prev = tf.concat([tf.zeros_like(big_g[:, :1]), big_g[:, :-1]], axis=-1)
-        dh = _unsort(big_g - prev, order)  # d/dh in original order
-        # h = max(clean / top, floor): pass through where not floored, and the max.
-        dh = tf.where(unit >= floor_value, dh, tf.zeros_like(dh))
-        d_clean = dh / safe_top
-        argmax = tf.gather(order, 0, axis=-1)  # the max is the first sorted class
-        d_top = -tf.reduce_sum(dh * unit, axis=-1) / safe_top[:, 0]
-        d_clean += tf.one_hot(argmax, tf.shape(pi)[-1], dtype=_F64) * d_top[:, None]
-        d_pi = tf.where(tf.math.is_finite(pi) & (pi > 0.0), d_clean, tf.zeros_like(d_clean))
-        d_pi = tf.where(valid, d_pi, tf.zeros_like(d_pi))
-        return d_pi, tf.zeros_like(floor_value)
+    @_backend.custom_gradient
+    def f(pi):
+        clean = ops.where(ops.isfinite(pi), ops.maximum(pi, _0), ops.zeros_like(pi))
+        top = ops.max(clean, axis=-1, keepdims=True)
+        valid = ops.all(ops.isfinite(pi), -1, keepdims=True) & (top > 0.0)
+        safe_top = ops.where(valid, top, ops.ones_like(top))
+        unit = clean / safe_top
+        h_in = ops.where(valid, ops.maximum(unit, floor_value), ops.ones_like(pi))
+        order = ops.cast(ops.argsort(-h_in, axis=-1), "int32")
+        out = unsort(antipignistic_sorted(take_rows(h_in, order)), order)
 
-    return out, grad
+        def grad(upstream):
+            u = take_rows(ops.cast(upstream, F64), order)
+            # d/d(gap_j) = sum_{r<=j} u_r; gap_j = (h_j - h_{j+1}) / j.
+            big_g = ops.cumsum(u, axis=-1) / _ranks(u)
+            prev = ops.concatenate([ops.zeros_like(big_g[:, :1]), big_g[:, :-1]], axis=-1)
+            dh = unsort(big_g - prev, order)  # d/dh in original order
+            # h = max(clean / top, floor): pass through where not floored, and the max.
+            dh = ops.where(unit >= floor_value, dh, ops.zeros_like(dh))
+            d_clean = dh / safe_top
+            argmax = order[:, :1]  # the max is the first sorted class
+            d_top = -ops.sum(dh * unit, axis=-1, keepdims=True) / safe_top
+            cols = ops.arange(ops.shape(pi)[-1], dtype="int32")[None, :]
+            d_clean += ops.where(ops.equal(cols, argmax), d_top, 0.0)
+            d_pi = ops.where(ops.isfinite(pi) & (pi > 0.0), d_clean, ops.zeros_like(d_clean))
+            return ops.where(valid, d_pi, ops.zeros_like(d_pi))
+
+        return out, grad
+
+    return f
 
 
-def antipignistic(possibility, floor: float = 0.0, name: str | None = None) -> tf.Tensor:
+def antipignistic(possibility, floor: float = 0.0):
     """Antipignistic probability ``pdot`` of a possibility distribution (spec 1.2).
 
     ``pdot_sigma(r) = sum_{j=r}^{K} (pt_j - pt_{j+1}) / j`` with ``pt`` the normalised,
     sorted possibilities: the centre of gravity of the credal set, always admissible, and
-    the fixed target of the paper's Model B.
+    the fixed target of the paper's Model B. Computed in float64 (on JAX with
+    ``jax_enable_x64``).
 
     Args:
       possibility: ``[..., K]`` possibility degrees, any positive scale (divided by the row
-        maximum; ``K`` may be unknown at trace time). A row with NaN/Inf, a negative entry
-        or no positive entry is rejected: ``ValueError`` eagerly, an assertion in graphs,
-        both naming ``possibility``; under XLA its output row is NaN.
-      floor: optional floor applied after normalising (``pi <- max(pi, floor)``); 0 keeps
-        zero-possibility classes at probability 0.
-      name: optional name scope.
+        maximum; ``K`` may be unknown at trace time). Rows must keep the rule
+        ``contract.SCALED_POSSIBILITY`` (finite, non-negative, a positive maximum): others
+        raise ``ValueError`` eagerly (an assertion in TensorFlow graphs), naming
+        ``possibility``; traced under XLA / ``jax.jit`` their output row is NaN.
+      floor: optional floor applied after normalising (``pi <- max(pi, floor)``) in
+        ``[0, 1)``; 0 keeps zero-possibility classes at probability 0.
 
     Returns:
       ``[..., K]`` probabilities in ``possibility``'s floating dtype (float32 for integer
       input). The gradient with respect to ``possibility`` is the exact (piecewise-linear)
       one, hand-derived.
 
+    Raises:
+      RuntimeError: on JAX without ``jax_enable_x64``.
+
     Example:
-      >>> antipignistic([[1.0, 0.51, 0.5]]).numpy().round(6)
+      >>> keras.ops.convert_to_numpy(antipignistic([[1.0, 0.51, 0.5]])).round(6)
       array([[0.661667, 0.171667, 0.166667]], dtype=float32)
     """
-    if not 0.0 <= floor < 1.0:
-        raise ValueError(f"`floor` must be in [0, 1), got {floor!r}.")
-    with tf.name_scope(name or "antipignistic"):
-        pi = _as_float(possibility, "possibility")
-        dtype = pi.dtype if pi.dtype.is_floating else tf.float32
-        pi2, restore = _flatten(pi, "possibility", static_k=False)
-        pi2 = tf.cast(_validate_possibility(pi2, "possibility", normalised=False), _F64)
-        out = _antipignistic_2d(pi2, tf.constant(floor, _F64))
-        out = nan_where(_possibility_invalid(pi2, normalised=False)[:, None], out)
-        return tf.cast(restore(out), dtype)
+    floor = check_number(floor, "floor", low=0.0, high=1.0, high_open=True)
+    _backend.require_float64("antipignistic")
+    pi, dtype = as_float(possibility, "possibility")
+    pi2, restore = flatten(pi, "possibility", static_k=False)
+    pi2 = ops.cast(SCALED_POSSIBILITY.check(pi2, "possibility"), F64)
+    out = _antipignistic_2d(ops.cast(floor, F64))(pi2)
+    out = nan_where(SCALED_POSSIBILITY.invalid(pi2)[:, None], out)
+    return ops.cast(restore(out), dtype)

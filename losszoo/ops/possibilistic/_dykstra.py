@@ -3,45 +3,31 @@
 Cyclic dual coordinate ascent on ``g(lam) = lam.b - log sum_k q_k exp((A^T lam)_k)``,
 ``lam >= 0``, iterate ``p = softmax(log q + A^T lam)``; each step sets one multiplier to the
 closed form of its single-set projection (spec 2.2). Stops per row by the rule of
-``stopping`` (0 paper: ``V <= tol``; 1 certified: and ``|gap| <= gap_tol``; 2 fixed). A
-rolled kernel (``tf.while_loop`` over constraints, straggler compaction) and, for small K,
-an unrolled one on lists of ``[B]`` vectors (same iterates). Derivation:
+``stopping`` (0 paper: ``V <= tol``; 1 certified: and ``|gap| <= gap_tol``; 2 fixed). One
+kernel: a while loop over the constraints inside a while loop over cycles, with straggler
+compaction. Written with ``keras.ops`` in float64. Derivation:
 ``docs/design/possibilistic_solver.md``.
 """
 
 import functools
 
-import tensorflow as tf
+from keras import ops
 
 from losszoo.ops.possibilistic._certificates import (
     _at_lambda,
-    _at_lambda_list,
     _normalize_log,
     _rcumsum,
-    _suffix_sums,
     _violation_and_gap,
-    _violation_and_gap_list,
 )
-from losszoo.ops.possibilistic._config import _F64
+from losszoo.ops.possibilistic._config import F64, compiled
 
 
-def _sweep(kind, x, lam_old, cst, unroll):
-    """One sweep over the m1 constraints of one family; returns the new multipliers.
-
-    ``unroll=True`` unrolls the steps in Python (small K); otherwise a rolled while loop.
-    """
-    if isinstance(x, list):  # small K: lists of [B] vectors, everything elementwise
-        m1 = len(lam_old)
-        top = x[0]
-        for xk in x[1:]:
-            top = tf.maximum(top, xk)
-        z = [tf.exp(xk - top) for xk in x]
-        suffix = _suffix_sums(z, exclusive=True)
-    else:
-        m1 = lam_old.shape[0]
-        z = tf.exp(x - tf.reduce_max(x, axis=0, keepdims=True))  # [K, B]; 0 outside support
-        suffix = _rcumsum(z, exclusive=True)  # sum_{k>r} z_k
-    one = tf.ones_like(z[0])
+def _sweep(kind, x, lam_old, cst):
+    """One sweep over the m1 constraints of one family; returns the new multipliers."""
+    m1 = lam_old.shape[0]
+    z = ops.exp(x - ops.max(x, axis=0, keepdims=True))  # [K, B]; 0 outside support
+    suffix = _rcumsum(z, exclusive=True)  # sum_{k>r} z_k
+    one = ops.ones_like(z[0])
     arrays = {"z": z[:-1], "z_next": z[1:], "lam_old": lam_old, "act": cst["act"]}
 
     if kind == "pref":
@@ -49,13 +35,13 @@ def _sweep(kind, x, lam_old, cst, unroll):
 
         def step_at(arr, r, carry):
             (prefix,) = carry
-            prefix = (prefix + arr["z"][r]) * tf.exp(-arr["lam_old"][r])  # remove old
+            prefix = (prefix + arr["z"][r]) * ops.exp(-arr["lam_old"][r])  # remove old
             t = arr["tails"][r]
             viol = arr["act"][r] & (t > arr["pt_next"][r] * (prefix + t))
-            factor = tf.where(viol, arr["ratio"][r] * t / tf.where(viol, prefix, one), one)
-            return tf.math.log(factor), (prefix * factor,)
+            factor = ops.where(viol, arr["ratio"][r] * t / ops.where(viol, prefix, one), one)
+            return ops.log(factor), (prefix * factor,)
 
-        init = (tf.zeros_like(one),)
+        init = (ops.zeros_like(one),)
     else:
         low = kind == "low"
         sign = 1.0 if low else -1.0
@@ -64,118 +50,37 @@ def _sweep(kind, x, lam_old, cst, unroll):
         def step_at(arr, r, carry):
             a, head = carry
             c = arr["z_next"][r]
-            f = tf.exp(sign * arr["lam_old"][r])
+            f = ops.exp(sign * arr["lam_old"][r])
             a, c = a / f, c * f  # remove the old correction
             zi, zj = (a, c) if low else (c, a)
             u = head + arr["tails"][r]
             dl = arr["delta"][r]
             viol = arr["act"][r] & (zi - zj < dl * (u + a + c))
-            zi_s = tf.where(viol, zi, one)
-            zj_s = tf.where(viol, zj, one)
+            zi_s = ops.where(viol, zi, one)
+            zj_s = ops.where(viol, zj, one)
             ud = u * dl
             one_m, one_p = 1.0 - dl, 1.0 + dl
-            root = tf.sqrt(ud * ud + 4.0 * zi_s * zj_s * one_m * one_p)
-            e_zero = tf.sqrt(zj_s / zi_s)
+            root = ops.sqrt(ud * ud + 4.0 * zi_s * zj_s * one_m * one_p)
+            e_zero = ops.sqrt(zj_s / zi_s)
             # delta = lo >= 0 in the low sweep and -up <= 0 in the up sweep, so only one
             # of the two non-tie branches can occur (same values as testing both).
             if low:
-                e = tf.where(dl > 0.0, (ud + root) / (2.0 * zi_s * one_m), e_zero)
+                e = ops.where(dl > 0.0, (ud + root) / (2.0 * zi_s * one_m), e_zero)
             else:
-                e = tf.where(dl < 0.0, 2.0 * zj_s * one_p / (root - ud), e_zero)
-            e = tf.where(viol, e, one)
+                e = ops.where(dl < 0.0, 2.0 * zj_s * one_p / (root - ud), e_zero)
+            e = ops.where(viol, e, one)
             zi, zj = zi * e, zj / e
             a, c = (zi, zj) if low else (zj, zi)
-            return tf.math.log(e), (c, head + a)
+            return ops.log(e), (c, head + a)
 
-        init = (z[0], tf.zeros_like(one))
+        init = (z[0], ops.zeros_like(one))
 
-    if unroll:
-        carry, out = init, []
-        for r in range(m1):
-            lam, carry = step_at(arrays, r, carry)
-            out.append(lam)
-        return out if isinstance(x, list) else tf.stack(out, axis=0)
-
-    def body(r, ta, *carry):
+    def body(r, out, *carry):
         lam, carry = step_at(arrays, r, carry)
-        return (r + 1, ta.write(r, lam)) + tuple(carry)
+        return (r + 1, ops.slice_update(out, (r, ops.zeros_like(r)), lam[None])) + tuple(carry)
 
-    ta = tf.TensorArray(_F64, size=m1, element_shape=one.shape)
-    res = tf.while_loop(lambda r, *_: r < m1, body, (tf.constant(0), ta) + tuple(init))
-    return res[1].stack()
-
-
-def _project_core_small(
-    lq,
-    pt_next,
-    ratio,
-    lo,
-    up,
-    act,
-    active,
-    tol,
-    gap_tol,
-    max_cycles,
-    stopping,
-    lam_init=None,
-):
-    """:func:`_project_core` for small K: every step unrolled on lists of [B] vectors (same
-    iterates and cycle counts as the rolled kernel; XLA fuses a cycle into a few loops)."""
-    lq_l = tf.unstack(lq)
-    cst = {
-        "pt_next": tf.unstack(pt_next),
-        "ratio": tf.unstack(ratio),
-        "lo": tf.unstack(lo),
-        "up": tf.unstack(up),
-        "neg_up": tf.unstack(-up),
-        "act": tf.unstack(act),
-    }
-
-    def body(k, lp, ll, lu, active, cycles, v, gap):
-        lp, ll, lu = tf.unstack(lp), tf.unstack(ll), tf.unstack(lu)
-        nlp = _sweep("pref", _at_lambda_list(lq_l, lp, ll, lu), lp, cst, True)
-        nll = _sweep("low", _at_lambda_list(lq_l, nlp, ll, lu), ll, cst, True)
-        nlu = _sweep("up", _at_lambda_list(lq_l, nlp, nll, lu), lu, cst, True)
-        nv, ngap = _violation_and_gap_list(_at_lambda_list(lq_l, nlp, nll, nlu), nlp, nll, nlu, cst)
-        feasible = nv <= tol
-        done = tf.where(
-            tf.equal(stopping, 0),
-            feasible,
-            feasible & (tf.abs(ngap) <= gap_tol) & tf.equal(stopping, 1),
-        )
-        run = active & (k < max_cycles)
-        lp = [tf.where(run, a, b) for a, b in zip(nlp, lp)]
-        ll = [tf.where(run, a, b) for a, b in zip(nll, ll)]
-        lu = [tf.where(run, a, b) for a, b in zip(nlu, lu)]
-        v = tf.where(run, nv, v)
-        gap = tf.where(run, ngap, gap)
-        cycles = cycles + tf.cast(run, tf.int32)
-        active = active & ~(run & done)
-        return k + 1, tf.stack(lp), tf.stack(ll), tf.stack(lu), active, cycles, v, gap
-
-    zeros = tf.zeros_like(pt_next)
-    lam0 = (zeros, zeros, zeros) if lam_init is None else tuple(lam_init)
-    batch = tf.shape(active)[0]
-    init = (
-        tf.constant(0),
-        *lam0,
-        active,
-        tf.zeros([batch], tf.int32),
-        tf.zeros([batch], _F64),
-        tf.zeros([batch], _F64),
-    )
-
-    def cond(k, lp, ll, lu, active, *_):
-        return (k < max_cycles) & (tf.reduce_any(active) | tf.equal(stopping, 2))
-
-    _, lp, ll, lu, _, cycles, _, _ = tf.while_loop(cond, body, init)
-    x = _normalize_log(lq + _at_lambda(lp, ll, lu))
-    v, gap = _violation_and_gap(x, lp, ll, lu, _cst_stacked(pt_next, ratio, lo, up, act))
-    return x, tf.stack([lp, ll, lu], axis=0), cycles, v, gap
-
-
-def _cst_stacked(pt_next, ratio, lo, up, act):
-    return {"pt_next": pt_next, "ratio": ratio, "lo": lo, "up": up, "act": act}
+    start = (ops.convert_to_tensor(0, "int32"), ops.zeros_like(lam_old))
+    return ops.while_loop(lambda r, *_: r < m1, body, start + tuple(init))[1]
 
 
 def _project_core(
@@ -190,9 +95,8 @@ def _project_core(
     gap_tol,
     max_cycles,
     stopping,
-    *,
-    unroll,
     lam_init=None,
+    *,
     compact=True,
 ):
     """Dual-form Dykstra in sorted, time-major coordinates.
@@ -200,83 +104,69 @@ def _project_core(
     Args: lq [K, B] sorted log q (normalised, -inf outside the support); pt_next, ratio,
     lo, up [m1, B] float; act [m1, B] bool; active [B] bool (rows to iterate).
     tol, gap_tol (float64), max_cycles and stopping (int32: 0 paper, 1 certified, 2 fixed)
-    are tensors, so changing them does not recompile. ``compact``: straggler compaction of
-    the rolled kernel (off for the interior point's finish, whose few rows gain little
-    from it, while its second compiled cycle adds seconds to the first step's compile).
+    are tensors, so changing them does not recompile. ``lam_init``: starting multipliers
+    (3 tensors [m1, B]; zeros by default). ``compact``: straggler compaction (off for the
+    interior point's finish, whose few rows gain little from it, while its second compiled
+    cycle adds seconds to the first step's compile).
     Returns: x [K, B] (log projection, normalised), lam [3, m1, B], cycles [B] int32,
     V [B], gap [B].
     """
-    if unroll:
-        return _project_core_small(
-            lq,
-            pt_next,
-            ratio,
-            lo,
-            up,
-            act,
-            active,
-            tol,
-            gap_tol,
-            max_cycles,
-            stopping,
-            lam_init=lam_init,
-        )
     cst = {"pt_next": pt_next, "ratio": ratio, "lo": lo, "up": up, "neg_up": -up, "act": act}
-    zeros = tf.zeros_like(pt_next)
+    zeros = ops.zeros_like(pt_next)
     body = functools.partial(_rolled_body, tol=tol, gap_tol=gap_tol, stopping=stopping)
-    batch = tf.shape(active)[0]
+    batch = ops.shape(active)[0]
     lam0 = (zeros, zeros, zeros) if lam_init is None else tuple(lam_init)
     init = (
-        tf.constant(0),
+        ops.convert_to_tensor(0, "int32"),
         *lam0,
         active,
-        tf.zeros([batch], tf.int32),
-        tf.zeros([batch], _F64),
-        tf.zeros([batch], _F64),
+        ops.zeros([batch], "int32"),
+        ops.zeros([batch], F64),
+        ops.zeros([batch], F64),
     )
     sizes = _stage_sizes(active, _COMPACT_MIN_BATCH, _COMPACT_FACTOR) if compact else [None]
     _, lp, ll, lu, _, cycles, _, _ = _run_stages(lq, cst, init, sizes, body, max_cycles, stopping)
     x = _normalize_log(lq + _at_lambda(lp, ll, lu))
     v, gap = _violation_and_gap(x, lp, ll, lu, cst)
-    return x, tf.stack([lp, ll, lu], axis=0), cycles, v, gap
+    return x, ops.stack([lp, ll, lu], axis=0), cycles, v, gap
 
 
 def _rolled_body(lq, cst, *, tol, gap_tol, stopping):
-    """While-loop body of one cycle of the rolled kernel on ``lq`` [K, b], ``cst`` [m1, b]."""
+    """While-loop body of one cycle on ``lq`` [K, b], ``cst`` [m1, b]."""
 
     def cycle(lp, ll, lu):
-        lp = _sweep("pref", lq + _at_lambda(lp, ll, lu), lp, cst, False)
-        ll = _sweep("low", lq + _at_lambda(lp, ll, lu), ll, cst, False)
-        lu = _sweep("up", lq + _at_lambda(lp, ll, lu), lu, cst, False)
+        lp = _sweep("pref", lq + _at_lambda(lp, ll, lu), lp, cst)
+        ll = _sweep("low", lq + _at_lambda(lp, ll, lu), ll, cst)
+        lu = _sweep("up", lq + _at_lambda(lp, ll, lu), lu, cst)
         return lp, ll, lu
 
     def body(k, lp, ll, lu, active, cycles, v, gap):
         nlp, nll, nlu = cycle(lp, ll, lu)
         nv, ngap = _violation_and_gap(lq + _at_lambda(nlp, nll, nlu), nlp, nll, nlu, cst)
         feasible = nv <= tol
-        done = tf.where(
-            tf.equal(stopping, 0),
+        done = ops.where(
+            ops.equal(stopping, 0),
             feasible,
-            feasible & (tf.abs(ngap) <= gap_tol) & tf.equal(stopping, 1),
+            feasible & (ops.abs(ngap) <= gap_tol) & ops.equal(stopping, 1),
         )
         sel = active[None, :]
-        lp = tf.where(sel, nlp, lp)
-        ll = tf.where(sel, nll, ll)
-        lu = tf.where(sel, nlu, lu)
-        v = tf.where(active, nv, v)
-        gap = tf.where(active, ngap, gap)
-        cycles = cycles + tf.cast(active, tf.int32)
+        lp = ops.where(sel, nlp, lp)
+        ll = ops.where(sel, nll, ll)
+        lu = ops.where(sel, nlu, lu)
+        v = ops.where(active, nv, v)
+        gap = ops.where(active, ngap, gap)
+        cycles = cycles + ops.cast(active, "int32")
         return k + 1, lp, ll, lu, active & ~done, cycles, v, gap
 
     return body
 
 
-# Straggler compaction (rolled kernel): once at most ``size`` examples are still active,
-# the loop continues on a gathered subset of ``size`` examples (the active ones first,
-# padded with frozen ones), whose state is scattered back at the end. Per-example
-# arithmetic is unchanged, so iterates and cycle counts are the same as without it. Each
-# stage compiles another copy of the cycle body (~5 s of XLA compile at K = 100), so only
-# one compacted stage is used: B -> B // 8 (e.g. 100 -> 12).
+# Straggler compaction: once at most ``size`` examples are still active, the loop continues
+# on a gathered subset of ``size`` examples (the active ones first, padded with frozen
+# ones), whose state is scattered back at the end. Per-example arithmetic is unchanged, so
+# iterates and cycle counts are the same as without it. Each stage compiles another copy of
+# the cycle body (~5 s of XLA compile at K = 100), so only one compacted stage is used:
+# B -> B // 8 (e.g. 100 -> 12).
 _COMPACT_MIN_BATCH = 16
 _COMPACT_FACTOR = 8
 
@@ -285,15 +175,31 @@ def _stage_sizes(active, min_batch, factor):
     """Batch sizes of the loop stages: ``[B]``, or ``[B, max(1, B // factor)]`` (straggler
     compaction) when ``B >= min_batch``.
 
-    With ``B`` unknown at trace time (``None``: a Keras dataset with a partial last batch)
-    both sizes are scalar tensors and the compacted stage is always used (results are the
-    same either way; under XLA, which compiles per batch size, they are constants).
+    With ``B`` unknown at trace time (``None``: a Keras dataset with a partial last batch,
+    TensorFlow) both sizes are scalar tensors and the compacted stage is always used
+    (results are the same either way; under XLA, which compiles per batch size, they are
+    constants).
     """
     batch = active.shape[0]
     if batch is None:
-        batch = tf.shape(active)[0]
-        return [batch, tf.maximum(batch // factor, 1)]
+        batch = ops.shape(active)[0]
+        return [batch, ops.maximum(batch // factor, 1)]
     return [batch] if batch < min_batch else [batch, max(1, batch // factor)]
+
+
+def _take(t, idx, axis):
+    return ops.take(t, idx, axis=axis)
+
+
+def _put(full, part, idx, axis):
+    """``full`` with the slices ``idx`` along ``axis`` (0 or the last) replaced by ``part``."""
+    ids = idx[:, None]
+    if axis == 0:
+        return ops.scatter_update(full, ids, part)
+    rank = len(full.shape)
+    perm = [rank - 1, *range(rank - 1)]
+    out = ops.scatter_update(ops.transpose(full, perm), ids, ops.transpose(part, perm))
+    return ops.transpose(out, [*range(1, rank), 0])
 
 
 def _run_stages(lq, cst, state, sizes, body, max_cycles, stopping):
@@ -301,57 +207,27 @@ def _run_stages(lq, cst, state, sizes, body, max_cycles, stopping):
     nxt = sizes[1] if len(sizes) > 1 else 0
 
     def cond(k, lp, ll, lu, active, *_):
-        count = tf.reduce_sum(tf.cast(active, tf.int32))
-        return (k < max_cycles) & ((count > nxt) | tf.equal(stopping, 2))
+        count = ops.sum(ops.cast(active, "int32"))
+        return (k < max_cycles) & ((count > nxt) | ops.equal(stopping, 2))
 
-    state = tf.while_loop(cond, body(lq, cst), state)
+    state = ops.while_loop(cond, body(lq, cst), state)
     if len(sizes) == 1:
         return state
-    k, lp, ll, lu, active, cycles, v, gap = state
+    k, *rest = state
     # Indices of the (<= nxt) still-active examples first, stable in index order.
-    _, idx = tf.math.top_k(tf.cast(active, tf.int32), k=nxt, sorted=True)
-
-    def take(t, axis):
-        return tf.gather(t, idx, axis=axis)
-
-    sub_cst = {key: take(val, 1) for key, val in cst.items()}
-    sub = (
-        k,
-        take(lp, 1),
-        take(ll, 1),
-        take(lu, 1),
-        take(active, 0),
-        take(cycles, 0),
-        take(v, 0),
-        take(gap, 0),
-    )
-    k, slp, sll, slu, sactive, scycles, sv, sgap = _run_stages(
-        take(lq, 1), sub_cst, sub, sizes[1:], body, max_cycles, stopping
-    )
-    ids = idx[:, None]
-
-    def put(full, part, axis):
-        if axis == 0:
-            return tf.tensor_scatter_nd_update(full, ids, part)
-        return tf.transpose(
-            tf.tensor_scatter_nd_update(tf.transpose(full), ids, tf.transpose(part))
-        )
-
-    return (
-        k,
-        put(lp, slp, 1),
-        put(ll, sll, 1),
-        put(lu, slu, 1),
-        put(active, sactive, 0),
-        put(cycles, scycles, 0),
-        put(v, sv, 0),
-        put(gap, sgap, 0),
-    )
+    _, idx = ops.top_k(ops.cast(rest[3], "int32"), nxt, sorted=True)
+    axes = (1, 1, 1, 0, 0, 0, 0)  # lp, ll, lu: [m1, B]; active, cycles, v, gap: [B]
+    sub_cst = {key: _take(val, idx, 1) for key, val in cst.items()}
+    sub = [_take(t, idx, a) for t, a in zip(rest, axes)]
+    sub_lq = _take(lq, idx, 1)
+    k, *sub = _run_stages(sub_lq, sub_cst, (k, *sub), sizes[1:], body, max_cycles, stopping)
+    return (k, *(_put(full, part, idx, a) for full, part, a in zip(rest, sub, axes)))
 
 
-_CORE_JIT = tf.function(_project_core, jit_compile=True, autograph=False)
+_CORE_JIT = compiled(_project_core, static_argnames=("compact",))
 
 
-def _run_core(*args, jit=True, **kwargs):
+def run_core(*args, jit=True, **kwargs):
+    """:func:`_project_core`, compiled by XLA (cached) unless ``jit=False``."""
     fn = _CORE_JIT if jit else _project_core
     return fn(*args, **kwargs)

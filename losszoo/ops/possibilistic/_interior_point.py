@@ -4,11 +4,11 @@ Ties are pooled into blocks (exact), two-block rows (one-hot labels) are solved 
 form, the others iterate on the tail masses ``U`` of the chain with one pentadiagonal
 Newton solve (:mod:`._banded`) per iteration. Returns the primal iterate and the dual point
 for the caller to certify on the original constraints. Derivation:
-``docs/design/possibilistic_solver.md``.
+``docs/design/possibilistic_solver.md``. Written with ``keras.ops`` in float64.
 """
 
 import numpy as np
-import tensorflow as tf
+from keras import ops
 
 from losszoo.ops.possibilistic._banded import penta_factor, penta_solve
 from losszoo.ops.possibilistic._certificates import (
@@ -18,13 +18,13 @@ from losszoo.ops.possibilistic._certificates import (
     _normalize_log,
     _rcumsum,
 )
-from losszoo.ops.possibilistic._config import _F64
-from losszoo.ops.possibilistic._constraints import _antipignistic_sorted
+from losszoo.ops.possibilistic._config import F64, _0, _1, compiled
+from losszoo.ops.possibilistic._constraints import antipignistic_sorted, take_rows
 from losszoo.ops.possibilistic._dykstra import _stage_sizes
 
 _IPM_STEP = 0.99  # fraction to the boundary
 _IPM_MASS_STEP = 0.9  # masses shrink at most 10x per iteration
-_IPM_SIGMA_FLOOR = 0.01  # mu falls at most 100x per iteration
+_IPM_SIGMA_FLOOR = np.float64(0.01)  # mu falls at most 100x per iteration
 _IPM_MAX_ITER = 60
 # The primal aims this factor below the certificate (gap 1e-10 only bounds |p - p*|_1 by
 # 1.4e-5); Mehrotra's steps converge superlinearly at the end: a few iterations.
@@ -32,21 +32,21 @@ _IPM_SHARPEN = 1e-5
 
 
 def _prev(x):
-    return tf.concat([tf.zeros_like(x[:1]), x[:-1]], axis=0)
+    return ops.concatenate([ops.zeros_like(x[:1]), x[:-1]], axis=0)
 
 
 def _next(x):
-    return tf.concat([x[1:], tf.zeros_like(x[:1])], axis=0)
+    return ops.concatenate([x[1:], ops.zeros_like(x[:1])], axis=0)
 
 
 def _cumsum_rows(x):
     """Inclusive cumulative sum along axis 1 of ``[B, K]`` (doubling scan; XLA-friendly)."""
-    return tf.transpose(tf.reverse(_rcumsum(tf.reverse(tf.transpose(x), [0])), [0]))
+    return ops.transpose(ops.flip(_rcumsum(ops.flip(ops.transpose(x), 0)), 0))
 
 
 def _block_starts(strict, in_support):
     """``[B, K]`` bool: the sorted class opens a block (a strict drop before it)."""
-    return tf.concat([tf.ones_like(strict[:, :1]), strict], axis=1) & in_support
+    return ops.concatenate([ops.ones_like(strict[:, :1]), strict], axis=1) & in_support
 
 
 def _reduce_ties(lq, pt, strict, lo, up, in_support, pdot, size):
@@ -59,40 +59,40 @@ def _reduce_ties(lq, pt, strict, lo, up, in_support, pdot, size):
     consecutive blocks [size-1, B], ``real`` [size, B] / ``var`` [size-1, B] masks, ``bid``
     [B, K] block id of each sorted class.
     """
-    batch = tf.shape(pt)[0]
+    batch = ops.shape(pt)[0]
     start = _block_starts(strict, in_support)
-    bid = _cumsum_rows(tf.cast(start, tf.int32)) - 1
-    bid = tf.where(in_support, bid, size)  # classes outside the support: a dropped segment
-    n_blocks = tf.reduce_sum(tf.cast(start, tf.int32), axis=1)
-    ids = bid + tf.range(batch)[:, None] * (size + 1)
-    ends = tf.concat([strict, tf.zeros_like(strict[:, :1])], axis=1)  # pair (r, r+1) strict
-    pad0 = tf.zeros_like(pt[:, :1])
+    bid = _cumsum_rows(ops.cast(start, "int32")) - 1
+    bid = ops.where(in_support, bid, size)  # classes outside the support: a dropped segment
+    n_blocks = ops.sum(ops.cast(start, "int32"), axis=1)
+    ids = bid + ops.arange(batch, dtype="int32")[:, None] * (size + 1)
+    ends = ops.concatenate([strict, ops.zeros_like(strict[:, :1])], axis=1)  # pair (r, r+1) strict
+    pad0 = ops.zeros_like(pt[:, :1])
     # All block sums in one scatter (XLA:CPU scatters update by update): sizes, sums of
     # log q, the block's possibility, the shape bounds at its end, its antipignistic mass.
     columns = [
-        tf.cast(in_support, _F64),
-        tf.where(in_support, lq, 0.0),
-        tf.where(start, pt, 0.0),
-        tf.where(ends, tf.concat([lo, pad0], 1), 0.0),
-        tf.where(ends, tf.concat([up, pad0], 1), 0.0),
-        tf.where(in_support, pdot, 0.0),
+        ops.cast(in_support, F64),
+        ops.where(in_support, lq, 0.0),
+        ops.where(start, pt, 0.0),
+        ops.where(ends, ops.concatenate([lo, pad0], 1), 0.0),
+        ops.where(ends, ops.concatenate([up, pad0], 1), 0.0),
+        ops.where(in_support, pdot, 0.0),
     ]
-    sums = tf.math.unsorted_segment_sum(
-        tf.reshape(tf.stack(columns, -1), [-1, len(columns)]),
-        tf.reshape(ids, [-1]),
-        batch * (size + 1),
+    sums = ops.segment_sum(
+        ops.reshape(ops.stack(columns, -1), (-1, len(columns))),
+        ops.reshape(ids, (-1,)),
+        num_segments=batch * (size + 1),
     )
-    w, slq, pblock, lob, upb, mdot = tf.unstack(
-        tf.reshape(sums, [batch, size + 1, len(columns)])[:, :size], axis=-1
+    w, slq, pblock, lob, upb, mdot = ops.unstack(
+        ops.reshape(sums, (batch, size + 1, len(columns)))[:, :size], axis=-1
     )
-    jj = tf.range(size)[None, :]
+    jj = ops.arange(size, dtype="int32")[None, :]
     real = jj < n_blocks[:, None]
-    w_safe = tf.where(real, w, 1.0)
-    g = tf.where(real, slq / w_safe + tf.math.log(w_safe), 0.0)
+    w_safe = ops.where(real, w, 1.0)
+    g = ops.where(real, slq / w_safe + ops.log(w_safe), 0.0)
     lob, upb = lob[:, :-1], upb[:, :-1]
     var = jj[:, :-1] < (n_blocks - 1)[:, None]
     c = pblock[:, 1:]
-    tm = tf.transpose
+    tm = ops.transpose
     return {
         "mdot": tm(mdot),
         "w": tm(w_safe),
@@ -102,17 +102,17 @@ def _reduce_ties(lq, pt, strict, lo, up, in_support, pdot, size):
         "up": tm(upb),
         "real": tm(real),
         "var": tm(var),
-        "bid": tf.minimum(bid, size - 1),
+        "bid": ops.minimum(bid, size - 1),
         "n_blocks": n_blocks,
     }
 
 
 def _ipm_dual_point(red, lam1, lam2, lam3):
     """Block log-masses of the dual point ``softmax(G + A^T lam)`` (normalised), [K, B]."""
-    big_lam = tf.concat([_rcumsum(lam1), tf.zeros_like(lam1[:1])], 0)
-    nu = tf.concat([lam2 - lam3, tf.zeros_like(lam2[:1])], 0)
+    big_lam = ops.concatenate([_rcumsum(lam1), ops.zeros_like(lam1[:1])], 0)
+    nu = ops.concatenate([lam2 - lam3, ops.zeros_like(lam2[:1])], 0)
     x = red["g"] + big_lam + (nu - _prev(nu)) / red["w"]
-    x = tf.where(red["real"], x, tf.constant(-np.inf, _F64))
+    x = ops.where(red["real"], x, -np.inf)
     return _normalize_log(x)
 
 
@@ -128,7 +128,7 @@ def _ipm_body(red, tol, gap_tol):
     Time-major, batch last: ``red`` holds the block chain (see :func:`_reduce_ties`),
     ``tol`` / ``gap_tol`` the certificate's tolerances. The three constraint families
     (ceiling, lower and upper shape bounds) are stacked on a leading axis: slacks ``s`` and
-    multipliers ``lam`` are [3, J-1, B]. Returns the ``tf.while_loop`` body over the state
+    multipliers ``lam`` are [3, J-1, B]. Returns the while-loop body over the state
     ``(it, u, s, lam, active, iters, best_score, best_u, best_lam)`` and ``start(m0)``,
     the starting ``(u, s, lam)`` from block masses ``m0`` [J, B] (> 0 on real blocks).
     """
@@ -137,16 +137,16 @@ def _ipm_body(red, tol, gap_tol):
     real = red["real"]
     w = red["w"]
     iw = 1.0 / w
-    kk = tf.range(var.shape[0])[:, None]
-    zero = tf.zeros_like(red["c"])
+    kk = ops.arange(var.shape[0], dtype="int32")[:, None]
+    zero = ops.zeros_like(red["c"])
     var_next = _next(var)
-    a_c = tf.where(var & (kk >= 1), iw[:-1], 0.0)  # coefficient of shape j on U_{j-1}
-    b_c = tf.where(var, -(iw[:-1] + iw[1:]), 0.0)  # on U_j
-    g_c = tf.where(var & var_next, iw[1:], 0.0)  # on U_{j+1}
-    n_con = tf.maximum(3.0 * tf.reduce_sum(tf.cast(var, _F64), axis=0), 1.0)
+    a_c = ops.where(var & (kk >= 1), iw[:-1], 0.0)  # coefficient of shape j on U_{j-1}
+    b_c = ops.where(var, -(iw[:-1] + iw[1:]), 0.0)  # on U_j
+    g_c = ops.where(var & var_next, iw[1:], 0.0)  # on U_{j+1}
+    n_con = ops.maximum(3.0 * ops.sum(ops.cast(var, F64), axis=0), _1)
     cert_mu = _IPM_CERTIFY_FROM * gap_tol / n_con
-    inf = tf.constant(np.inf, _F64)
-    one = tf.constant(1.0, _F64)
+    inf = ops.convert_to_tensor(np.inf, F64)
+    one = ops.convert_to_tensor(1.0, F64)
 
     def shape_of(du):  # S du
         return a_c * _prev(du) + b_c * du + g_c * _next(du)
@@ -155,32 +155,32 @@ def _ipm_body(red, tol, gap_tol):
         return _next(a_c * z) + b_c * z + _prev(g_c * z)
 
     def masses(u):
-        ext_prev = tf.concat([tf.ones_like(u[:1]), u], 0)
-        ext_cur = tf.concat([u, tf.zeros_like(u[:1])], 0)
-        return tf.where(real, ext_prev - ext_cur, 0.0)
+        ext_prev = ops.concatenate([ops.ones_like(u[:1]), u], 0)
+        ext_cur = ops.concatenate([u, ops.zeros_like(u[:1])], 0)
+        return ops.where(real, ext_prev - ext_cur, 0.0)
 
     def constraints(u):
         """Block masses and the stacked constraint values (slacks at ``u``)."""
         m = masses(u)
         v = m / w
         sh = v[:-1] - v[1:]
-        return m, tf.stack([red["c"] - u, sh - red["lo"], red["up"] - sh])
+        return m, ops.stack([red["c"] - u, sh - red["lo"], red["up"] - sh])
 
     def max_step(mask, *pairs):
         """Longest step along each ``dx`` keeping each ``x > 0`` (per row), over pairs."""
         ratio = None
         for x, dx in pairs:
-            r = tf.where(mask & (dx < 0.0), -x / tf.where(dx < 0.0, dx, -1.0), inf)
-            ratio = r if ratio is None else tf.minimum(ratio, r)
-        return tf.reduce_min(ratio if ratio.shape.rank == 2 else _fold(tf.minimum, ratio), 0)
+            r = ops.where(mask & (dx < 0.0), -x / ops.where(dx < 0.0, dx, -1.0), inf)
+            ratio = r if ratio is None else ops.minimum(ratio, r)
+        return ops.min(ratio if len(ratio.shape) == 2 else _fold(ops.minimum, ratio), 0)
 
     def mean_comp(s, lam):
-        return tf.reduce_sum(_fold(tf.add, tf.where(var3, s * lam, 0.0)), axis=0) / n_con
+        return ops.sum(_fold(ops.add, ops.where(var3, s * lam, 0.0)), axis=0) / n_con
 
     def start(m0):
-        u0 = tf.where(var, _rcumsum(m0, exclusive=True)[:-1], 0.0)
-        s0 = tf.where(var3, tf.maximum(constraints(u0)[1], 1e-2), 1.0)
-        return u0, s0, tf.where(var3, tf.ones_like(s0), 0.0)
+        u0 = ops.where(var, _rcumsum(m0, exclusive=True)[:-1], 0.0)
+        s0 = ops.where(var3, ops.maximum(constraints(u0)[1], np.float64(1e-2)), 1.0)
+        return u0, s0, ops.where(var3, ops.ones_like(s0), 0.0)
 
     def body(it, u, s, lam, active, iters, best_score, best_u, best_lam):
         m, y = constraints(u)
@@ -189,45 +189,45 @@ def _ipm_body(red, tol, gap_tol):
         # step drive a small mass 100x down per iteration, after which it recovers by only
         # a factor ~|log m| per iteration.
         t_mass = 0.1 * mu
-        safe_m = tf.where(real & (m > 0.0), m, 1.0)
-        ell = tf.where(real, tf.math.log(safe_m) - red["g"] - t_mass / safe_m, 0.0)
-        grad = tf.where(var, ell[1:] - ell[:-1], 0.0)
-        r_d = tf.where(var, grad + lam[0] - shape_t(lam[1] - lam[2]), 0.0)
-        rp = tf.where(var3, y - s, 0.0)
+        safe_m = ops.where(real & (m > 0.0), m, 1.0)
+        ell = ops.where(real, ops.log(safe_m) - red["g"] - t_mass / safe_m, 0.0)
+        grad = ops.where(var, ell[1:] - ell[:-1], 0.0)
+        r_d = ops.where(var, grad + lam[0] - shape_t(lam[1] - lam[2]), 0.0)
+        rp = ops.where(var3, y - s, 0.0)
         wl = lam / s  # 0 off the chain (s = 1, lam = 0 there)
         w1, w2 = wl[0], wl[1] + wl[2]
-        im = tf.where(real & (m > 0.0), (1.0 + t_mass / safe_m) / safe_m, 0.0)
+        im = ops.where(real & (m > 0.0), (1.0 + t_mass / safe_m) / safe_m, 0.0)
         d0 = im[:-1] + im[1:] + w1 + _next(w2 * a_c * a_c) + w2 * b_c * b_c + _prev(w2 * g_c * g_c)
         d1 = -im[1:] + _next(w2 * a_c * b_c) + w2 * b_c * g_c
         d2 = _next(w2 * a_c * g_c)
-        d0 = tf.where(var, d0, 1.0)
-        d1 = tf.where(var & var_next, d1, 0.0)
-        d2 = tf.where(var & _next(var_next), d2, 0.0)
+        d0 = ops.where(var, d0, 1.0)
+        d1 = ops.where(var & var_next, d1, 0.0)
+        d2 = ops.where(var & _next(var_next), d2, 0.0)
         factors, dropped = penta_factor(d0, d1, d2)
 
         def direction(rc):
             """Newton step for the stacked complementarity residuals ``rc``."""
-            psi = tf.where(var3, (rc + lam * rp) / s, 0.0)
-            rhs = tf.where(var, -r_d + psi[0] - shape_t(psi[1] - psi[2]), 0.0)
-            du = tf.where(var, penta_solve(factors, rhs), 0.0)
+            psi = ops.where(var3, (rc + lam * rp) / s, 0.0)
+            rhs = ops.where(var, -r_d + psi[0] - shape_t(psi[1] - psi[2]), 0.0)
+            du = ops.where(var, penta_solve(factors, rhs), 0.0)
             dsh = shape_of(du)
-            ds = tf.where(var3, tf.stack([-du, dsh, -dsh]) + rp, 0.0)
-            dl = tf.where(var3, -(rc + lam * ds) / s, 0.0)
+            ds = ops.where(var3, ops.stack([-du, dsh, -dsh]) + rp, 0.0)
+            dl = ops.where(var3, -(rc + lam * ds) / s, 0.0)
             return du, ds, dl
 
         # Mehrotra predictor-corrector: the affine step (no centring) measures how far the
         # complementarity can fall; sigma = (mu_aff / mu)^3 centres only as much as needed,
         # and the corrector adds the second-order term ds_aff * dl_aff. Same factors.
         _, ds_a, dl_a = direction(lam * s)
-        a_aff = tf.minimum(one, max_step(var3, (s, ds_a), (lam, dl_a)))
+        a_aff = ops.minimum(one, max_step(var3, (s, ds_a), (lam, dl_a)))
         mu_aff = mean_comp(s + a_aff * ds_a, lam + a_aff * dl_a)
-        sigma = tf.clip_by_value((mu_aff / tf.where(mu > 0.0, mu, 1.0)) ** 3, _IPM_SIGMA_FLOOR, 1.0)
+        sigma = ops.clip((mu_aff / ops.where(mu > 0.0, mu, 1.0)) ** 3, _IPM_SIGMA_FLOOR, _1)
         du, ds, dl = direction(lam * s + ds_a * dl_a - sigma * mu)
-        du_ext = tf.concat([du, zero[:1]], 0)  # dU_{J-1} = 0
-        dm = tf.where(real, _prev(du_ext) - du_ext, 0.0)  # dm_j = dU_{j-1} - dU_j
-        alpha = tf.minimum(
+        du_ext = ops.concatenate([du, zero[:1]], 0)  # dU_{J-1} = 0
+        dm = ops.where(real, _prev(du_ext) - du_ext, 0.0)  # dm_j = dU_{j-1} - dU_j
+        alpha = ops.minimum(
             one,
-            tf.minimum(
+            ops.minimum(
                 _IPM_STEP * max_step(var3, (s, ds), (lam, dl)),
                 _IPM_MASS_STEP * max_step(real, (m, dm)),
             ),
@@ -235,36 +235,36 @@ def _ipm_body(red, tol, gap_tol):
         nu_ = u + alpha * du
         ns, nl = s + alpha * ds, lam + alpha * dl
         # Rows whose step is not finite (exhausted float64 near the solution) stop here.
-        ok = tf.math.is_finite(ns) & tf.math.is_finite(nl) & (((ns > 0.0) & (nl > 0.0)) | ~var3)
-        fin = tf.reduce_all(tf.math.is_finite(nu_) & _fold(tf.logical_and, ok), axis=0)
+        ok = ops.isfinite(ns) & ops.isfinite(nl) & (((ns > 0.0) & (nl > 0.0)) | ~var3)
+        fin = ops.all(ops.isfinite(nu_) & _fold(ops.logical_and, ok), axis=0)
         # A dropped pivot means float64 is exhausted in the Newton matrix: a row already
         # certified stops there (its best iterate stands), others go on with that
         # component of the step set to 0.
         run = active & fin & ~(dropped & (best_score <= 1.0))
-        u = tf.where(run, nu_, u)
-        s, lam = tf.where(run, ns, s), tf.where(run, nl, lam)
+        u = ops.where(run, nu_, u)
+        s, lam = ops.where(run, ns, s), ops.where(run, nl, lam)
 
         def certify():
             m, y = constraints(u)
-            xm = _ipm_dual_point(red, *tf.unstack(lam))
+            xm = _ipm_dual_point(red, *ops.unstack(lam))
             big_v, gap = _chain_violation_and_gap(red, m, y, xm, lam)
-            score = tf.maximum(big_v / tol, tf.abs(gap) / gap_tol)
+            score = ops.maximum(big_v / tol, ops.abs(gap) / gap_tol)
 
             def dual_certified():
                 v_d, gap_d = _chain_dual_violation_and_gap(red, xm, lam)
-                return (v_d <= tol) & (tf.abs(gap_d) <= gap_tol)
+                return (v_d <= tol) & (ops.abs(gap_d) <= gap_tol)
 
-            dual_ok = tf.cond(
-                tf.reduce_any(run & (score <= _IPM_SHARPEN)),
+            dual_ok = ops.cond(
+                ops.any(run & (score <= _IPM_SHARPEN)),
                 dual_certified,
-                lambda: tf.zeros_like(run),
+                lambda: ops.zeros_like(run),
             )
             return score, dual_ok
 
-        score, dual_ok = tf.cond(
-            tf.reduce_any(run & (mean_comp(s, lam) <= cert_mu)),
+        score, dual_ok = ops.cond(
+            ops.any(run & (mean_comp(s, lam) <= cert_mu)),
             certify,
-            lambda: (tf.fill(tf.shape(run), inf), tf.zeros_like(run)),
+            lambda: (ops.full_like(run, np.inf, F64), ops.zeros_like(run)),
         )
         # The certificate bounds the error only like sqrt(gap) (KL is quadratic near p*),
         # so once certified the iteration goes on to the float64 floor: it stops when the
@@ -276,10 +276,10 @@ def _ipm_body(red, tol, gap_tol):
         stalled = score >= 0.5 * best_score
         done = (dual_ok & (score <= _IPM_SHARPEN)) | (stalled & (score <= 0.01))
         better = run & ((score < best_score) | done | (best_score == inf))
-        best_u = tf.where(better, u, best_u)
-        best_lam = tf.where(better, lam, best_lam)
-        best_score = tf.where(better, score, best_score)
-        iters = iters + tf.cast(run, tf.int32)
+        best_u = ops.where(better, u, best_u)
+        best_lam = ops.where(better, lam, best_lam)
+        best_score = ops.where(better, score, best_score)
+        iters = iters + ops.cast(run, "int32")
         return it + 1, u, s, lam, run & ~done, iters, best_score, best_u, best_lam
 
     return body, start
@@ -305,18 +305,18 @@ def _ipm_core(red, m0, active, tol, gap_tol, max_iter):
     u0, s0, l0 = start(m0)
     sizes = _stage_sizes(active, _IPM_COMPACT_MIN_BATCH, _IPM_COMPACT_FACTOR)
     state = (
-        tf.constant(0),
+        ops.convert_to_tensor(0, "int32"),
         u0,
         s0,
         l0,
         active,
-        tf.zeros_like(active, tf.int32),
-        tf.fill(tf.shape(active), tf.constant(np.inf, _F64)),
+        ops.zeros_like(active, "int32"),
+        ops.full_like(active, np.inf, F64),
         u0,
-        tf.zeros_like(s0),
+        ops.zeros_like(s0),
     )
     state = _ipm_stages(chain, state, sizes, tol, gap_tol, max_iter, body)
-    return state[7], tuple(tf.unstack(state[8])), state[5]
+    return state[7], tuple(ops.unstack(state[8])), state[5]
 
 
 def _ipm_stages(chain, state, sizes, tol, gap_tol, max_iter, body=None):
@@ -327,23 +327,21 @@ def _ipm_stages(chain, state, sizes, tol, gap_tol, max_iter, body=None):
     nxt = sizes[1] if len(sizes) > 1 else 0
 
     def cond(it, u, s, lam, active, *_):
-        return (it < max_iter) & (tf.reduce_sum(tf.cast(active, tf.int32)) > nxt)
+        return (it < max_iter) & (ops.sum(ops.cast(active, "int32")) > nxt)
 
-    state = tf.while_loop(cond, body, state)
+    state = ops.while_loop(cond, body, state)
     if len(sizes) == 1:
         return state
-    _, idx = tf.math.top_k(tf.cast(state[4], tf.int32), k=nxt, sorted=True)
+    _, idx = ops.top_k(ops.cast(state[4], "int32"), nxt, sorted=True)
 
     def take(t):
-        return tf.gather(t, idx, axis=t.shape.rank - 1)
+        return ops.take(t, idx, axis=len(t.shape) - 1)
 
     def put(full, part):
-        rank = full.shape.rank
+        rank = len(full.shape)
         perm = [rank - 1, *range(rank - 1)]
-        out = tf.tensor_scatter_nd_update(
-            tf.transpose(full, perm), idx[:, None], tf.transpose(part, perm)
-        )
-        return tf.transpose(out, [*range(1, rank), 0])
+        out = ops.scatter_update(ops.transpose(full, perm), idx[:, None], ops.transpose(part, perm))
+        return ops.transpose(out, [*range(1, rank), 0])
 
     sub_chain = {key: take(val) for key, val in chain.items()}
     sub = _ipm_stages(
@@ -369,18 +367,18 @@ def _two_block(red):
     c, lo, up = red["c"][0], red["lo"][0], red["up"][0]
     h = 1.0 / w1 + 1.0 / w2
     shape_top = (1.0 / w1 - lo) / h
-    top = tf.minimum(c, shape_top)
-    bottom = tf.maximum((1.0 / w1 - up) / h, 0.0)
-    free = tf.math.sigmoid(g2 - g1)
-    m2 = tf.clip_by_value(free, bottom, top)
-    t = tf.math.log1p(-m2) - tf.math.log(m2) - (g1 - g2)
+    top = ops.minimum(c, shape_top)
+    bottom = ops.maximum((1.0 / w1 - up) / h, _0)
+    free = ops.sigmoid(g2 - g1)
+    m2 = ops.clip(free, bottom, top)
+    t = ops.log1p(-m2) - ops.log(m2) - (g1 - g2)
     above, below = free > top, free < bottom
-    zero = tf.zeros_like(t)
-    l1 = tf.where(above & (c <= shape_top), t, zero)
-    l2 = tf.where(above & (c > shape_top), t / h, zero)
-    l3 = tf.where(below, -t / h, zero)
-    first = (tf.range(red["c"].shape[0]) == 0)[:, None]
-    return tf.where(first, m2, 0.0), [tf.where(first, v, 0.0) for v in (l1, l2, l3)]
+    zero = ops.zeros_like(t)
+    l1 = ops.where(above & (c <= shape_top), t, zero)
+    l2 = ops.where(above & (c > shape_top), t / h, zero)
+    l3 = ops.where(below, -t / h, zero)
+    first = (ops.arange(red["c"].shape[0], dtype="int32") == 0)[:, None]
+    return ops.where(first, m2, 0.0), [ops.where(first, v, 0.0) for v in (l1, l2, l3)]
 
 
 _IPM_SMALL_CHAIN = 128
@@ -396,15 +394,15 @@ def _ipm_solve(lq, pt, strict, lo, up, in_support, run, tol, gap_tol, max_iter):
 
     The interior point's sequential sweeps run over blocks, not classes: a batch whose rows
     all have at most ``_IPM_SMALL_CHAIN`` distinct possibility levels (graded labels, ratings)
-    is solved on a chain of that length whatever K is (``tf.cond``, both compiled).
+    is solved on a chain of that length whatever K is (a ``cond``, both compiled).
     """
     args = (lq, pt, strict, lo, up, in_support, run, tol, gap_tol, max_iter)
     k = pt.shape[-1]
     if k <= _IPM_SMALL_CHAIN:
         return _ipm_solve_blocks(*args, size=k)
-    n_blocks = tf.reduce_sum(tf.cast(_block_starts(strict, in_support), tf.int32), axis=1)
-    return tf.cond(
-        tf.reduce_max(n_blocks) <= _IPM_SMALL_CHAIN,
+    n_blocks = ops.sum(ops.cast(_block_starts(strict, in_support), "int32"), axis=1)
+    return ops.cond(
+        ops.max(n_blocks) <= _IPM_SMALL_CHAIN,
         lambda: _ipm_solve_blocks(*args, size=_IPM_SMALL_CHAIN),
         lambda: _ipm_solve_blocks(*args, size=k),
     )
@@ -412,21 +410,21 @@ def _ipm_solve(lq, pt, strict, lo, up, in_support, run, tol, gap_tol, max_iter):
 
 def _ipm_solve_blocks(lq, pt, strict, lo, up, in_support, run, tol, gap_tol, max_iter, size):
     """:func:`_ipm_solve` on a block axis of static length ``size``."""
-    pdot = _antipignistic_sorted(pt)
+    pdot = antipignistic_sorted(pt)
     red = _reduce_ties(lq, pt, strict, lo, up, in_support, pdot, size)
-    qm = tf.exp(_normalize_log(tf.where(red["real"], red["g"], -np.inf)))
-    mdot = red["mdot"] / tf.reduce_sum(red["mdot"], axis=0, keepdims=True)
-    m0 = tf.where(red["real"], 0.5 * qm + 0.5 * mdot, 0.0)
+    qm = ops.exp(_normalize_log(ops.where(red["real"], red["g"], -np.inf)))
+    mdot = red["mdot"] / ops.sum(red["mdot"], axis=0, keepdims=True)
+    m0 = ops.where(red["real"], 0.5 * qm + 0.5 * mdot, 0.0)
     two = red["n_blocks"] == 2
     u, (lam1, lam2, lam3), iters = _ipm_core(red, m0, run & ~two, tol, gap_tol, max_iter)
     u2, lams2 = _two_block(red)
     sel = two[None, :]
-    u = tf.where(sel, u2, u)
-    lam1, lam2, lam3 = [tf.where(sel, a, b) for a, b in zip(lams2, (lam1, lam2, lam3))]
+    u = ops.where(sel, u2, u)
+    lam1, lam2, lam3 = [ops.where(sel, a, b) for a, b in zip(lams2, (lam1, lam2, lam3))]
     # Two candidates, both certified by the caller on the original constraints: the
     # primal iterate (feasible; the exact duality gap against lam) and the dual point.
-    ext = tf.concat([tf.ones_like(u[:1]), u, tf.zeros_like(u[:1])], 0)
-    xm_primal = tf.math.log(tf.where(red["real"], ext[:-1] - ext[1:], 1.0))
+    ext = ops.concatenate([ops.ones_like(u[:1]), u, ops.zeros_like(u[:1])], 0)
+    xm_primal = ops.log(ops.where(red["real"], ext[:-1] - ext[1:], 1.0))
     xm_dual = _ipm_dual_point(red, lam1, lam2, lam3)
 
     # Back to classes with one gather of a [B, blocks, 10] table (XLA:CPU gathers index by
@@ -435,37 +433,38 @@ def _ipm_solve_blocks(lq, pt, strict, lo, up, in_support, run, tol, gap_tol, max
     # of the tied coordinates:
     # mu_i - mu_{i-1} = (block mean of log q) - log q_i + (nu_j - nu_{j-1})/w_j.
     def batch_major(x):  # [size or size-1, B] -> [B, size]
-        x = tf.transpose(x)
-        return tf.concat([x, tf.zeros_like(pt[:, : size - x.shape[1]])], 1)
+        x = ops.transpose(x)
+        return ops.concatenate([x, ops.zeros_like(pt[:, : size - x.shape[1]])], 1)
 
-    log_w = tf.math.log(red["w"])
-    w_b = tf.transpose(red["w"])
+    log_w = ops.log(red["w"])
+    w_b = ops.transpose(red["w"])
     nu_b = batch_major(lam2 - lam3)
     table = [batch_major(t) for t in (xm_primal - log_w, xm_dual - log_w, red["w"])]
     table.append(batch_major(red["g"] - log_w))  # block mean of log q
-    table += [nu_b, tf.concat([tf.zeros_like(nu_b[:, :1]), nu_b[:, :-1]], 1)]
+    table += [nu_b, ops.concatenate([ops.zeros_like(nu_b[:, :1]), nu_b[:, :-1]], 1)]
     table.append(_cumsum_rows(w_b) - w_b)  # first sorted class of the block
     table += [batch_major(t) for t in (lam1, lam2, lam3)]
-    per_cls = tf.gather(tf.stack(table, -1), red["bid"], batch_dims=1)
-    x_primal, x_dual, w_cls, mean_lq, nu, nu_prev, first, l1c, l2c, l3c = tf.unstack(
+    rows = red["bid"] + ops.arange(ops.shape(pt)[0], dtype="int32")[:, None] * size
+    per_cls = ops.take(ops.reshape(ops.stack(table, -1), (-1, len(table))), rows, axis=0)
+    x_primal, x_dual, w_cls, mean_lq, nu, nu_prev, first, l1c, l2c, l3c = ops.unstack(
         per_cls, axis=-1
     )
-    step = tf.where(
-        in_support, mean_lq - tf.where(in_support, lq, 0.0) + (nu - nu_prev) / w_cls, 0.0
+    step = ops.where(
+        in_support, mean_lq - ops.where(in_support, lq, 0.0) + (nu - nu_prev) / w_cls, 0.0
     )
     csum = _cumsum_rows(step)
-    base = tf.gather(csum - step, tf.cast(first, tf.int32), batch_dims=1)  # before the block
-    mu = tf.where(strict, nu[:, :-1], (nu_prev + csum - base)[:, :-1])
-    mu = tf.where(in_support[:, 1:], mu, 0.0)
-    lp = tf.where(strict, l1c[:, :-1], 0.0)
-    ll = tf.where(strict, l2c[:, :-1], tf.maximum(mu, 0.0))
-    lu = tf.where(strict, l3c[:, :-1], tf.maximum(-mu, 0.0))
-    lam = tf.stack([tf.transpose(lp), tf.transpose(ll), tf.transpose(lu)], 0)
+    base = take_rows(csum - step, ops.cast(first, "int32"))  # before the block
+    mu = ops.where(strict, nu[:, :-1], (nu_prev + csum - base)[:, :-1])
+    mu = ops.where(in_support[:, 1:], mu, 0.0)
+    lp = ops.where(strict, l1c[:, :-1], 0.0)
+    ll = ops.where(strict, l2c[:, :-1], ops.maximum(mu, _0))
+    lu = ops.where(strict, l3c[:, :-1], ops.maximum(-mu, _0))
+    lam = ops.stack([ops.transpose(lp), ops.transpose(ll), ops.transpose(lu)], 0)
 
     def per_class(x):
-        return tf.transpose(tf.where(in_support, x, tf.constant(-np.inf, _F64)))
+        return ops.transpose(ops.where(in_support, x, -np.inf))
 
     return per_class(x_primal), per_class(x_dual), lam, iters
 
 
-_IPM_JIT = tf.function(_ipm_solve, jit_compile=True, autograph=False)
+IPM_JIT = compiled(_ipm_solve)
