@@ -81,8 +81,7 @@ from __future__ import annotations
 import numpy as np
 from keras import ops
 
-from losszoo import _backend
-from losszoo._backend import custom_gradient
+from losszoo._backend import custom_gradient, divide_no_nan, maximum, minimum
 from losszoo.contract import (
     LOGITS,
     Rule,
@@ -152,31 +151,6 @@ def _info(x):
     return np.finfo(dtype_name(x))
 
 
-def _maximum(t, u):
-    """``ops.maximum(t, u)`` in ``t``'s dtype, NaN propagating. Keras 3.15 computes PyTorch's
-    maximum and minimum of float64 tensors in float32 (its ``result_type`` misreads torch
-    dtypes), so there it is a select."""
-    u = ops.convert_to_tensor(u, t.dtype)
-    if _backend.NAME != "torch":
-        return ops.maximum(t, u)
-    return ops.where(ops.logical_or(ops.isnan(t), t >= u), t, u)
-
-
-def _minimum(t, u):
-    """``ops.minimum(t, u)`` in ``t``'s dtype (see :func:`_maximum`)."""
-    u = ops.convert_to_tensor(u, t.dtype)
-    if _backend.NAME != "torch":
-        return ops.minimum(t, u)
-    return ops.where(ops.logical_or(ops.isnan(t), t <= u), t, u)
-
-
-def _divide_no_nan(x, y):
-    """``x / y``, 0 where ``y == 0`` (Keras' ``ops.divide_no_nan`` computes float64 in float32
-    on PyTorch)."""
-    nonzero = ops.not_equal(y, 0.0)
-    return ops.where(nonzero, x / ops.where(nonzero, y, ops.ones_like(y)), ops.zeros_like(x))
-
-
 def _int8_where(mask, code, state):
     return ops.where(mask, ops.cast(code, "int8"), state)
 
@@ -235,7 +209,7 @@ def _same(m1, m2):
 
 def _assemble(z, a, b, upper, lower, s, r):
     """y from a pattern: bounds on L/U, free coordinates normalised to the mass s."""
-    scale = _divide_no_nan(_maximum(s, 0.0), r)
+    scale = divide_no_nan(maximum(s, 0.0), r)
     y = z * scale
     state = ops.zeros_like(z, dtype="int8")
     if upper is not None:
@@ -285,9 +259,9 @@ def _solve_newton_robust(x, a, b):
     if a is None:
         hi = nu0
     else:
-        rest = _maximum(1.0 - ops.sum(a, -1, keepdims=True), float(info.tiny))
+        rest = maximum(1.0 - ops.sum(a, -1, keepdims=True), float(info.tiny))
         hi = nu0 - ops.log(rest)
-    lo = _minimum(lo, hi)
+    lo = minimum(lo, hi)
 
     z, upper, lower = _pattern(x, a, b, nu0)
     s, r, no_free = _masses(z, a, b, upper, lower)
@@ -310,8 +284,8 @@ def _solve_newton_robust(x, a, b):
         lower = m_lo if a is not None else None
         phi_ge = (1.0 - s + r) >= 1.0
         active = ops.logical_not(done)
-        lo = ops.where(ops.logical_and(active, phi_ge), _maximum(lo, nu), lo)
-        hi = ops.where(ops.logical_and(active, ops.logical_not(phi_ge)), _minimum(hi, nu), hi)
+        lo = ops.where(ops.logical_and(active, phi_ge), maximum(lo, nu), lo)
+        hi = ops.where(ops.logical_and(active, ops.logical_not(phi_ge)), minimum(hi, nu), hi)
         ok = ops.logical_and(r > 0, s > 0)
         safe_r = ops.where(ok, r, ops.ones_like(r))
         safe_s = ops.where(ok, s, ops.ones_like(s))
@@ -433,9 +407,9 @@ def _solve_newton(x, a, b):
     if a is None:
         hi = nu0
     else:
-        rest = _maximum(1.0 - ops.sum(a, -1, keepdims=True), float(info.tiny))
+        rest = maximum(1.0 - ops.sum(a, -1, keepdims=True), float(info.tiny))
         hi = nu0 - ops.log(rest)
-    lo = _minimum(lo, hi)
+    lo = minimum(lo, hi)
 
     def stats(nu):
         code, s, big_e = _fast_masses(e, a, b, u, lk, nu)
@@ -461,8 +435,8 @@ def _solve_newton(x, a, b):
         # phi(nu) = 1 - s + E exp(-nu) >= 1  <=>  s <= 0, or E > 0 and cand >= nu
         phi_ge = ops.logical_or(s <= 0, ops.logical_and(ok, cand >= nu))
         active = ops.logical_not(done)
-        lo = ops.where(ops.logical_and(active, phi_ge), _maximum(lo, nu), lo)
-        hi = ops.where(ops.logical_and(active, ops.logical_not(phi_ge)), _minimum(hi, nu), hi)
+        lo = ops.where(ops.logical_and(active, phi_ge), maximum(lo, nu), lo)
+        hi = ops.where(ops.logical_and(active, ops.logical_not(phi_ge)), minimum(hi, nu), hi)
         # As in _solve_newton_robust: the closed-form root of the current pattern if strictly
         # inside the bracket (or equal to nu), every 4th step a bisection step.
         inside = ops.logical_and(ops.logical_and(cand > lo, cand < hi), ops.not_equal(i % 4, 3))
@@ -495,7 +469,7 @@ def _solve_newton(x, a, b):
     nu, s, big_e, conv = out[1], out[5], out[6], out[8]
 
     def fast():
-        y = e * _divide_no_nan(_maximum(s, 0.0), big_e)
+        y = e * divide_no_nan(maximum(s, 0.0), big_e)
         state = ops.zeros_like(x, dtype="int8")
         if u is not None:
             up = u > nu
@@ -526,9 +500,9 @@ def _finalize_at(x, a, b, u, lk, e_lo):
 def _phi(x, a, b, nu):
     z = ops.exp(x - nu)
     if a is not None:
-        z = _maximum(z, a)
+        z = maximum(z, a)
     if b is not None:
-        z = _minimum(z, b)
+        z = minimum(z, b)
     return ops.sum(z, -1, keepdims=True)
 
 
@@ -552,7 +526,7 @@ def _solve_sort(x, a, b):
         lo = ops.where(ops.logical_and(active, p), mid, lo)
         hi = ops.where(ops.logical_and(active, ops.logical_not(p)), mid - 1, hi)
     e_lo = ops.where(
-        lo > 0, ops.take_along_axis(e, _maximum(lo - 1, 0), axis=-1), ops.cast(-np.inf, x.dtype)
+        lo > 0, ops.take_along_axis(e, maximum(lo - 1, 0), axis=-1), ops.cast(-np.inf, x.dtype)
     )
     return _finalize_at(x, a, b, u, lk, e_lo)
 
@@ -566,13 +540,13 @@ def _solve_bisect(x, a, b):
     if lk is not None:
         cands += [
             _finite_max(lk),
-            np.log(k) - ops.log(_maximum(1.0 - ops.sum(a, -1, keepdims=True), tiny)),
+            np.log(k) - ops.log(maximum(1.0 - ops.sum(a, -1, keepdims=True), tiny)),
         ]
     if u is not None:
         cands.append(_finite_max(u))
     hi = cands[0]
     for c in cands[1:]:
-        hi = _maximum(hi, ops.where(ops.isfinite(c), c, hi))
+        hi = maximum(hi, ops.where(ops.isfinite(c), c, hi))
     lo = ops.where(ops.isfinite(lo), lo, hi)
 
     def step(lo, hi):
@@ -603,9 +577,9 @@ def _repair(xs, ac, bc, y, state):
     tol = 16.0 * eps * np.sqrt(k) + 4.0 * eps
     yc = y
     if ac is not None:
-        yc = _maximum(yc, ac)
+        yc = maximum(yc, ac)
     if bc is not None:
-        yc = _minimum(yc, bc)
+        yc = minimum(yc, bc)
     off = ops.abs(ops.sum(yc, -1, keepdims=True) - 1.0) > tol
     feasible = ops.ones_like(off)
     if ac is not None:
@@ -677,16 +651,16 @@ def _kernel(x, a, b, tau, method: str, clip: bool):
             return None if t is None else ops.reshape(ops.broadcast_to(t, shape), (-1, k))
 
         a2, b2 = flat(a), flat(b)
-        ac = None if a2 is None else _maximum(a2, 0.0)
-        bc = None if b2 is None else _minimum(b2, 1.0)
+        ac = None if a2 is None else maximum(a2, 0.0)
+        bc = None if b2 is None else minimum(b2, 1.0)
         y, state = solver(xs, ac, bc)
         if method != "newton":
             y, state = _repair(xs, ac, bc, y, state)
         if clip:
             if ac is not None:
-                y = _maximum(y, ac)
+                y = maximum(y, ac)
             if bc is not None:
-                y = _minimum(y, bc)
+                y = minimum(y, bc)
         y = nan_where(_bad_rows(xs, m_raw, t2, a2, b2, 10.0 * eps * k), y)
         return ops.reshape(y, shape), (shape, y, state, xs, t2, a2, b2)
 
@@ -701,7 +675,7 @@ def _kernel(x, a, b, tau, method: str, clip: bool):
             at_upper = ops.equal(state, UPPER)
             q = ops.where(free, y, zero)
             ssum = ops.sum(q, -1, keepdims=True)
-            vbar = _divide_no_nan(ops.sum(q * v2, -1, keepdims=True), ssum)
+            vbar = divide_no_nan(ops.sum(q * v2, -1, keepdims=True), ssum)
             # Pinned rows (every coordinate at a bound up to rounding, e.g. sum(lower) = 1):
             # the computed free mass lands on either side of 0 depending on the summation
             # order (eager vs XLA), and the one-sided derivatives differ by O(|v|). A row whose
@@ -710,13 +684,13 @@ def _kernel(x, a, b, tau, method: str, clip: bool):
             # section 3, S = 0): dL/da = g * v, dL/db = h * v, dL/dx = 0. The test is one more
             # reduction in the same pass as the sums above.
             pin_tol = _PIN_TOL * eps * k
-            dist_a = None if a2 is None else y - _maximum(a2, 0.0)
-            dist_b = None if b2 is None else _minimum(b2, 1.0) - y
+            dist_a = None if a2 is None else y - maximum(a2, 0.0)
+            dist_b = None if b2 is None else minimum(b2, 1.0) - y
             if dist_a is not None or dist_b is not None:
                 if dist_a is None or dist_b is None:
                     dist = dist_b if dist_a is None else dist_a
                 else:
-                    dist = _minimum(dist_a, dist_b)
+                    dist = minimum(dist_a, dist_b)
                 slack = ops.max(ops.where(free, dist, zero), -1, keepdims=True)
                 pinned = ops.logical_and(slack <= pin_tol, ops.logical_not(ops.isnan(ssum)))
                 pf = ops.logical_and(pinned, free)
@@ -906,6 +880,6 @@ def bcsoftmax_with_state(logits, lower=None, upper=None, temperature=1.0, *, met
 
     a, b = flat(lower), flat(upper)
     y, state = _SOLVERS[method](
-        xs, None if a is None else _maximum(a, 0.0), None if b is None else _minimum(b, 1.0)
+        xs, None if a is None else maximum(a, 0.0), None if b is None else minimum(b, 1.0)
     )
     return ops.reshape(y, shape), ops.reshape(state, shape)

@@ -107,7 +107,8 @@ def test_traced_bad_rows_are_nan_with_validation_on():
     a[2, 0], b[2, 0] = 0.5, 0.2  # lower > upper
     y = numpy(compiled(lambda x, a, b: losszoo.ops.bcsoftmax(x, a, b), TRACED)(x, a, b))
     assert np.isnan(y[1:3]).all() and np.isfinite(y[[0, 3]]).all()
-    y = numpy(compiled(lambda x, t: losszoo.ops.bcsoftmax(x, temperature=t), TRACED)(x, -1.0))
+    negative = np.full((4, 1), -1.0, np.float32)
+    y = numpy(compiled(lambda x, t: losszoo.ops.bcsoftmax(x, temperature=t), TRACED)(x, negative))
     assert np.isnan(y).all()
 
 
