@@ -37,7 +37,7 @@ class Sparsemax(keras.layers.Layer):
 
     Example:
       >>> head = losszoo.heads.Sparsemax()
-      >>> head(np.array([[0.0, 0.5, 1.0]])).numpy()
+      >>> keras.ops.convert_to_numpy(head(np.array([[0.0, 0.5, 1.0]])))
       array([[0.  , 0.25, 0.75]], dtype=float32)
     """
 

@@ -1,7 +1,7 @@
 """Keras 3 retrieval: a task object (in-batch / sampled negatives, logQ, hard negatives, any
 losszoo loss), candidate samplers with exact probabilities, catalogue top-k metrics.
 
-Written with ``keras.ops``; tested on the TensorFlow backend (the one losszoo supports).
+Written with ``keras.ops``: runs on TensorFlow, JAX and PyTorch (``tests/backends``).
 
 - :class:`Retrieval`: the task, used inside a model's ``compute_loss`` like
   ``tfrs.tasks.Retrieval``.

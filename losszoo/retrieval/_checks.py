@@ -14,9 +14,9 @@ from keras import ops
 
 from losszoo._backend import assert_all
 from losszoo._backend import static_value as host_value
-from losszoo.contract import nan_where, validation_enabled
+from losszoo.contract import validation_enabled
 
-__all__ = ["check_shape", "checked", "checked_ids", "host_value", "nan_where"]
+__all__ = ["check_shape", "checked", "checked_ids", "host_value"]
 
 
 def checked(x, bad, name: str, rule: str):

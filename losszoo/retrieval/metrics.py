@@ -21,8 +21,8 @@ import keras
 import numpy as np
 from keras import ops
 
-from losszoo.contract import check_number
-from losszoo.retrieval._checks import check_shape, checked_ids, nan_where
+from losszoo.contract import check_number, nan_where
+from losszoo.retrieval._checks import check_shape, checked_ids
 
 
 def candidate_ranks(query_embeddings, true_ids, candidates, chunk_size: int = 65536):
@@ -41,7 +41,8 @@ def candidate_ranks(query_embeddings, true_ids, candidates, chunk_size: int = 65
       >>> import losszoo.retrieval
       >>> table = np.eye(4, dtype="float32")                 # 4 candidates, id = row
       >>> queries = np.array([[1, 0, 0, 0], [0, 1, 1, 0]], "float32")
-      >>> losszoo.retrieval.candidate_ranks(queries, [0, 2], table).numpy()   # tie: rank 1
+      >>> ranks = losszoo.retrieval.candidate_ranks(queries, [0, 2], table)
+      >>> keras.ops.convert_to_numpy(ranks)                  # a tie: rank 1
       array([0., 1.], dtype=float32)
     """
     chunk_size = check_number(chunk_size, "chunk_size", low=1, integer=True)
@@ -127,7 +128,8 @@ class CatalogueTopK(keras.metrics.Metric):
             raise ValueError(f"{self.name}: set `candidates` before updating the metric.")
         table = self.candidates() if callable(self.candidates) else self.candidates
         rank = candidate_ranks(query_embeddings, true_ids, table, self.chunk_size)
-        hit = ops.cast(rank[:, None] < np.asarray(self.ks, np.float32)[None, :], "float32")
+        ks = ops.convert_to_tensor(np.asarray(self.ks, np.float32))
+        hit = ops.cast(ops.less(rank[:, None], ks[None, :]), "float32")
         hit = nan_where(ops.isnan(rank)[:, None], hit)
         w = ops.ones_like(rank) if sample_weight is None else ops.cast(sample_weight, "float32")
         w = ops.reshape(w, (-1,))

@@ -7,8 +7,8 @@ import numpy as np
 from keras import ops
 
 from losszoo import registry
-from losszoo.contract import check_number
-from losszoo.retrieval._checks import check_shape, checked, checked_ids, nan_where
+from losszoo.contract import check_number, nan_where
+from losszoo.retrieval._checks import check_shape, checked, checked_ids
 from losszoo.retrieval.sampling import CandidateSampler
 
 

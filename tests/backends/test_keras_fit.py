@@ -103,7 +103,8 @@ def test_loss_objects_round_trip_in_a_keras_file(name, tmp_path):
 
 
 class TwoTower(keras.Model):
-    """Users and items embedded; the retrieval task computes the loss (mixed negatives)."""
+    """Users and items embedded; the retrieval task computes the loss (mixed negatives) and,
+    in ``evaluate``, top-k over the whole catalogue."""
 
     def __init__(self, loss, users=12, items=20, dim=4):
         super().__init__()
@@ -116,8 +117,10 @@ class TwoTower(keras.Model):
             remove_accidental_hits=True,
             sampler=R.UniformSampler(items),
             num_sampled_negatives=5,
+            metrics=R.CatalogueTopK(ks=(1, 5)),
             seed=0,
         )
+        self.task.task_metrics[0].candidates = lambda: self.items.embeddings
 
     def call(self, x):
         return self.users(x["user"])
@@ -128,6 +131,7 @@ class TwoTower(keras.Model):
             self.items(x["item"]),
             candidate_ids=x["item"],
             candidate_model=self.items,
+            compute_metrics=not training,
         )
 
 
@@ -154,3 +158,24 @@ def test_retrieval_two_tower_fit(name):
     model.compile(optimizer=keras.optimizers.Adagrad(0.5), jit_compile=BACKEND == "jax")
     losses = model.fit(data, batch_size=64, epochs=5, verbose=0, shuffle=False).history["loss"]
     assert np.all(np.isfinite(losses)) and losses[-1] < losses[0], losses
+    result = model.evaluate(data, batch_size=64, verbose=0, return_dict=True)
+    u = keras.ops.convert_to_numpy(model.users.embeddings)[users]
+    scores = u @ keras.ops.convert_to_numpy(model.items.embeddings).T
+    true = scores[np.arange(70), data["item"]]
+    rank = (scores >= true[:, None]).sum(1) - 1  # pessimistic: ties rank ahead
+    for k in (1, 5):
+        np.testing.assert_allclose(result[f"top_{k}"], np.mean(rank < k), atol=1e-6)
+
+
+def test_catalogue_ranks_ties_and_bad_ids():
+    table = np.eye(4, dtype=np.float32)
+    queries = np.array([[1, 0, 0, 0], [0, 1, 1, 0]], np.float32)  # query 1: items 1, 2 tie
+    ranks = keras.ops.convert_to_numpy(R.candidate_ranks(queries, [0, 2], table, chunk_size=3))
+    np.testing.assert_array_equal(ranks, [0.0, 1.0])
+    with pytest.raises(ValueError, match="`true_ids`"):
+        R.candidate_ranks(queries, [0, 4], table)
+    sampler = R.UnigramSampler([3, 0, 1])
+    probability = keras.ops.convert_to_numpy(sampler.probability([0, 1, 2]))
+    np.testing.assert_allclose(probability, [0.75, 0.0, 0.25])
+    draws = keras.ops.convert_to_numpy(sampler.sample(400, seed=keras.random.SeedGenerator(0)))
+    assert set(np.unique(draws)) <= {0, 2} and 0.65 < np.mean(draws == 0) < 0.85
