@@ -108,11 +108,11 @@ def _sin_k(x):
 
 def bcsoftmax_t(x, a, b, t):
     """BCSoftmax with learned bounds and temperature (gradients for all four inputs)."""
-    return ops.bcsoftmax(x, a, b, temperature=t, validate=False) * _sin_k(x)
+    return ops.bcsoftmax(x, a, b, temperature=t) * _sin_k(x)
 
 
 def bcsoftmax_sort_t(x, a, b, t):
-    return ops.bcsoftmax(x, a, b, temperature=t, validate=False, method="sort") * _sin_k(x)
+    return ops.bcsoftmax(x, a, b, temperature=t, method="sort") * _sin_k(x)
 
 
 def softmax_t(x, a, b, t):

@@ -210,10 +210,19 @@ def static_value(x):
         import torch
 
         if isinstance(x, torch.Tensor):
-            if _torch_compiling():
+            # Keras infers shapes on torch with placeholder tensors ("meta" device, or ones
+            # inside its symbolic scope): those are not values.
+            if _torch_compiling() or x.device.type == "meta" or _in_symbolic_scope():
                 return None
             return x.detach().cpu().numpy()
     return None
+
+
+def _in_symbolic_scope() -> bool:
+    """Whether Keras is inferring output shapes (``compute_output_spec``)."""
+    from keras.src.backend.common.symbolic_scope import in_symbolic_scope  # no public name
+
+    return in_symbolic_scope()
 
 
 def _torch_compiling() -> bool:

@@ -12,7 +12,8 @@ From it come all three forms of the check:
 * traced under XLA / ``jax.jit``: the mask of invalid entries or rows, which the kernel
   turns into NaN (:meth:`Rule.invalid` and :func:`nan_where`).
 
-The rules: :data:`LOGITS`, :data:`CLASS_IDS`, :data:`PADDED_CLASS_IDS`, :data:`TARGETS`,
+The rules: :data:`LOGITS`, :data:`CLASS_IDS`, :data:`PADDED_CLASS_IDS`, :data:`ONE_HOT`,
+:data:`TARGETS`, :data:`PROBABILITIES`, :data:`PROBABILITY_BOUNDS`, :data:`POSITIVE`,
 :data:`NON_NEGATIVE`, :data:`NON_NEGATIVE_OR_NAN`, :data:`POSSIBILITY`,
 :data:`SCALED_POSSIBILITY`, plus :func:`check_number` /
 :func:`check_choice` for hyper-parameters. Checks that cost time per step (host reads of
@@ -48,6 +49,10 @@ __all__ = [
     "LOGITS",
     "NON_NEGATIVE",
     "NON_NEGATIVE_OR_NAN",
+    "ONE_HOT",
+    "POSITIVE",
+    "PROBABILITIES",
+    "PROBABILITY_BOUNDS",
     "PADDED_CLASS_IDS",
     "POSSIBILITY",
     "SCALED_POSSIBILITY",
@@ -195,6 +200,72 @@ TARGETS = Rule(
     _targets_mask,
 )
 """Target distributions, per row: finite, non-negative, summing to 1 within ``tol``."""
+
+
+# Element-wise range rules of probability bounds (0 <= lower, upper <= 1) are checked with
+# this slack; kernels clamp values inside it (the spec's random-problem recipe produces
+# upper = 1 + 1e-6).
+BOUND_RANGE_TOL = 1e-5
+
+
+def _bounds_mask(xp, bound, other, tol, num_classes, is_lower):
+    """Rows (class axis last, reduced) where ``bound`` breaks its half of the box rule.
+
+    ``is_lower``: ``bound`` is ``lower`` (range ``>= 0``, ``sum <= 1 + tol``, and
+    ``max(lower, 0) <= min(other, 1)`` with ``other`` the upper bound); else ``upper`` (range
+    ``<= 1``, ``sum >= 1 - tol``). A class axis of size 1 stands for ``num_classes`` equal
+    entries. NaN breaks the rule.
+    """
+    if len(bound.shape) == 0:
+        bound = xp.reshape(bound, (1,))
+    size = bound.shape[-1]
+    scale = 1 if size in (None, num_classes) else num_classes / size
+    if is_lower:
+        clamped = xp.maximum(bound, xp.zeros_like(bound))
+        total = xp.sum(clamped, axis=-1)
+        ok = (total * scale if scale != 1 else total) <= 1.0 + tol
+        cap = other if isinstance(other, float) else xp.minimum(other, xp.ones_like(other))
+        entry = (bound < -BOUND_RANGE_TOL) | xp.greater(clamped, cap)
+    else:
+        total = xp.sum(xp.minimum(bound, xp.ones_like(bound)), axis=-1)
+        ok = (total * scale if scale != 1 else total) >= 1.0 - tol
+        entry = bound > 1.0 + BOUND_RANGE_TOL
+    # NaN: explicitly (TensorFlow's CPU minimum/maximum need not propagate it into the sums)
+    return xp.logical_not(ok) | xp.any(entry | xp.isnan(bound), axis=-1)
+
+
+PROBABILITY_BOUNDS = Rule(
+    "must hold feasible probability bounds: no NaN, 0 <= lower <= upper <= 1 and "
+    "sum(lower) <= 1 <= sum(upper) along the class axis (entries within 1e-5, sums within "
+    "10 eps K)",
+    _bounds_mask,
+)
+"""Box constraints of a probability vector, per row (class axis last): checked as
+``check(lower, "lower", upper, tol, K, True)`` and ``check(upper, "upper", lower, tol, K,
+False)``; a missing bound is passed as ``0.0`` / ``1.0``."""
+
+POSITIVE = Rule("must be finite and > 0", lambda xp, t: xp.logical_not(xp.isfinite(t) & (t > 0)))
+"""Finite, strictly positive values (entry-wise): temperatures, scales."""
+
+#: Rows of probabilities must sum to 1 within this tolerance (float16 softmax outputs pass).
+PROBABILITY_SUM_TOL = 1e-3
+
+PROBABILITIES = Rule(
+    f"must hold probability rows: finite, non-negative, summing to 1 (within "
+    f"{PROBABILITY_SUM_TOL}); pass probabilities, not logits",
+    lambda xp, p: _targets_mask(xp, p, PROBABILITY_SUM_TOL),
+)
+"""Rows of class probabilities ``[..., K]``: finite, ``>= 0``, summing to 1 within
+:data:`PROBABILITY_SUM_TOL` (per row)."""
+
+
+def _one_hot_mask(xp, y):
+    binary = xp.all(xp.equal(y, 0) | xp.equal(y, 1), axis=-1)
+    return xp.logical_not(binary & xp.equal(xp.sum(y, axis=-1), 1))
+
+
+ONE_HOT = Rule("of shape [N, K] must be one-hot rows (one 1, zeros elsewhere)", _one_hot_mask)
+"""One-hot label rows ``[..., K]``: entries 0 or 1, exactly one 1 (per row)."""
 
 
 def _non_negative_mask(xp, x):

@@ -7,8 +7,8 @@ import numpy as np
 from keras import ops as kops
 
 from losszoo import ops
-from losszoo.contract import check_bool, check_choice, check_number, dtype_name
-from losszoo.ops._bcsoftmax import METHODS, PROBABILITY_BOUNDS
+from losszoo.contract import PROBABILITY_BOUNDS, check_bool, check_choice, check_number, dtype_name
+from losszoo.ops import bcsoftmax_methods as METHODS
 from losszoo.registry import register
 
 

@@ -31,7 +31,7 @@ from losszoo.contract import (
     check_static_rank,
     nan_where,
 )
-from losszoo.ops._bcsoftmax import METHODS
+from losszoo.ops import bcsoftmax_methods as METHODS
 from losszoo.registry import register
 
 _BOUND_FNS = ("constant", "linear")

@@ -25,7 +25,9 @@ from keras import ops
 from losszoo import _backend
 from losszoo.contract import (
     CLASS_IDS,
-    Rule,
+    ONE_HOT,
+    PROBABILITIES,
+    PROBABILITY_SUM_TOL,
     check_number,
     dtype_name,
     is_floating,
@@ -43,32 +45,7 @@ __all__ = [
     "NegativeLogLikelihood",
 ]
 
-#: Rows of probabilities must sum to 1 within this tolerance (float16 softmax outputs pass);
-#: shared with the array functions of :mod:`losszoo.calibration.metrics`.
-SUM_TOL = 1e-3
-
-
-def _probabilities_mask(xp, p):
-    bad_entry = xp.any(xp.logical_not(xp.isfinite(p)) | (p < 0), axis=-1)
-    return bad_entry | (xp.abs(xp.sum(p, axis=-1) - 1.0) > SUM_TOL)
-
-
-PROBABILITIES = Rule(
-    f"must hold probability rows: finite, non-negative, summing to 1 (within {SUM_TOL}); "
-    "pass probabilities, not logits",
-    _probabilities_mask,
-)
-"""Rows of class probabilities ``[..., K]``: finite, ``>= 0``, summing to 1 within
-:data:`SUM_TOL` (per row)."""
-
-
-def _one_hot_mask(xp, y):
-    binary = xp.all(xp.equal(y, 0) | xp.equal(y, 1), axis=-1)
-    return xp.logical_not(binary & xp.equal(xp.sum(y, axis=-1), 1))
-
-
-ONE_HOT = Rule("of shape [N, K] must be one-hot rows (one 1, zeros elsewhere)", _one_hot_mask)
-"""One-hot label rows ``[..., K]``: entries 0 or 1, exactly one 1 (per row)."""
+SUM_TOL = PROBABILITY_SUM_TOL  # shared with the array functions of calibration.metrics
 
 
 def _labels_probs(y_true, y_pred, num_classes=None):

@@ -8,6 +8,7 @@ DRO risks of the global batch (the ``*_global`` ops: ``tf.distribute`` replicas 
 TensorFlow; on JAX and PyTorch ``keras.distribution`` computes one global batch already).
 """
 
+from losszoo.ops._bcsoftmax import METHODS as bcsoftmax_methods
 from losszoo.ops._bcsoftmax import bcsoftmax
 from losszoo.ops._dro import (
     cvar_risk,

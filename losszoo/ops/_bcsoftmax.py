@@ -83,8 +83,10 @@ from keras import ops
 
 from losszoo._backend import custom_gradient, divide_no_nan, maximum, minimum
 from losszoo.contract import (
+    BOUND_RANGE_TOL,
     LOGITS,
-    Rule,
+    POSITIVE,
+    PROBABILITY_BOUNDS,
     check_bool,
     check_choice,
     check_number,
@@ -98,53 +100,11 @@ from losszoo.contract import (
 )
 
 FREE, LOWER, UPPER = 0, 1, 2
-# Element-wise range rules (0 <= lower, upper <= 1) are checked with this slack; values inside
-# it are clamped (the spec's random-problem recipe produces upper = 1 + 1e-6).
-_RANGE_TOL = 1e-5
+_RANGE_TOL = BOUND_RANGE_TOL  # entries this far outside [0, 1] are clamped, not rejected
 METHODS = ("newton", "sort", "bisect")
 # Backward pass: in a row where every free coordinate lies within this many eps * K of one of
 # its bounds, those coordinates count as at the bound (see the gradient notes in the docstring).
 _PIN_TOL = 4.0
-
-
-def _bounds_mask(xp, bound, other, tol, num_classes, is_lower):
-    """Rows (class axis last, reduced) where ``bound`` breaks its half of the box rule.
-
-    ``is_lower``: ``bound`` is ``lower`` (range ``>= 0``, ``sum <= 1 + tol``, and
-    ``max(lower, 0) <= min(other, 1)`` with ``other`` the upper bound); else ``upper`` (range
-    ``<= 1``, ``sum >= 1 - tol``). A class axis of size 1 stands for ``num_classes`` equal
-    entries. NaN breaks the rule.
-    """
-    if len(bound.shape) == 0:
-        bound = xp.reshape(bound, (1,))
-    size = bound.shape[-1]
-    scale = 1 if size in (None, num_classes) else num_classes / size
-    if is_lower:
-        clamped = xp.maximum(bound, xp.zeros_like(bound))
-        total = xp.sum(clamped, axis=-1)
-        ok = (total * scale if scale != 1 else total) <= 1.0 + tol
-        cap = other if isinstance(other, float) else xp.minimum(other, xp.ones_like(other))
-        entry = (bound < -_RANGE_TOL) | xp.greater(clamped, cap)
-    else:
-        total = xp.sum(xp.minimum(bound, xp.ones_like(bound)), axis=-1)
-        ok = (total * scale if scale != 1 else total) >= 1.0 - tol
-        entry = bound > 1.0 + _RANGE_TOL
-    # NaN: explicitly (TensorFlow's CPU minimum/maximum need not propagate it into the sums)
-    return xp.logical_not(ok) | xp.any(entry | xp.isnan(bound), axis=-1)
-
-
-PROBABILITY_BOUNDS = Rule(
-    "must hold feasible probability bounds: no NaN, 0 <= lower <= upper <= 1 and "
-    "sum(lower) <= 1 <= sum(upper) along the class axis (entries within 1e-5, sums within "
-    "10 eps K)",
-    _bounds_mask,
-)
-"""Box constraints of a probability vector, per row (class axis last): checked as
-``check(lower, "lower", upper, tol, K, True)`` and ``check(upper, "upper", lower, tol, K,
-False)``; a missing bound is passed as ``0.0`` / ``1.0``."""
-
-POSITIVE = Rule("must be finite and > 0", lambda xp, t: xp.logical_not(xp.isfinite(t) & (t > 0)))
-"""Finite, strictly positive values (entry-wise): temperatures, scales."""
 
 
 def _info(x):
