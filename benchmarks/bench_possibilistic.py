@@ -16,11 +16,17 @@ Three parts:
   training steps (interior point, forward+backward, beside softmax CE of the same shape; with
   ``--fresh`` each row in its own Python process, as a training run of one shape sees it) and
   the paper's n = 100 benchmark, interior point vs certified Dykstra.
+
+Everything runs on the Keras backend that ``KERAS_BACKEND`` names (default TensorFlow; steps
+compiled with XLA there, ``jax.jit`` on JAX, eager on PyTorch). On JAX the float64 solver needs
+``jax_enable_x64``: ``cases()`` turns it on only while its cases are measured, the standalone
+script for the whole process.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import os
 import subprocess
@@ -32,10 +38,12 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import harness  # noqa: E402
+from keras import ops as kops  # noqa: E402
 
 from losszoo import ops  # noqa: E402
 from losszoo.ops.possibilistic import ProjectionConfig  # noqa: E402
@@ -70,14 +78,14 @@ def _inputs(batch, k, seed=0):
             pi = np.maximum(votes / votes.max(1, keepdims=True), 1e-6)
         else:
             pi = staircase_possibility(rng, batch, k)
-        return tf.constant(logits), tf.constant(pi, tf.float32)
+        return logits, pi.astype(np.float32)
 
     return make
 
 
 def softmax_ce(logits, pi):
-    target = pi / tf.reduce_sum(pi, -1, keepdims=True)
-    return tf.nn.softmax_cross_entropy_with_logits(target, logits)
+    target = pi / kops.sum(pi, -1, keepdims=True)
+    return harness.softmax_ce(logits, target)
 
 
 def projection_loss_nli(logits, pi):
@@ -92,9 +100,40 @@ def antipignistic_kl(logits, pi):
     return ops.antipignistic_kl_loss(pi, logits)
 
 
-def cases(quick=False):
-    from harness import Case
+@contextlib.contextmanager
+def _float64():
+    """JAX computes float64 only with ``jax_enable_x64``: on for the block, then restored."""
+    if harness.BACKEND != "jax":
+        yield
+        return
+    import jax
 
+    before = jax.config.read("jax_enable_x64")
+    jax.config.update("jax_enable_x64", True)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_x64", before)
+
+
+def cases(quick=False):
+    """The two training-step cases. On JAX a generator that keeps ``jax_enable_x64`` on while
+    run.py measures them (it asks for the next case after measuring the previous one) and
+    restores it afterwards, so modules measured later in the process run as they would alone;
+    elsewhere a list."""
+    built = _cases(quick)
+    if harness.BACKEND != "jax":
+        return built
+    return _with_float64(built)
+
+
+def _with_float64(built):
+    with _float64():
+        yield from built
+
+
+def _cases(quick):
+    Case = harness.Case
     return [
         Case(
             op="possibilistic_projection (certified, eps_cap .05, tol 1e-6)",
@@ -111,7 +150,7 @@ def cases(quick=False):
             fn=projection_loss_synthetic,
             inputs=_inputs(128, 20),
             anchors={"softmax_ce": softmax_ce, "antipignistic_kl": antipignistic_kl},
-            modes=("xla",),
+            modes=("xla",) if harness.BACKEND == "tensorflow" else None,
             target="<= 300 ms per batch",
             repeats=2 if quick else 5,
         ),
@@ -179,18 +218,18 @@ def projection_tables(quick):
             _, info = ops.possibilistic_projection(
                 logq, pi, tol=tau, max_cycles=k_max, stopping="paper"
             )
-            cycles = info.cycles.numpy()
+            cycles = kops.convert_to_numpy(info.cycles)
             seconds = (time.perf_counter() - start) / len(cycles)
             paper = PAPER[tau].get(k_max)
             rows.append(
                 (
                     tau,
                     k_max,
-                    info.converged.numpy().mean(),
+                    kops.convert_to_numpy(info.converged).mean(),
                     cycles.mean(),
                     np.percentile(cycles, 90),
                     cycles.max(),
-                    info.max_violation.numpy().mean(),
+                    kops.convert_to_numpy(info.max_violation).mean(),
                     seconds,
                     paper,
                 )
@@ -227,18 +266,16 @@ def _graded(rng, batch, k):
 
 
 def _step_time(fn, z, pi, repeats):
-    @tf.function(jit_compile=True)
-    def step(z, pi):
-        with tf.GradientTape() as tape:
-            tape.watch(z)
-            loss = tf.reduce_mean(fn(z, pi))
-        return loss, tape.gradient(loss, z)
-
-    step(z, pi)[0].numpy()  # compile
+    """Forward+backward of ``mean(fn(z, pi))`` w.r.t. ``z``, compiled in the backend's last
+    harness mode (TensorFlow XLA, JAX jit, PyTorch eager)."""
+    step = harness.compile_step(
+        harness.forward_backward(lambda z, pi: kops.mean(fn(z, pi)), (0,)), harness.MODES[-1]
+    )
+    kops.convert_to_numpy(step(z, pi)[0])  # compile
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        step(z, pi)[0].numpy()
+        kops.convert_to_numpy(step(z, pi)[0])
         times.append(time.perf_counter() - start)
     # The minimum: on the shared 2-core machine single steps are bimodal (the same step
     # takes 30 or 75 ms from one process to the next), the minimum is the stable statistic.
@@ -260,7 +297,7 @@ def _issue11_inputs():
     """The issue-11 cases in order, drawn from one ``default_rng(0)`` stream."""
     rng = np.random.default_rng(0)
     for k, batch, kind in _ISSUE11_CASES:
-        z = tf.constant(3.0 * rng.normal(size=(batch, k)), tf.float32)
+        z = kops.convert_to_tensor((3.0 * rng.normal(size=(batch, k))).astype(np.float32))
         if kind == "ids":
             pi = np.eye(k)[rng.integers(k, size=batch)]
         elif kind == "votes":
@@ -270,18 +307,18 @@ def _issue11_inputs():
             pi = staircase_possibility(rng, batch, k)
         else:
             pi = _graded(rng, batch, k)
-        yield k, batch, kind, z, tf.constant(pi, tf.float32)
+        yield k, batch, kind, z, kops.convert_to_tensor(pi.astype(np.float32))
 
 
 def issue11_row(index, repeats=7):
     """Time case ``index`` of ``_ISSUE11_CASES`` against softmax CE; print its table row."""
     k, batch, kind, z, pi = next(itertools.islice(_issue11_inputs(), index, None))
     _, info = ops.possibilistic_projection(z, pi)
-    certified = float(np.mean(info.converged.numpy()))
+    certified = float(np.mean(kops.convert_to_numpy(info.converged)))
     t_ours = _step_time(lambda a, b: ops.possibilistic_projection_loss(b, a), z, pi, repeats)
     t_ce = _step_time(softmax_ce, z, pi, max(repeats, 10))
-    iters = float(np.mean(info.iterations.numpy()))
-    cycles = float(np.max(info.cycles.numpy()))
+    iters = float(np.mean(kops.convert_to_numpy(info.iterations)))
+    cycles = float(np.max(kops.convert_to_numpy(info.cycles)))
     print(
         f"| {k} | {batch} | {kind} | {t_ours * 1e3:.1f} ms | {t_ours / t_ce:.0f}x | "
         f"{certified:.3f} | {iters:.1f} | {cycles:.0f} |",
@@ -318,7 +355,7 @@ def issue11_paper(taus=(1e-4, 1e-6, 1e-8)):
             _, info = ops.possibilistic_projection(logq, pi, **kw)
             out[method] = (
                 (time.perf_counter() - start) / len(logq),
-                float(np.mean(info.converged.numpy())),
+                float(np.mean(kops.convert_to_numpy(info.converged))),
             )
         (ti, ci), (td, cd) = out["interior_point"], out["dykstra"]
         print(
@@ -350,6 +387,10 @@ def main(argv=None):
     )
     parser.add_argument("--issue11-row", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if harness.BACKEND == "jax":  # the projection computes in float64
+        import jax
+
+        jax.config.update("jax_enable_x64", True)
     if args.issue11_row is not None:
         issue11_row(args.issue11_row)
         return

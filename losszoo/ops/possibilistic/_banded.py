@@ -10,6 +10,8 @@ the interior point calls it in float64).
 
 from keras import ops
 
+from losszoo.ops.possibilistic._config import maximum
+
 # Blocks X_k = (x_2k, x_2k+1). Cyclic reduction is the block Cholesky factorisation of the
 # matrix in odd-even order (backward stable like any symmetric ordering of Cholesky: the
 # updates are Gram matrices of triangular solves, never explicit inverses). Blocks carry
@@ -37,10 +39,10 @@ def _chol2(d, tiny):
     pivot is dropped too.
     """
     a, b, c = ops.unstack(d)
-    il00 = ops.where(a > tiny, ops.rsqrt(ops.maximum(a, tiny)), 0.0)
+    il00 = ops.where(a > tiny, ops.rsqrt(maximum(a, tiny)), 0.0)
     l10 = b * il00
     schur = c - l10 * l10
-    il11 = ops.where(schur > tiny, ops.rsqrt(ops.maximum(schur, tiny)), 0.0)
+    il11 = ops.where(schur > tiny, ops.rsqrt(maximum(schur, tiny)), 0.0)
     return ops.stack([il00, l10, il11])
 
 

@@ -10,7 +10,7 @@ with the scans they share. Written with ``keras.ops``, called in float64.
 
 from keras import ops
 
-from losszoo.ops.possibilistic._config import _0
+from losszoo.ops.possibilistic._config import _0, maximum
 
 
 def _rcumsum(x, exclusive=False):
@@ -59,8 +59,8 @@ def _violation_and_gap(x, lp, ll, lu, cst, lq=None):
     slack_pref = cst["pt_next"] - tail  # <a,p> - b for prefix r
     slack_low = d - cst["lo"]
     slack_up = cst["up"] - d
-    viol = ops.maximum(ops.maximum(-slack_pref, -slack_low), -slack_up)
-    v = ops.maximum(ops.max(ops.where(act, viol, zero), axis=0), _0)
+    viol = maximum(maximum(-slack_pref, -slack_low), -slack_up)
+    v = maximum(ops.max(ops.where(act, viol, zero), axis=0), _0)
     gap = ops.sum(ops.where(act, lp * slack_pref + ll * slack_low + lu * slack_up, zero), axis=0)
     if lq is not None:
         x_dual = _normalize_log(lq + _at_lambda(lp, ll, lu))
@@ -101,7 +101,7 @@ def _chain_violation_and_gap(red, m, slacks, xm, lams):
     dual function, so it certifies ``m`` whatever produced ``lam`` (see :func:`_violation_and_gap`).
     """
     var = red["var"][None]
-    big_v = ops.maximum(ops.max(_fold(ops.maximum, ops.where(var, -slacks, 0.0)), 0), _0)
+    big_v = maximum(ops.max(_fold(maximum, ops.where(var, -slacks, 0.0)), 0), _0)
     comp = ops.sum(_fold(ops.add, ops.where(var, lams * slacks, 0.0)), axis=0)
     safe = ops.where(m > 0.0, m, 1.0)
     return big_v, comp + _kl_rows(m, ops.log(safe), xm)

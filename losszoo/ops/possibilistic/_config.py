@@ -13,14 +13,13 @@ import dataclasses
 from typing import Any, NamedTuple
 
 import numpy as np
+from keras import ops
 
 from losszoo import _backend
 from losszoo.contract import check_choice, check_number
 
 F64 = "float64"
-# float64 scalars for ops.maximum / ops.minimum: a Python float there makes Keras' PyTorch
-# backend compute in float32.
-_0, _1 = np.float64(0.0), np.float64(1.0)
+_0, _1 = np.float64(0.0), np.float64(1.0)  # float64 scalars
 _STOPPING = ("certified", "paper", "fixed")
 STOPPING_CODE = {"paper": 0, "certified": 1, "fixed": 2}
 _SUPPORT = ("floor", "restrict")
@@ -171,6 +170,46 @@ class ProjectionInfo(NamedTuple):
     converged: Any
     valid: Any
     multipliers: Any
+
+
+def _torch_binary(fn_name, x, y):
+    import torch
+
+    x = x if torch.is_tensor(x) else torch.as_tensor(x, dtype=y.dtype, device=y.device)
+    y = y if torch.is_tensor(y) else torch.as_tensor(y, dtype=x.dtype, device=x.device)
+    dtype = torch.promote_types(x.dtype, y.dtype)
+    return getattr(torch, fn_name)(x.to(dtype), y.to(dtype))
+
+
+# Keras' PyTorch backend computes the promoted dtype of maximum / minimum / cumsum with 64-bit
+# types clamped to 32 bits: these keep float64 there (keras.ops itself elsewhere).
+def maximum(x, y):
+    """``keras.ops.maximum`` that keeps float64 on every backend."""
+    return _torch_binary("maximum", x, y) if _backend.NAME == "torch" else ops.maximum(x, y)
+
+
+def minimum(x, y):
+    """``keras.ops.minimum`` that keeps float64 on every backend."""
+    return _torch_binary("minimum", x, y) if _backend.NAME == "torch" else ops.minimum(x, y)
+
+
+def cumsum(x, axis):
+    """``keras.ops.cumsum`` that keeps float64 on every backend."""
+    if _backend.NAME == "torch":
+        import torch
+
+        return torch.cumsum(ops.convert_to_tensor(x), dim=axis)
+    return ops.cumsum(x, axis=axis)
+
+
+def no_autograph(fn):
+    """``fn`` left as written when a ``tf.function`` traces it (AutoGraph would rewrite its
+    Python control flow over static options); unchanged on other backends."""
+    if _backend.TENSORFLOW:
+        import tensorflow as tf
+
+        return tf.autograph.experimental.do_not_convert(fn)
+    return fn
 
 
 def compiled(fn, static_argnames=()):

@@ -20,7 +20,16 @@ from keras import ops
 
 from losszoo import _backend
 from losszoo.contract import SCALED_POSSIBILITY, check_number, nan_where
-from losszoo.ops.possibilistic._config import F64, _0, _1, check_constraint_options
+from losszoo.ops.possibilistic._config import (
+    F64,
+    _0,
+    _1,
+    check_constraint_options,
+    cumsum,
+    maximum,
+    minimum,
+    no_autograph,
+)
 from losszoo.ops.possibilistic._inputs import as_float, flatten
 
 
@@ -56,12 +65,12 @@ def sanitize(pi):
     """Clip to [0, inf), divide by the max; invalid rows (NaN/Inf, max <= 0) become ones."""
     pi = ops.cast(pi, F64)
     finite = ops.all(ops.isfinite(pi), axis=-1)
-    clipped = ops.where(ops.isfinite(pi), ops.maximum(pi, _0), ops.zeros_like(pi))
+    clipped = ops.where(ops.isfinite(pi), maximum(pi, _0), ops.zeros_like(pi))
     top = ops.max(clipped, axis=-1)
     valid = finite & (top > 0.0)
     safe_top = ops.where(valid, top, ops.ones_like(top))
     pi = ops.where(valid[:, None], clipped / safe_top[:, None], ops.ones_like(pi))
-    return ops.minimum(pi, _1), valid
+    return minimum(pi, _1), valid
 
 
 def take_rows(x, order):
@@ -73,7 +82,7 @@ def constraints_2d(pi, eps_cap, tie_tol, support_mode, floor, gap_policy):
     """:class:`PossibilityConstraints` of ``pi`` [B, K] float64."""
     pi, valid = sanitize(pi)
     if support_mode == "floor":
-        pi = ops.maximum(pi, ops.cast(floor, F64))
+        pi = maximum(pi, ops.cast(floor, F64))
     k = pi.shape[-1]
     order = ops.cast(ops.argsort(-pi, axis=-1), "int32")
     pt = take_rows(pi, order)
@@ -86,14 +95,14 @@ def constraints_2d(pi, eps_cap, tie_tol, support_mode, floor, gap_policy):
     g_min = ops.min(ops.where(strict, g, np.inf), axis=-1, initial=np.inf)
     g_max = ops.max(ops.where(strict, g, -np.inf), axis=-1, initial=-np.inf)
     any_strict = ops.any(strict, axis=-1)
-    eps = ops.minimum(ops.cast(eps_cap, F64), g_min)
+    eps = minimum(ops.cast(eps_cap, F64), g_min)
     if gap_policy == "wide":
-        eps = ops.minimum(eps, 1.0 - g_max)
-    eps = ops.where(any_strict, ops.maximum(eps, _0), ops.zeros_like(eps))
+        eps = minimum(eps, 1.0 - g_max)
+    eps = ops.where(any_strict, maximum(eps, _0), ops.zeros_like(eps))
     zeros = ops.zeros_like(diff)
     lower = ops.where(strict, eps[:, None], zeros)
     if gap_policy == "wide":
-        upper = ops.where(strict, ops.minimum(1.0 - eps, np.nextafter(1.0, 0.0))[:, None], zeros)
+        upper = ops.where(strict, minimum(1.0 - eps, np.nextafter(1.0, 0.0))[:, None], zeros)
     else:
         upper = ops.where(strict, g, zeros)
     bound = 1.0 - pt[:, 1:]
@@ -102,6 +111,7 @@ def constraints_2d(pi, eps_cap, tie_tol, support_mode, floor, gap_policy):
     )
 
 
+@no_autograph
 def possibility_constraints(
     possibility,
     eps_cap: float = 1e-9,
@@ -157,7 +167,7 @@ def _ranks(x):
 def antipignistic_sorted(h):
     """``pdot_r = sum_{j>=r} (h_j - h_{j+1}) / j`` along the last axis (h_{K+1} = 0)."""
     nxt = ops.concatenate([h[:, 1:], ops.zeros_like(h[:, :1])], axis=-1)
-    return ops.flip(ops.cumsum(ops.flip((h - nxt) / _ranks(h), -1), axis=-1), -1)
+    return ops.flip(cumsum(ops.flip((h - nxt) / _ranks(h), -1), -1), -1)
 
 
 def unsort(x_sorted, order):
@@ -174,19 +184,19 @@ def _antipignistic_2d(floor_value):
 
     @_backend.custom_gradient
     def f(pi):
-        clean = ops.where(ops.isfinite(pi), ops.maximum(pi, _0), ops.zeros_like(pi))
+        clean = ops.where(ops.isfinite(pi), maximum(pi, _0), ops.zeros_like(pi))
         top = ops.max(clean, axis=-1, keepdims=True)
         valid = ops.all(ops.isfinite(pi), -1, keepdims=True) & (top > 0.0)
         safe_top = ops.where(valid, top, ops.ones_like(top))
         unit = clean / safe_top
-        h_in = ops.where(valid, ops.maximum(unit, floor_value), ops.ones_like(pi))
+        h_in = ops.where(valid, maximum(unit, floor_value), ops.ones_like(pi))
         order = ops.cast(ops.argsort(-h_in, axis=-1), "int32")
         out = unsort(antipignistic_sorted(take_rows(h_in, order)), order)
 
         def grad(upstream):
             u = take_rows(ops.cast(upstream, F64), order)
             # d/d(gap_j) = sum_{r<=j} u_r; gap_j = (h_j - h_{j+1}) / j.
-            big_g = ops.cumsum(u, axis=-1) / _ranks(u)
+            big_g = cumsum(u, -1) / _ranks(u)
             prev = ops.concatenate([ops.zeros_like(big_g[:, :1]), big_g[:, :-1]], axis=-1)
             dh = unsort(big_g - prev, order)  # d/dh in original order
             # h = max(clean / top, floor): pass through where not floored, and the max.
@@ -204,6 +214,7 @@ def _antipignistic_2d(floor_value):
     return f
 
 
+@no_autograph
 def antipignistic(possibility, floor: float = 0.0):
     """Antipignistic probability ``pdot`` of a possibility distribution (spec 1.2).
 

@@ -19,7 +19,7 @@ from losszoo.ops.possibilistic._certificates import (
     _rcumsum,
     _violation_and_gap,
 )
-from losszoo.ops.possibilistic._config import F64, compiled
+from losszoo.ops.possibilistic._config import F64, compiled, maximum
 
 
 def _sweep(kind, x, lam_old, cst):
@@ -183,7 +183,7 @@ def _stage_sizes(active, min_batch, factor):
     batch = active.shape[0]
     if batch is None:
         batch = ops.shape(active)[0]
-        return [batch, ops.maximum(batch // factor, 1)]
+        return [batch, maximum(batch // factor, 1)]
     return [batch] if batch < min_batch else [batch, max(1, batch // factor)]
 
 

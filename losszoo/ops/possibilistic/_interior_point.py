@@ -18,7 +18,7 @@ from losszoo.ops.possibilistic._certificates import (
     _normalize_log,
     _rcumsum,
 )
-from losszoo.ops.possibilistic._config import F64, _0, _1, compiled
+from losszoo.ops.possibilistic._config import F64, _0, _1, compiled, maximum, minimum
 from losszoo.ops.possibilistic._constraints import antipignistic_sorted, take_rows
 from losszoo.ops.possibilistic._dykstra import _stage_sizes
 
@@ -102,7 +102,7 @@ def _reduce_ties(lq, pt, strict, lo, up, in_support, pdot, size):
         "up": tm(upb),
         "real": tm(real),
         "var": tm(var),
-        "bid": ops.minimum(bid, size - 1),
+        "bid": minimum(bid, size - 1),
         "n_blocks": n_blocks,
     }
 
@@ -143,7 +143,7 @@ def _ipm_body(red, tol, gap_tol):
     a_c = ops.where(var & (kk >= 1), iw[:-1], 0.0)  # coefficient of shape j on U_{j-1}
     b_c = ops.where(var, -(iw[:-1] + iw[1:]), 0.0)  # on U_j
     g_c = ops.where(var & var_next, iw[1:], 0.0)  # on U_{j+1}
-    n_con = ops.maximum(3.0 * ops.sum(ops.cast(var, F64), axis=0), _1)
+    n_con = maximum(3.0 * ops.sum(ops.cast(var, F64), axis=0), _1)
     cert_mu = _IPM_CERTIFY_FROM * gap_tol / n_con
     inf = ops.convert_to_tensor(np.inf, F64)
     one = ops.convert_to_tensor(1.0, F64)
@@ -171,15 +171,15 @@ def _ipm_body(red, tol, gap_tol):
         ratio = None
         for x, dx in pairs:
             r = ops.where(mask & (dx < 0.0), -x / ops.where(dx < 0.0, dx, -1.0), inf)
-            ratio = r if ratio is None else ops.minimum(ratio, r)
-        return ops.min(ratio if len(ratio.shape) == 2 else _fold(ops.minimum, ratio), 0)
+            ratio = r if ratio is None else minimum(ratio, r)
+        return ops.min(ratio if len(ratio.shape) == 2 else _fold(minimum, ratio), 0)
 
     def mean_comp(s, lam):
         return ops.sum(_fold(ops.add, ops.where(var3, s * lam, 0.0)), axis=0) / n_con
 
     def start(m0):
         u0 = ops.where(var, _rcumsum(m0, exclusive=True)[:-1], 0.0)
-        s0 = ops.where(var3, ops.maximum(constraints(u0)[1], np.float64(1e-2)), 1.0)
+        s0 = ops.where(var3, maximum(constraints(u0)[1], np.float64(1e-2)), 1.0)
         return u0, s0, ops.where(var3, ops.ones_like(s0), 0.0)
 
     def body(it, u, s, lam, active, iters, best_score, best_u, best_lam):
@@ -219,15 +219,15 @@ def _ipm_body(red, tol, gap_tol):
         # complementarity can fall; sigma = (mu_aff / mu)^3 centres only as much as needed,
         # and the corrector adds the second-order term ds_aff * dl_aff. Same factors.
         _, ds_a, dl_a = direction(lam * s)
-        a_aff = ops.minimum(one, max_step(var3, (s, ds_a), (lam, dl_a)))
+        a_aff = minimum(one, max_step(var3, (s, ds_a), (lam, dl_a)))
         mu_aff = mean_comp(s + a_aff * ds_a, lam + a_aff * dl_a)
         sigma = ops.clip((mu_aff / ops.where(mu > 0.0, mu, 1.0)) ** 3, _IPM_SIGMA_FLOOR, _1)
         du, ds, dl = direction(lam * s + ds_a * dl_a - sigma * mu)
         du_ext = ops.concatenate([du, zero[:1]], 0)  # dU_{J-1} = 0
         dm = ops.where(real, _prev(du_ext) - du_ext, 0.0)  # dm_j = dU_{j-1} - dU_j
-        alpha = ops.minimum(
+        alpha = minimum(
             one,
-            ops.minimum(
+            minimum(
                 _IPM_STEP * max_step(var3, (s, ds), (lam, dl)),
                 _IPM_MASS_STEP * max_step(real, (m, dm)),
             ),
@@ -248,7 +248,7 @@ def _ipm_body(red, tol, gap_tol):
             m, y = constraints(u)
             xm = _ipm_dual_point(red, *ops.unstack(lam))
             big_v, gap = _chain_violation_and_gap(red, m, y, xm, lam)
-            score = ops.maximum(big_v / tol, ops.abs(gap) / gap_tol)
+            score = maximum(big_v / tol, ops.abs(gap) / gap_tol)
 
             def dual_certified():
                 v_d, gap_d = _chain_dual_violation_and_gap(red, xm, lam)
@@ -367,8 +367,8 @@ def _two_block(red):
     c, lo, up = red["c"][0], red["lo"][0], red["up"][0]
     h = 1.0 / w1 + 1.0 / w2
     shape_top = (1.0 / w1 - lo) / h
-    top = ops.minimum(c, shape_top)
-    bottom = ops.maximum((1.0 / w1 - up) / h, _0)
+    top = minimum(c, shape_top)
+    bottom = maximum((1.0 / w1 - up) / h, _0)
     free = ops.sigmoid(g2 - g1)
     m2 = ops.clip(free, bottom, top)
     t = ops.log1p(-m2) - ops.log(m2) - (g1 - g2)
@@ -457,8 +457,8 @@ def _ipm_solve_blocks(lq, pt, strict, lo, up, in_support, run, tol, gap_tol, max
     mu = ops.where(strict, nu[:, :-1], (nu_prev + csum - base)[:, :-1])
     mu = ops.where(in_support[:, 1:], mu, 0.0)
     lp = ops.where(strict, l1c[:, :-1], 0.0)
-    ll = ops.where(strict, l2c[:, :-1], ops.maximum(mu, _0))
-    lu = ops.where(strict, l3c[:, :-1], ops.maximum(-mu, _0))
+    ll = ops.where(strict, l2c[:, :-1], maximum(mu, _0))
+    lu = ops.where(strict, l3c[:, :-1], maximum(-mu, _0))
     lam = ops.stack([ops.transpose(lp), ops.transpose(ll), ops.transpose(lu)], 0)
 
     def per_class(x):

@@ -15,7 +15,14 @@ from keras import ops
 
 from losszoo import _backend
 from losszoo.contract import LOGITS, POSSIBILITY, check_number, nan_where, row_has_nan
-from losszoo.ops.possibilistic._config import F64, ProjectionConfig, _0, resolve_config
+from losszoo.ops.possibilistic._config import (
+    F64,
+    ProjectionConfig,
+    _0,
+    maximum,
+    no_autograph,
+    resolve_config,
+)
 from losszoo.ops.possibilistic._constraints import _antipignistic_2d
 from losszoo.ops.possibilistic._inputs import VOTES, as_float, check_same_shape, flatten
 from losszoo.ops.possibilistic._projection import finish_info, prepare, projection_from_z
@@ -34,7 +41,7 @@ def _kl_from_logits(target, z):
     """
     lq = ops.log_softmax(z, axis=-1)
     pos = target > 0.0
-    lq_c = ops.maximum(lq, _LOG_Q_CLIP)
+    lq_c = maximum(lq, _LOG_Q_CLIP)
     terms = ops.where(
         pos, target * (ops.log(ops.where(pos, target, 1.0)) - lq_c), ops.zeros_like(target)
     )
@@ -49,6 +56,7 @@ def _kl_from_logits(target, z):
     return loss, grad
 
 
+@no_autograph
 def possibilistic_projection_loss(
     labels,
     logits,
@@ -97,11 +105,13 @@ def possibilistic_projection_loss(
     return (loss, finish_info(info, restore)) if return_info else loss
 
 
+@no_autograph
 def possibilistic_projection_info(labels, logits, config=None, **kwargs):
     """The :class:`ProjectionInfo` of :func:`possibilistic_projection_loss` (same arguments)."""
     return possibilistic_projection_loss(labels, logits, config, return_info=True, **kwargs)[1]
 
 
+@no_autograph
 def antipignistic_kl_loss(labels, logits, floor: float = 0.0, *, labels_name: str = "labels"):
     """Model B of the paper: ``KL(pdot(pi) || softmax(z))`` with the antipignistic target.
 
@@ -129,6 +139,7 @@ def antipignistic_kl_loss(labels, logits, floor: float = 0.0, *, labels_name: st
     return _fixed_target_kl(op, logits, labels, labels_name, POSSIBILITY, target)
 
 
+@no_autograph
 def vote_kl_loss(labels, logits, *, labels_name: str = "labels"):
     """Model C of the paper: ``KL(v / sum(v) || softmax(z))`` with vote proportions.
 
@@ -150,7 +161,7 @@ def vote_kl_loss(labels, logits, *, labels_name: str = "labels"):
     """
 
     def target(v2):
-        v2 = ops.where(ops.isfinite(v2), ops.maximum(v2, _0), ops.zeros_like(v2))
+        v2 = ops.where(ops.isfinite(v2), maximum(v2, _0), ops.zeros_like(v2))
         total = ops.sum(v2, axis=-1, keepdims=True)
         return v2 / ops.where(total > 0.0, total, 1.0)
 

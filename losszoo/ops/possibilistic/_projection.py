@@ -23,6 +23,8 @@ from losszoo.ops.possibilistic._config import (
     STOPPING_CODE,
     ProjectionConfig,
     ProjectionInfo,
+    maximum,
+    no_autograph,
     resolve_config,
 )
 from losszoo.ops.possibilistic._constraints import (
@@ -68,7 +70,7 @@ def _project_2d(lq_full, cons: PossibilityConstraints, cfg: ProjectionConfig, ji
     order = cons.order
     pt = cons.sorted_possibility
     in_support = pt > 0.0
-    lq = ops.where(in_support, ops.maximum(take_rows(lq_full, order), np.log(cfg.q_clip)), -np.inf)
+    lq = ops.where(in_support, maximum(take_rows(lq_full, order), np.log(cfg.q_clip)), -np.inf)
     m = ops.max(lq, axis=-1, keepdims=True)
     lq = lq - (m + ops.log(ops.sum(ops.exp(lq - m), axis=-1, keepdims=True)))
     n = cons.num_support
@@ -144,7 +146,7 @@ def _project_2d(lq_full, cons: PossibilityConstraints, cfg: ProjectionConfig, ji
         x, lam, cycles = dykstra(run, STOPPING_CODE[cfg.stopping])
         iterations = cycles
     # Short-circuits: no strict drop -> uniform on the support; n <= 1 or invalid -> q.
-    uniform = ops.where(in_support, 1.0 / ops.cast(ops.maximum(n, 1), F64)[:, None], 0.0)
+    uniform = ops.where(in_support, 1.0 / ops.cast(maximum(n, 1), F64)[:, None], 0.0)
     p_sorted = ops.where(run[:, None], ops.exp(tm(x)), ops.exp(lq))
     p_sorted = ops.where((valid & (n >= 2) & ~has_strict)[:, None], uniform, p_sorted)
     lam = ops.where(run[None, None, :], lam, ops.zeros_like(lam))  # [3, m1, B]
@@ -167,7 +169,7 @@ def _project_2d(lq_full, cons: PossibilityConstraints, cfg: ProjectionConfig, ji
         cycles=sg(cycles),
         max_violation=sg(v),
         duality_gap=sg(gap),
-        residual=sg(ops.maximum(v, ops.abs(gap))),
+        residual=sg(maximum(v, ops.abs(gap))),
         converged=sg(converged & valid),
         valid=valid,
         multipliers=sg(ops.transpose(lam, (2, 0, 1))),
@@ -216,6 +218,7 @@ def finish_info(info: ProjectionInfo, restore) -> ProjectionInfo:
     return info
 
 
+@no_autograph
 def possibilistic_projection(
     logits,
     possibility,
