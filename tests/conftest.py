@@ -14,6 +14,14 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 import pytest  # noqa: E402
 
+if os.environ["KERAS_BACKEND"] != "tensorflow":
+    # JAX and PyTorch runs see no TensorFlow, as on a machine with only their backend (the
+    # GPU machine, a JAX user's install): Keras would otherwise import it lazily (e.g. for file
+    # I/O when saving), and TensorFlow beside PyTorch in one process can crash.
+    import sys
+
+    for _name in ("tensorflow", "tf_keras", "tensorflow_recommenders"):
+        sys.modules[_name] = None
 if os.environ["KERAS_BACKEND"] == "tensorflow":
     import tensorflow as tf
 
