@@ -15,7 +15,7 @@ From it come all three forms of the check:
 The rules: :data:`LOGITS`, :data:`CLASS_IDS`, :data:`PADDED_CLASS_IDS`, :data:`ONE_HOT`,
 :data:`TARGETS`, :data:`PROBABILITIES`, :data:`PROBABILITY_BOUNDS`, :data:`POSITIVE`,
 :data:`NON_NEGATIVE`, :data:`NON_NEGATIVE_OR_NAN`, :data:`POSSIBILITY`,
-:data:`SCALED_POSSIBILITY`, plus :func:`check_number` /
+:data:`SCALED_POSSIBILITY`, :data:`VOTES`, plus :func:`check_number` /
 :func:`check_choice` for hyper-parameters. Checks that cost time per step (host reads of
 eager values, graph assertions) are switched off with :func:`set_validation` /
 :func:`validation`; NaN poisoning folded into the kernels always stays. Every kernel computes
@@ -57,6 +57,7 @@ __all__ = [
     "POSSIBILITY",
     "SCALED_POSSIBILITY",
     "TARGETS",
+    "VOTES",
     "Rule",
     "check_choice",
     "check_number",
@@ -323,6 +324,15 @@ SCALED_POSSIBILITY = Rule(
     lambda xp, pi: _possibility_mask(xp, pi, normalised=False),
 )
 """Possibility distributions up to scale, per row: finite, >= 0, with a positive maximum."""
+
+
+def _votes_mask(xp, v):
+    bad = xp.logical_not(xp.isfinite(v)) | (v < 0)
+    return xp.any(bad, axis=-1) | xp.logical_not(xp.sum(xp.where(bad, 0.0, v), axis=-1) > 0)
+
+
+VOTES = Rule("must hold finite, non-negative vote counts with a positive row sum", _votes_mask)
+"""Vote counts, per row: finite, non-negative, with a positive sum."""
 
 
 def nan_where(invalid, x):

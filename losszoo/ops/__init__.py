@@ -29,6 +29,7 @@ from losszoo.ops.possibilistic import (
     antipignistic,
     antipignistic_kl_loss,
     possibilistic_projection,
+    possibilistic_projection_info,
     possibilistic_projection_loss,
     possibility_constraints,
     vote_kl_loss,

@@ -16,7 +16,7 @@ Written once with ``keras.ops`` for TensorFlow, JAX and PyTorch. Everything runs
 raise a RuntimeError saying so. PyTorch and TensorFlow have float64 built in.
 
 Contract rules (fail loud): ``contract.POSSIBILITY`` (labels / possibility),
-``contract.SCALED_POSSIBILITY`` (:func:`antipignistic`), ``contract.LOGITS``, ``VOTES``;
+``contract.SCALED_POSSIBILITY`` (:func:`antipignistic`), ``contract.LOGITS``, ``contract.VOTES``;
 eagerly (and in TensorFlow graphs) an error names the argument; traced under XLA /
 ``jax.jit`` the row is NaN. Batch sizes may be unknown (``None``, TensorFlow); ``K`` must
 be static for the projection.
@@ -34,7 +34,6 @@ from losszoo.ops.possibilistic._constraints import (
     antipignistic,
     possibility_constraints,
 )
-from losszoo.ops.possibilistic._inputs import VOTES
 from losszoo.ops.possibilistic._losses import (
     antipignistic_kl_loss,
     possibilistic_projection_info,
@@ -44,7 +43,6 @@ from losszoo.ops.possibilistic._losses import (
 from losszoo.ops.possibilistic._projection import possibilistic_projection
 
 __all__ = [
-    "VOTES",
     "PossibilityConstraints",
     "ProjectionConfig",
     "ProjectionInfo",

@@ -1,24 +1,15 @@
-"""Shapes of the possibilistic ops' inputs, and the vote-count rule.
+"""Shapes and dtypes of the possibilistic ops' inputs.
 
 The input rules are :data:`losszoo.contract.LOGITS`, :data:`~losszoo.contract.POSSIBILITY`,
-:data:`~losszoo.contract.SCALED_POSSIBILITY` and :data:`VOTES` (defined here): each gives the
-eager ``ValueError`` / graph assertion naming the argument and the per-row NaN mask.
+:data:`~losszoo.contract.SCALED_POSSIBILITY` and :data:`~losszoo.contract.VOTES`: each gives
+the eager ``ValueError`` / graph assertion naming the argument and the per-row NaN mask.
 """
 
 from __future__ import annotations
 
 from keras import ops
 
-from losszoo.contract import Rule, check_static_rank, static_rank, to_compute_dtype
-
-
-def _votes_mask(xp, v):
-    bad = xp.logical_not(xp.isfinite(v)) | (v < 0)
-    return xp.any(bad, axis=-1) | xp.logical_not(xp.sum(xp.where(bad, 0.0, v), axis=-1) > 0)
-
-
-VOTES = Rule("must hold finite, non-negative vote counts with a positive row sum", _votes_mask)
-"""Vote counts, per row: finite, non-negative, with a positive sum."""
+from losszoo.contract import check_static_rank, static_rank, to_compute_dtype
 
 
 def as_float(x, name):

@@ -3,7 +3,7 @@
 Model A (:func:`possibilistic_projection_loss`): ``t = p*``, the projection of ``softmax(z)``
 held fixed (Danskin: the exact gradient, spec 4); Model B: the antipignistic target; Model
 C: vote proportions. Every op takes ``(labels, logits, ...)`` and returns the loss per
-example. Contract rules: ``LOGITS``, ``POSSIBILITY`` and ``VOTES`` (:mod:`._inputs`);
+example. Contract rules: ``LOGITS``, ``POSSIBILITY`` and ``VOTES`` (:mod:`losszoo.contract`);
 invalid rows give a NaN loss where no error can be raised (XLA, ``jax.jit``). Float64
 inside: on JAX it needs ``jax_enable_x64``.
 """
@@ -14,7 +14,7 @@ import numpy as np
 from keras import ops
 
 from losszoo import _backend
-from losszoo.contract import LOGITS, POSSIBILITY, check_number, nan_where, row_has_nan
+from losszoo.contract import LOGITS, POSSIBILITY, VOTES, check_number, nan_where, row_has_nan
 from losszoo.ops.possibilistic._config import (
     F64,
     ProjectionConfig,
@@ -24,7 +24,7 @@ from losszoo.ops.possibilistic._config import (
     resolve_config,
 )
 from losszoo.ops.possibilistic._constraints import _antipignistic_2d
-from losszoo.ops.possibilistic._inputs import VOTES, as_float, check_same_shape, flatten
+from losszoo.ops.possibilistic._inputs import as_float, check_same_shape, flatten
 from losszoo.ops.possibilistic._projection import finish_info, prepare, projection_from_z
 
 _LOG_Q_CLIP = np.log(1e-15)
