@@ -10,18 +10,22 @@ function at a time, so :func:`fit_step_rows` measures that separately: the compi
 ``model.train_function`` of an ERM model and of safe-KL models (identical MLP 64-256-10,
 batch 256, Adam) are called in interleaved blocks (order alternating each round) and the
 per-step medians and the median of the per-round ratios are reported, under
-``jit_compile=True`` and ``False``. ``cases()`` prints these rows into run.py's table (they
-appear first, with mode ``fit jit`` / ``fit graph``). Standalone:
-``python benchmarks/bench_dro.py [--quick]``.
+``jit_compile=True`` and ``False`` on TensorFlow (mode ``fit jit`` / ``fit graph``). On JAX
+(``jit_compile=True``, mode ``fit jax:jit``) and PyTorch (eager, mode ``fit torch:eager``) the
+step is ``model.train_on_batch`` (JAX's ``train_function`` takes the model state explicitly),
+which adds the same per-call overhead to ERM and safe-KL. ``cases()`` prints these rows into
+run.py's table (they appear first). Standalone: ``python benchmarks/bench_dro.py [--quick]``.
+The ``Case`` rows run on every backend in the harness' modes.
 """
 
+import functools
 import math
 import statistics
 import time
 
 import numpy as np
-import tensorflow as tf
-from harness import Case
+from harness import BACKEND, Case
+from keras import ops as kops
 
 from losszoo import ops
 
@@ -31,10 +35,7 @@ LAM, RHO = 1.0, 0.1
 def _losses(batch, seed=0):
     def make():
         rng = np.random.default_rng(seed)
-        return (
-            tf.constant(rng.gamma(2.0, size=batch).astype(np.float32)),
-            tf.constant(1.5, tf.float32),
-        )
+        return rng.gamma(2.0, size=batch).astype(np.float32), np.float32(1.5)
 
     return make
 
@@ -44,11 +45,11 @@ def safe_kl(l, alpha):
 
 
 def plain_mean(l, alpha):
-    return tf.reduce_mean(l) + 0.0 * alpha
+    return kops.mean(l) + 0.0 * alpha
 
 
 def reduce_logsumexp(l, alpha):
-    return LAM * (tf.reduce_logsumexp(l / LAM) - math.log(float(l.shape[0]))) + 0.0 * alpha
+    return LAM * (kops.logsumexp(l / LAM) - math.log(float(l.shape[0]))) + 0.0 * alpha
 
 
 def batch_lse(l, alpha):
@@ -60,19 +61,19 @@ def _model_inputs(batch, d=64, h=256, k=10, seed=0):
     def make():
         rng = np.random.default_rng(seed)
         return (
-            tf.constant(rng.normal(size=(d, h)).astype(np.float32) / 8),
-            tf.constant(rng.normal(size=(h, k)).astype(np.float32) / 16),
-            tf.constant(rng.normal(size=(batch, d)).astype(np.float32)),
-            tf.constant(rng.integers(0, k, batch).astype(np.int32)),
-            tf.constant(0.5, tf.float32),
+            rng.normal(size=(d, h)).astype(np.float32) / 8,
+            rng.normal(size=(h, k)).astype(np.float32) / 16,
+            rng.normal(size=(batch, d)).astype(np.float32),
+            rng.integers(0, k, batch).astype(np.int32),
+            np.float32(0.5),
         )
 
     return make
 
 
 def _per_example(w1, w2, x, y):
-    logits = tf.nn.relu(x @ w1) @ w2
-    return tf.nn.sparse_softmax_cross_entropy_with_logits(y, logits)
+    logits = kops.matmul(kops.relu(kops.matmul(x, w1)), w2)
+    return kops.sparse_categorical_crossentropy(y, logits, from_logits=True)
 
 
 def model_safe_kl(w1, w2, x, y, alpha):
@@ -80,7 +81,7 @@ def model_safe_kl(w1, w2, x, y, alpha):
 
 
 def model_erm(w1, w2, x, y, alpha):
-    return tf.reduce_mean(_per_example(w1, w2, x, y)) + 0.0 * alpha
+    return kops.mean(_per_example(w1, w2, x, y)) + 0.0 * alpha
 
 
 # ---- full model.fit training step: safe-KL vs ERM, interleaved
@@ -92,8 +93,8 @@ def _fit_models(jit, variants, batch=256, seed=0):
     rng = np.random.default_rng(seed)
     data = [
         (
-            tf.constant(rng.normal(size=(batch, 64)).astype(np.float32)),
-            tf.constant(rng.integers(0, 10, batch).astype(np.int32)),
+            kops.convert_to_tensor(rng.normal(size=(batch, 64)).astype(np.float32)),
+            kops.convert_to_tensor(rng.integers(0, 10, batch).astype(np.int32)),
         )
         for _ in range(8)
     ]
@@ -104,17 +105,39 @@ def _fit_models(jit, variants, batch=256, seed=0):
             [keras.Input((64,)), keras.layers.Dense(256, activation="relu"), keras.layers.Dense(10)]
         )
         model.compile(keras.optimizers.Adam(1e-3), loss=make_loss(), jit_compile=jit)
-        model.fit(data[0][0].numpy(), data[0][1].numpy(), batch_size=batch, epochs=1, verbose=0)
-        fns[name] = model.train_function  # the compiled step that fit calls
+        x0, y0 = (kops.convert_to_numpy(t) for t in data[0])
+        model.fit(x0, y0, batch_size=batch, epochs=1, verbose=0)
+        if BACKEND == "tensorflow":
+            train = model.train_function  # the compiled step that fit calls
+
+            def step(batch, train=train):
+                return train([batch])
+        else:  # JAX's train_function takes the state explicitly: the public one-step call
+            step = functools.partial(_train_on_batch, model)
+        fns[name] = step
     return fns, data
+
+
+def _train_on_batch(model, batch):
+    return model.train_on_batch(*batch, return_dict=True)
 
 
 def _time_block(fn, data, steps):
     start = time.perf_counter()
     for i in range(steps):
-        out = fn([data[i % len(data)]])
+        out = fn(data[i % len(data)])
     float(out["loss"])  # wait for the last step
     return (time.perf_counter() - start) / steps
+
+
+# jit_compile settings timed per backend (PyTorch's jit_compile=True is torch.compile)
+FIT_JIT = {"tensorflow": (True, False), "jax": (True,), "torch": (False,)}
+
+
+def _fit_mode(jit):
+    if BACKEND == "tensorflow":
+        return "jit" if jit else "graph"
+    return f"{BACKEND}:{'jit' if jit else 'eager'}"
 
 
 def fit_step_rows(quick=False):
@@ -138,7 +161,7 @@ def fit_step_rows(quick=False):
     }
     rounds, steps = (6, 10) if quick else (15, 20)
     rows = []
-    for jit in (True, False):
+    for jit in FIT_JIT[BACKEND]:
         fns, data = _fit_models(jit, variants)
         for fn in fns.values():
             _time_block(fn, data, 5)
@@ -153,7 +176,7 @@ def fit_step_rows(quick=False):
             paired = statistics.median(a / b for a, b in zip(times[n], times["erm"]))
             rows.append(
                 f"| model.fit step {n} | MLP 64-256-10, B=256, Adam | "
-                f"fit {'jit' if jit else 'graph'} | {med * 1e3:.2f} | "
+                f"fit {_fit_mode(jit)} | {med * 1e3:.2f} | "
                 f"erm: {med / erm:.2f}x ({erm * 1e3:.2f}); paired median {paired:.2f}x | "
                 f"<= 1.1x ERM |"
             )
@@ -161,7 +184,17 @@ def fit_step_rows(quick=False):
 
 
 def cases(quick=False):
-    for row in fit_step_rows(quick):
+    try:
+        rows = fit_step_rows(quick)
+    except Exception as error:  # noqa: BLE001  (report it in the table, time the cases)
+        if BACKEND == "tensorflow":
+            raise
+        message = " ".join(f"{type(error).__name__}: {error}".split())[:200]
+        rows = [
+            f"| model.fit step safe_kl | MLP 64-256-10, B=256, Adam | fit {BACKEND} | - | "
+            f"failed: {message} | <= 1.1x ERM |"
+        ]
+    for row in rows:
         print(row, flush=True)
     reps = 5 if quick else 20
     out = []

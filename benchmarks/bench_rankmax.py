@@ -5,16 +5,21 @@ Targets, forward+backward under XLA on the 2-core CPU: Rankmax k=1 <= 1.2x softm
 Labels are integer ids (the op's O(n) path); the ``dense`` rows feed the identity matrix that
 ``tfrs.tasks.Retrieval`` passes (k=1 takes the one-hot fast path; issue 10 item 5: within
 1.2x of softmax-CE at 512x512 and 8192x8192 under XLA). Dense rows are anchored on the dense
-softmax-CE (``softmax_cross_entropy_with_logits`` on the same identity labels) and on the
-sparse softmax-CE with ids.
+softmax-CE (``keras.ops.categorical_crossentropy`` on the same identity labels) and on the
+sparse softmax-CE with ids (``keras.ops.sparse_categorical_crossentropy``; on TensorFlow these
+are ``tf.nn.softmax_cross_entropy_with_logits`` and its sparse form).
 The ``mf_step`` rows time one full-corpus training step of the MovieLens two-tower model
 (gather user rows, scores against all 1682 movies, loss, gradients w.r.t. both tables); the
 end-to-end epoch time is in examples/results/movielens_retrieval.md (s/epoch column).
+Every case runs on every Keras backend, in the harness' modes (TensorFlow graph and XLA, JAX
+jit, PyTorch eager).
 """
 
+import keras
 import numpy as np
-import tensorflow as tf
 from harness import Case
+from harness import softmax_ce as dense_softmax_ce
+from keras import ops as kops
 
 from losszoo import ops
 
@@ -22,26 +27,32 @@ from losszoo import ops
 def _inputs(batch, n, dense=False, seed=0, eye=False):
     def make():
         rng = np.random.default_rng(seed)
-        scores = tf.constant(rng.normal(size=(batch, n)).astype(np.float32))
+        scores = rng.normal(size=(batch, n)).astype(np.float32)
         labels = np.arange(batch) if eye else rng.integers(0, n, batch)
         labels = labels.astype(np.int32)
         if dense:
-            return scores, tf.one_hot(labels, n)
-        return scores, tf.constant(labels)
+            one_hot = np.zeros((batch, n), np.float32)
+            one_hot[np.arange(batch), labels] = 1.0
+            return scores, one_hot
+        return scores, labels
 
     return make
 
 
+def _sparse_softmax_ce(ids, scores):
+    return kops.sparse_categorical_crossentropy(ids, scores, from_logits=True)
+
+
 def sparse_softmax_ce_of_dense(scores, labels):
     """The ids anchor for dense rows: sparse softmax-CE on the argmax of the labels."""
-    ids = tf.argmax(labels, axis=-1, output_type=tf.int32)
-    return tf.nn.sparse_softmax_cross_entropy_with_logits(ids, scores)
+    return _sparse_softmax_ce(kops.cast(kops.argmax(labels, axis=-1), "int32"), scores)
 
 
 def softmax_ce(scores, labels):
-    if labels.dtype.is_floating:
-        return tf.nn.softmax_cross_entropy_with_logits(labels, scores)
-    return tf.nn.sparse_softmax_cross_entropy_with_logits(labels, scores)
+    """Softmax cross-entropy with dense (one-hot) labels or integer ids."""
+    if keras.backend.is_float_dtype(labels.dtype):
+        return dense_softmax_ce(scores, labels)
+    return _sparse_softmax_ce(labels, scores)
 
 
 def rankmax_k1(scores, labels):
@@ -55,13 +66,11 @@ def rankmax_k10(scores, labels):
 def _mf_inputs(batch=512, users=943, items=1682, dim=32, seed=0):
     def make():
         rng = np.random.default_rng(seed)
-        u = tf.constant(rng.normal(scale=0.3, size=(users, dim)).astype(np.float32))
-        v = tf.constant(rng.normal(scale=0.3, size=(items, dim)).astype(np.float32))
         return (
-            u,
-            v,
-            tf.constant(rng.integers(0, users, batch).astype(np.int32)),
-            tf.constant(rng.integers(0, items, batch).astype(np.int32)),
+            rng.normal(scale=0.3, size=(users, dim)).astype(np.float32),
+            rng.normal(scale=0.3, size=(items, dim)).astype(np.float32),
+            rng.integers(0, users, batch).astype(np.int32),
+            rng.integers(0, items, batch).astype(np.int32),
         )
 
     return make
@@ -69,7 +78,7 @@ def _mf_inputs(batch=512, users=943, items=1682, dim=32, seed=0):
 
 def _mf(loss):
     def step(u, v, users, items):
-        scores = tf.matmul(tf.gather(u, users), v, transpose_b=True)
+        scores = kops.matmul(kops.take(u, users, axis=0), kops.transpose(v))
         return loss(scores, items)
 
     return step
