@@ -57,6 +57,9 @@ def main(argv=None) -> int:
     print("|---|---|---|---|---|---|")
     for name in discover(args.only):
         module = importlib.import_module(f"bench_{name}")
+        if not hasattr(module, "cases"):  # e.g. bench_retrieval: a script with its own table
+            print(f"| {name} | - | - | - | run `python benchmarks/bench_{name}.py` | - |")
+            continue
         for case in module.cases(args.quick):
             for row in measure(case):
                 ratios = "; ".join(
