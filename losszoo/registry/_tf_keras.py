@@ -31,6 +31,7 @@ import importlib.util
 import sys
 from typing import Any
 
+import keras
 import tensorflow as tf
 
 from losszoo.registry import _core
@@ -158,8 +159,9 @@ def _tf_keras_function(keras3_loss_cls: type, name: str):
     batch_risk = _is_batch_risk(keras3_loss_cls)
 
     def loss_function(y_true, y_pred):
-        loss = keras3_loss_cls()
-        if any(isinstance(v, tf.Variable) for v in vars(loss).values()):
+        with tf.init_scope():  # a stateful loss creates its variables: outside the graph
+            loss = keras3_loss_cls()
+        if any(isinstance(v, (tf.Variable, keras.Variable)) for v in vars(loss).values()):
             raise TypeError(
                 f"{name!r} keeps state between training steps ({keras3_loss_cls.__name__}), "
                 f"which a tf_keras loss given by name cannot hold. Pass an instance instead: "
