@@ -333,19 +333,19 @@ def _torch_operands(*xs):
     ]
 
 
-def _dtype_preserving(name, torch_fn):
+def _dtype_preserving(name, torch_fn, operands=2):
+    """``keras.ops.<name>``, except on PyTorch: ``torch_fn`` on the first ``operands``
+    arguments promoted to one dtype (the rest, e.g. ``axis``, passed as they are)."""
     keras_fn = getattr(keras.ops, name)
     if NAME != "torch":
         return keras_fn
 
     def fn(*args, **kwargs):
-        args = _torch_operands(
-            *(
-                keras.ops.convert_to_tensor(a) if not isinstance(a, (int, float)) else a
-                for a in args
-            )
-        )
-        return torch_fn(*args, **kwargs)
+        tensors = [
+            a if isinstance(a, (int, float)) else keras.ops.convert_to_tensor(a)
+            for a in args[:operands]
+        ]
+        return torch_fn(*_torch_operands(*tensors), *args[operands:], **kwargs)
 
     fn.__name__ = name
     fn.__doc__ = f"``keras.ops.{name}`` keeping float64 on PyTorch."
@@ -375,4 +375,66 @@ minimum = _dtype_preserving("minimum", (lambda a, b: _torch("minimum")(a, b)))
 matmul = _dtype_preserving("matmul", (lambda a, b: _torch("matmul")(a, b)))
 logaddexp = _dtype_preserving("logaddexp", (lambda a, b: _torch("logaddexp")(a, b)))
 divide_no_nan = _dtype_preserving("divide_no_nan", _torch_divide_no_nan)
-cumsum = _dtype_preserving("cumsum", _torch_cumsum)
+cumsum = _dtype_preserving("cumsum", _torch_cumsum, operands=1)
+
+
+# --------------------------------------------------------------------------------------------
+# Gathers without Keras' TensorFlow overhead
+#
+# Keras' TensorFlow ``take_along_axis`` / ``take`` cast indices to int64, broadcast both
+# operands with dynamic shapes and rewrite negative indices on every call: extra ops inside
+# hot loops. Kernels index with in-range, non-negative indices whose leading shape equals the
+# data's, which is ``tf.gather`` with ``batch_dims`` (the op the TensorFlow kernels used).
+
+
+def take_along_axis(x, indices, axis=-1):
+    """``keras.ops.take_along_axis`` along the last axis, for ``indices`` with the leading
+    shape of ``x`` and values in range; ``tf.gather(batch_dims=rank-1)`` on TensorFlow (an
+    unknown leading size must be unknown on both sides: the same batch)."""
+    rank = len(x.shape)
+    same_rows = len(indices.shape) == rank and all(
+        a == b for a, b in zip(indices.shape[:-1], x.shape[:-1])
+    )
+    if TENSORFLOW and axis in (-1, rank - 1) and same_rows:
+        import tensorflow as tf
+
+        return tf.gather(x, indices, batch_dims=rank - 1)
+    return keras.ops.take_along_axis(x, indices, axis=axis)
+
+
+def take(x, indices, axis=None):
+    """``keras.ops.take`` for in-range, non-negative ``indices``; ``tf.gather`` on
+    TensorFlow."""
+    if TENSORFLOW and axis is not None:
+        import tensorflow as tf
+
+        return tf.gather(x, indices, axis=axis)
+    return keras.ops.take(x, indices, axis=axis)
+
+
+# --------------------------------------------------------------------------------------------
+# Compiling
+
+
+def no_autograph(fn):
+    """``fn`` left as written when a ``tf.function`` traces it (AutoGraph would rewrite its
+    Python control flow over static options); unchanged on other backends."""
+    if TENSORFLOW:
+        import tensorflow as tf
+
+        return tf.autograph.experimental.do_not_convert(fn)
+    return fn
+
+
+def compiled(fn, static_argnames=()):
+    """``fn`` compiled by XLA and cached: ``tf.function(jit_compile=True)`` on TensorFlow,
+    ``jax.jit`` on JAX (``static_argnames`` are Python options); unchanged on PyTorch."""
+    if TENSORFLOW:
+        import tensorflow as tf
+
+        return tf.function(fn, jit_compile=True, autograph=False)
+    if NAME == "jax":
+        import jax
+
+        return jax.jit(fn, static_argnames=static_argnames)
+    return fn

@@ -81,7 +81,7 @@ from __future__ import annotations
 import numpy as np
 from keras import ops
 
-from losszoo._backend import custom_gradient, divide_no_nan, maximum, minimum
+from losszoo._backend import custom_gradient, divide_no_nan, maximum, minimum, take_along_axis
 from losszoo.contract import (
     BOUND_RANGE_TOL,
     LOGITS,
@@ -477,7 +477,7 @@ def _solve_sort(x, a, b):
     hi = ops.full_like(lo, n)
     for _ in range(int(np.ceil(np.log2(n + 1)))):
         mid = (lo + hi + 1) // 2
-        ej = ops.take_along_axis(e, ops.clip(mid - 1, 0, n - 1), axis=-1)
+        ej = take_along_axis(e, ops.clip(mid - 1, 0, n - 1), axis=-1)
         fin = ops.isfinite(ej)
         p = ops.where(
             fin, _phi(x, a, b, ops.where(fin, ej, ops.zeros_like(ej))) >= 1.0, sum_a >= 1.0
@@ -486,7 +486,7 @@ def _solve_sort(x, a, b):
         lo = ops.where(ops.logical_and(active, p), mid, lo)
         hi = ops.where(ops.logical_and(active, ops.logical_not(p)), mid - 1, hi)
     e_lo = ops.where(
-        lo > 0, ops.take_along_axis(e, maximum(lo - 1, 0), axis=-1), ops.cast(-np.inf, x.dtype)
+        lo > 0, take_along_axis(e, maximum(lo - 1, 0), axis=-1), ops.cast(-np.inf, x.dtype)
     )
     return _finalize_at(x, a, b, u, lk, e_lo)
 

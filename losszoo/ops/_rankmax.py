@@ -67,7 +67,7 @@ import numpy as np
 from keras import ops
 
 from losszoo import _backend
-from losszoo._backend import custom_gradient
+from losszoo._backend import custom_gradient, take_along_axis
 from losszoo.contract import (
     LOGITS,
     NON_NEGATIVE,
@@ -305,7 +305,7 @@ def _top_k(x, k):
     if _backend.NAME != "torch":
         return ops.top_k(x, k)
     order = ops.argsort(-x, axis=-1)[..., :k]
-    return ops.take_along_axis(x, order, axis=-1), order
+    return take_along_axis(x, order, axis=-1), order
 
 
 def _row_index(ids):
@@ -344,7 +344,7 @@ def _capped_count(D, top_v, m, k, eta):
     remaining = ops.cast(k - ops.arange(k), D.dtype)
     bad = ops.cast(R < remaining * dt, "int32")
     ts = ops.minimum(ops.sum(bad, axis=-1), k - 1)
-    Rs = ops.take_along_axis(R, ts[..., None], axis=-1)[..., 0]
+    Rs = take_along_axis(R, ts[..., None], axis=-1)[..., 0]
     return ts, Rs
 
 
@@ -459,7 +459,7 @@ def _rankmax_loss_ids(z, ids, w, k, eta):
 
     @custom_gradient
     def f(z, ids, w):
-        loss, saved = _positives_forward(z, w, ops.take_along_axis(z, ids, axis=-1), k, eta)
+        loss, saved = _positives_forward(z, w, take_along_axis(z, ids, axis=-1), k, eta)
 
         def grad(upstream):
             return _positives_backward(z, w, ids, k, eta, saved, upstream), None, None
@@ -514,13 +514,13 @@ def _rankmax_loss_one_hot_or_dense(z, w, k, eta):
     write and read.
     """
     ids = _one_hot_ids(w)
-    weight = ops.take_along_axis(w, ids, axis=-1)  # [N, 1]; 0 for a row without positives
+    weight = take_along_axis(w, ids, axis=-1)  # [N, 1]; 0 for a row without positives
 
     @custom_gradient
     def f(z, w, ids, weight):
         at_y = ops.arange(ops.shape(z)[-1])[None, :] == ids
         consistent = ops.where(at_y, (w >= 0) & (w < np.inf), w == 0)
-        zy = ops.take_along_axis(z, ids, axis=-1)
+        zy = take_along_axis(z, ids, axis=-1)
         fast, saved = _positives_forward(z, weight, zy, k, eta, consistent)
         fits = ~ops.any(ops.isnan(saved["D"]))
 
@@ -583,7 +583,7 @@ def _dense_indicator_sum(a, perm, is_z):
     # n from a local tensor: a shape captured from the forward pass of a cond branch is
     # not a compile-time constant in the XLA-compiled gradient of that branch.
     n = ops.shape(a)[-1]
-    a_sorted = ops.take_along_axis(a, ops.where(is_z, 0, perm), axis=-1)
+    a_sorted = take_along_axis(a, ops.where(is_z, 0, perm), axis=-1)
     a_sorted = ops.where(is_z, 0.0, a_sorted)
     after = ops.sum(a_sorted, axis=-1, keepdims=True) - ops.cumsum(a_sorted, axis=-1)
     return _unsort(ops.where(is_z, after, 0.0), perm)[:, n:]
@@ -734,7 +734,7 @@ def _rankmax_projection_ids(z, ids, w, k, eta):
 
     @custom_gradient
     def f(z, ids, w):
-        zy = ops.take_along_axis(z, ids, axis=-1)
+        zy = take_along_axis(z, ids, axis=-1)
         top_v, top_i = (None, None) if k == 1 else _top_k(z, k)
         m, case_b = _anchor(zy, top_v, k)
         d = ops.relu((z[:, None, :] - m[:, :, None]) + eta)  # [N, P, n]
@@ -836,7 +836,7 @@ def rankmax(logits, labels, k: int = 1, margin: float = 1.0, label_format: str =
     ids, w, multi, invalid = _ids_to_positives(labels, z, n, "labels")
     z2 = ops.reshape(z, (-1, n))
     p = _rankmax_projection_ids(z2, ids, w, k, eta)
-    zy = ops.take_along_axis(z2, ids, axis=-1)
+    zy = take_along_axis(z2, ids, axis=-1)
     bad = invalid[:, None] | ((w > 0) & (zy == -np.inf))  # [N, P]
     bad = bad | ops.any(ops.isnan(z2), axis=-1, keepdims=True)
     if _static(n) is None:

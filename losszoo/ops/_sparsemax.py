@@ -45,7 +45,7 @@ from __future__ import annotations
 import numpy as np
 from keras import ops
 
-from losszoo._backend import custom_gradient
+from losszoo._backend import custom_gradient, take_along_axis
 from losszoo.contract import (
     TARGETS,
     check_number,
@@ -77,7 +77,7 @@ def _top_scores_threshold(z, m: int):
     size = ops.sum(ops.cast(1.0 + rank * top > cumulative, "int32"), -1, keepdims=True)
     # A NaN row (see _shifted) counts no entry; 1 keeps the gather in range (the row stays NaN).
     size = ops.maximum(size, 1)
-    return (ops.take_along_axis(cumulative, size - 1, axis=-1) - 1.0) / ops.cast(size, z.dtype)
+    return (take_along_axis(cumulative, size - 1, axis=-1) - 1.0) / ops.cast(size, z.dtype)
 
 
 def _threshold(z):

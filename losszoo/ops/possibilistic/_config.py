@@ -13,9 +13,10 @@ import dataclasses
 from typing import Any, NamedTuple
 
 import numpy as np
-from keras import ops
 
-from losszoo import _backend
+# The float64-keeping ops and the compile helpers live in the backend module; the package's
+# modules import them from here.
+from losszoo._backend import compiled, cumsum, maximum, minimum, no_autograph  # noqa: F401
 from losszoo.contract import check_choice, check_number
 
 F64 = "float64"
@@ -170,57 +171,3 @@ class ProjectionInfo(NamedTuple):
     converged: Any
     valid: Any
     multipliers: Any
-
-
-def _torch_binary(fn_name, x, y):
-    import torch
-
-    x = x if torch.is_tensor(x) else torch.as_tensor(x, dtype=y.dtype, device=y.device)
-    y = y if torch.is_tensor(y) else torch.as_tensor(y, dtype=x.dtype, device=x.device)
-    dtype = torch.promote_types(x.dtype, y.dtype)
-    return getattr(torch, fn_name)(x.to(dtype), y.to(dtype))
-
-
-# Keras' PyTorch backend computes the promoted dtype of maximum / minimum / cumsum with 64-bit
-# types clamped to 32 bits: these keep float64 there (keras.ops itself elsewhere).
-def maximum(x, y):
-    """``keras.ops.maximum`` that keeps float64 on every backend."""
-    return _torch_binary("maximum", x, y) if _backend.NAME == "torch" else ops.maximum(x, y)
-
-
-def minimum(x, y):
-    """``keras.ops.minimum`` that keeps float64 on every backend."""
-    return _torch_binary("minimum", x, y) if _backend.NAME == "torch" else ops.minimum(x, y)
-
-
-def cumsum(x, axis):
-    """``keras.ops.cumsum`` that keeps float64 on every backend."""
-    if _backend.NAME == "torch":
-        import torch
-
-        return torch.cumsum(ops.convert_to_tensor(x), dim=axis)
-    return ops.cumsum(x, axis=axis)
-
-
-def no_autograph(fn):
-    """``fn`` left as written when a ``tf.function`` traces it (AutoGraph would rewrite its
-    Python control flow over static options); unchanged on other backends."""
-    if _backend.TENSORFLOW:
-        import tensorflow as tf
-
-        return tf.autograph.experimental.do_not_convert(fn)
-    return fn
-
-
-def compiled(fn, static_argnames=()):
-    """``fn`` compiled by XLA and cached: ``tf.function(jit_compile=True)`` on TensorFlow,
-    ``jax.jit`` on JAX (``static_argnames`` are Python options); unchanged on PyTorch."""
-    if _backend.TENSORFLOW:
-        import tensorflow as tf
-
-        return tf.function(fn, jit_compile=True, autograph=False)
-    if _backend.NAME == "jax":
-        import jax
-
-        return jax.jit(fn, static_argnames=static_argnames)
-    return fn

@@ -75,7 +75,7 @@ def sanitize(pi):
 
 def take_rows(x, order):
     """``x[b, order[b, i]]`` (a gather along the last axis of ``[B, K]``)."""
-    return ops.take_along_axis(x, order, axis=-1)
+    return _backend.take_along_axis(x, order, axis=-1)
 
 
 def constraints_2d(pi, eps_cap, tie_tol, support_mode, floor, gap_policy):

@@ -13,6 +13,7 @@ import functools
 
 from keras import ops
 
+from losszoo import _backend
 from losszoo.ops.possibilistic._certificates import (
     _at_lambda,
     _normalize_log,
@@ -188,7 +189,7 @@ def _stage_sizes(active, min_batch, factor):
 
 
 def _take(t, idx, axis):
-    return ops.take(t, idx, axis=axis)
+    return _backend.take(t, idx, axis=axis)
 
 
 def _put(full, part, idx, axis):

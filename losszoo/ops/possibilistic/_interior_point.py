@@ -10,6 +10,7 @@ for the caller to certify on the original constraints. Derivation:
 import numpy as np
 from keras import ops
 
+from losszoo import _backend
 from losszoo.ops.possibilistic._banded import penta_factor, penta_solve
 from losszoo.ops.possibilistic._certificates import (
     _chain_dual_violation_and_gap,
@@ -335,7 +336,7 @@ def _ipm_stages(chain, state, sizes, tol, gap_tol, max_iter, body=None):
     _, idx = ops.top_k(ops.cast(state[4], "int32"), nxt, sorted=True)
 
     def take(t):
-        return ops.take(t, idx, axis=len(t.shape) - 1)
+        return _backend.take(t, idx, axis=len(t.shape) - 1)
 
     def put(full, part):
         rank = len(full.shape)
@@ -445,7 +446,7 @@ def _ipm_solve_blocks(lq, pt, strict, lo, up, in_support, run, tol, gap_tol, max
     table.append(_cumsum_rows(w_b) - w_b)  # first sorted class of the block
     table += [batch_major(t) for t in (lam1, lam2, lam3)]
     rows = red["bid"] + ops.arange(ops.shape(pt)[0], dtype="int32")[:, None] * size
-    per_cls = ops.take(ops.reshape(ops.stack(table, -1), (-1, len(table))), rows, axis=0)
+    per_cls = _backend.take(ops.reshape(ops.stack(table, -1), (-1, len(table))), rows, axis=0)
     x_primal, x_dual, w_cls, mean_lq, nu, nu_prev, first, l1c, l2c, l3c = ops.unstack(
         per_cls, axis=-1
     )
