@@ -26,7 +26,6 @@ script for the whole process.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import itertools
 import os
 import subprocess
@@ -46,6 +45,7 @@ import harness  # noqa: E402
 from keras import ops as kops  # noqa: E402
 
 from losszoo import ops  # noqa: E402
+from losszoo._backend import enable_float64  # noqa: E402
 from losszoo.ops.possibilistic import ProjectionConfig  # noqa: E402
 
 NLI_CONFIG = ProjectionConfig(eps_cap=0.05, tol=1e-6, max_cycles=500)
@@ -100,22 +100,6 @@ def antipignistic_kl(logits, pi):
     return ops.antipignistic_kl_loss(pi, logits)
 
 
-@contextlib.contextmanager
-def _float64():
-    """JAX computes float64 only with ``jax_enable_x64``: on for the block, then restored."""
-    if harness.BACKEND != "jax":
-        yield
-        return
-    import jax
-
-    before = jax.config.read("jax_enable_x64")
-    jax.config.update("jax_enable_x64", True)
-    try:
-        yield
-    finally:
-        jax.config.update("jax_enable_x64", before)
-
-
 def cases(quick=False):
     """The two training-step cases. On JAX a generator that keeps ``jax_enable_x64`` on while
     run.py measures them (it asks for the next case after measuring the previous one) and
@@ -128,7 +112,7 @@ def cases(quick=False):
 
 
 def _with_float64(built):
-    with _float64():
+    with enable_float64():
         yield from built
 
 

@@ -14,6 +14,7 @@ two outputs or a non-tensor argument on PyTorch, and swallows exceptions there.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -283,6 +284,23 @@ def float64_available() -> bool:
     import jax
 
     return bool(jax.config.read("jax_enable_x64"))
+
+
+@contextlib.contextmanager
+def enable_float64():
+    """Float64 available inside the block: on JAX ``jax_enable_x64`` is turned on, then
+    restored; elsewhere a no-op."""
+    if NAME != "jax":
+        yield
+        return
+    import jax
+
+    previous = jax.config.read("jax_enable_x64")
+    jax.config.update("jax_enable_x64", True)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_x64", previous)
 
 
 def require_float64(feature: str) -> None:

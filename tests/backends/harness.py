@@ -7,11 +7,11 @@ numpy arrays.
 
 from __future__ import annotations
 
-import contextlib
-
 import keras
 import numpy as np
 from keras import ops
+
+from losszoo._backend import enable_float64
 
 BACKEND = keras.backend.backend()
 MODES = ("eager", "graph", "xla") if BACKEND == "tensorflow" else ("eager", "jit")
@@ -115,17 +115,5 @@ def finite_difference(fn, x, upstream_fn=None, eps=1e-6):
     return g
 
 
-@contextlib.contextmanager
-def float64():
-    """Float64 available inside (JAX: ``jax_enable_x64`` on for the block)."""
-    if BACKEND != "jax":
-        yield
-        return
-    import jax
-
-    previous = jax.config.read("jax_enable_x64")
-    jax.config.update("jax_enable_x64", True)
-    try:
-        yield
-    finally:
-        jax.config.update("jax_enable_x64", previous)
+# Float64 available inside a block (JAX: ``jax_enable_x64`` on, then restored).
+float64 = enable_float64
