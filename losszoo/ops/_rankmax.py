@@ -84,8 +84,6 @@ from losszoo.contract import (
     validation_enabled,
 )
 
-__all__ = ["PADDED_CLASS_IDS", "check_rankmax_arguments", "rankmax", "rankmax_loss"]
-
 LABEL_FORMATS = ("auto", "keras", "ids", "dense")
 
 
@@ -212,52 +210,35 @@ def _dense_weights(labels, z, name):
     return NON_NEGATIVE.check(ops.cast(labels, z.dtype), name)
 
 
-def _tf_label_form(labels):
-    """``"ragged"`` / ``"sparse"`` for a ``tf.RaggedTensor`` / ``tf.SparseTensor``, else None."""
-    if not _backend.TENSORFLOW:
-        return None
-    import tensorflow as tf
+def _read_labels(labels, z, label_format, name):
+    """``labels`` as a dense tensor and the format they are read in (:func:`_resolve_format`).
 
-    if isinstance(labels, tf.RaggedTensor):
-        return "ragged"
-    return "sparse" if isinstance(labels, tf.SparseTensor) else None
-
-
-def _ragged_ids(labels, name):
-    """A ``tf.RaggedTensor`` of ids padded with -1 to at least one column (rows may all be
-    empty). TensorFlow only."""
-    import tensorflow as tf
-
-    ids = dense_labels(labels, name, ragged_fill=-1)
-    short = tf.maximum(1 - tf.shape(ids)[-1], 0)
-    pad = tf.concat([tf.zeros([ids.shape.rank - 1, 2], tf.int32), [[0, short]]], 0)
-    return tf.pad(ids, pad, constant_values=-1)
-
-
-def _labels_and_format(labels, label_format, name):
-    """``labels`` as a tensor and the format it forces (``label_format`` otherwise).
-
-    A ``tf.RaggedTensor`` is a list of positive ids per row, read as ids;
-    ``label_format="dense"`` cannot read it (TypeError). A ``tf.SparseTensor`` stays sparse
-    until the format is resolved (see :func:`_densify`).
+    On TensorFlow a ``tf.RaggedTensor`` is a list of positive ids per row, read as ids and
+    padded with -1 to at least one column (``label_format="dense"`` cannot read it:
+    TypeError); a ``tf.SparseTensor``'s absent entries are padding (-1) for ids, weight 0
+    for dense labels.
     """
     check_choice(label_format, "label_format", LABEL_FORMATS)
-    form = _tf_label_form(labels)
-    if form == "ragged":
-        if label_format == "dense":
-            raise TypeError(
-                f"`{name}` is a tf.RaggedTensor (lists of positive ids per row), which "
-                "label_format='dense' cannot read: use label_format='ids' or 'auto'."
-            )
-        return _ragged_ids(labels, name), "ids"
-    if form == "sparse":
-        return labels, label_format
-    return ops.convert_to_tensor(labels), label_format
+    sparse = False
+    if _backend.TENSORFLOW:
+        import tensorflow as tf
 
-
-def _densify(labels, label_format, name):
-    """A ``tf.SparseTensor``'s absent entries are padding (-1) for ids, weight 0 for dense."""
-    return dense_labels(labels, name, sparse_fill=-1 if label_format == "ids" else 0)
+        if isinstance(labels, tf.RaggedTensor):
+            if label_format == "dense":
+                raise TypeError(
+                    f"`{name}` is a tf.RaggedTensor (lists of positive ids per row), which "
+                    "label_format='dense' cannot read: use label_format='ids' or 'auto'."
+                )
+            ids = dense_labels(labels, name, ragged_fill=-1)
+            short = tf.maximum(1 - tf.shape(ids)[-1], 0)
+            pad = tf.concat([tf.zeros([ids.shape.rank - 1, 2], tf.int32), [[0, short]]], 0)
+            return tf.pad(ids, pad, constant_values=-1), "ids"
+        sparse = isinstance(labels, tf.SparseTensor)
+    if not sparse:
+        labels = ops.convert_to_tensor(labels)
+    label_format = _resolve_format(labels, z, label_format, name)
+    fill = -1 if label_format == "ids" else 0
+    return dense_labels(labels, name, sparse_fill=fill), label_format
 
 
 def _resolve_format(labels, z, label_format, name):
@@ -692,9 +673,7 @@ def rankmax_loss(
     k, eta, max_positives = check_rankmax_arguments(k, margin, max_positives, _static(n))
     z = _check_k_against(z, k, n)
     z2 = ops.reshape(z, (-1, n))
-    labels, label_format = _labels_and_format(labels, label_format, labels_name)
-    label_format = _resolve_format(labels, z, label_format, labels_name)
-    labels = _densify(labels, label_format, labels_name)
+    labels, label_format = _read_labels(labels, z, label_format, labels_name)
     invalid = None
     if label_format == "ids":
         ids, w, _, invalid = _ids_to_positives(labels, z, n, labels_name)
@@ -824,15 +803,14 @@ def rankmax(logits, labels, k: int = 1, margin: float = 1.0, label_format: str =
     z, dtype, n = _prepare_logits(logits, "logits")
     k, eta, _ = check_rankmax_arguments(k, margin, None, _static(n))
     z = _check_k_against(z, k, n)
-    labels, label_format = _labels_and_format(labels, label_format, "labels")
-    if _resolve_format(labels, z, label_format, "labels") == "dense":
+    labels, label_format = _read_labels(labels, z, label_format, "labels")
+    if label_format == "dense":
         raise TypeError(
             "`labels` of `rankmax` must be integer ids (one projection per positive); got "
             f"{dtype_name(labels)} labels of the logits' rank, which read as dense weights. "
             "Use rankmax_loss for dense multi-hot labels, or label_format='ids' for lists of "
             "ids."
         )
-    labels = _densify(labels, "ids", "labels")
     ids, w, multi, invalid = _ids_to_positives(labels, z, n, "labels")
     z2 = ops.reshape(z, (-1, n))
     p = _rankmax_projection_ids(z2, ids, w, k, eta)
