@@ -10,21 +10,11 @@ from keras import ops
 
 from losszoo import _backend, registry
 from losszoo._logits import attached_logits
-from losszoo.contract import LOGITS, check_number
+from losszoo.contract import CLASS_IDS, LOGITS, check_number, validation
 from losszoo.heads.calibration import LogitBounding, ProbabilityBounding, TemperatureScaling
 
-_CALIBRATORS = (TemperatureScaling, ProbabilityBounding, LogitBounding)
-
-
-def _calibrator_class(name: str, method: str) -> type:
-    """The calibrator registered (as a head) under ``name`` or an alias (``"ts"``)."""
-    try:
-        cls = registry.get_class(name, "head")
-    except KeyError:
-        cls = None
-    if cls not in _CALIBRATORS:
-        raise ValueError(f"`method`: unknown calibration method {method!r}.")
-    return cls
+#: calibrator -> how many ``-`` parts its short names may add (``"pb-c-l"``: bound_fn, bounds).
+_VARIANT_PARTS = {TemperatureScaling: 0, LogitBounding: 1, ProbabilityBounding: 2}
 
 
 def make_calibrator(method: str = "temperature_scaling", **kwargs) -> keras.layers.Layer:
@@ -39,23 +29,18 @@ def make_calibrator(method: str = "temperature_scaling", **kwargs) -> keras.laye
     if not isinstance(method, str):
         raise TypeError(f"`method` must be a string, got {method!r}.")
     name = method.lower().replace("_", "-") if "-" in method else method.lower()
-    parts = name.split("-")
-    cls = _calibrator_class(parts[0], method)
-    if cls is TemperatureScaling and len(parts) == 1:
-        return cls(**kwargs)
-    if cls is TemperatureScaling or len(parts) > 3:
+    head, *variant = name.split("-")
+    try:  # the calibrators' registered head names and aliases ("ts")
+        cls = registry.get_class(head, "head")
+    except KeyError:
+        cls = None
+    if len(variant) > _VARIANT_PARTS.get(cls, -1):
         raise ValueError(f"`method`: unknown calibration method {method!r}.")
-    if len(parts) >= 2:
-        kwargs.setdefault("bound_fn", {"c": "constant", "l": "linear"}.get(parts[1], parts[1]))
-    if len(parts) == 3:
-        if cls is not ProbabilityBounding:
-            raise ValueError(f"`method`: unknown calibration method {method!r}.")
-        kwargs.setdefault("bounds", {"l": "lower", "u": "upper"}.get(parts[2], parts[2]))
+    if variant:
+        kwargs.setdefault("bound_fn", {"c": "constant", "l": "linear"}.get(variant[0], variant[0]))
+    if len(variant) == 2:
+        kwargs.setdefault("bounds", {"l": "lower", "u": "upper"}.get(variant[1], variant[1]))
     return cls(**kwargs)
-
-
-def _needs_features(layer):
-    return getattr(layer, "bound_fn", None) == "linear"
 
 
 class LogitsNotAttached(ValueError):
@@ -267,22 +252,18 @@ def fit_calibrator(
     epsilon = check_number(epsilon, "epsilon", low=0.0, low_open=True)
     seed = check_number(seed, "seed", low=0, integer=True)
     calibrator = make_calibrator(method, **calibrator_kwargs)
-    needs = _needs_features(calibrator)
-    labels_raw = np.asarray(y_val)
-    if labels_raw.dtype == bool or not (
-        np.issubdtype(labels_raw.dtype, np.integer) or np.issubdtype(labels_raw.dtype, np.floating)
+    needs = getattr(calibrator, "bound_fn", None) == "linear"
+    labels = np.asarray(y_val)
+    if labels.dtype == bool or not (
+        np.issubdtype(labels.dtype, np.integer) or np.issubdtype(labels.dtype, np.floating)
     ):
-        raise TypeError(f"`y_val` must be integer class ids, got dtype {labels_raw.dtype}.")
-    if labels_raw.ndim > 2 or (labels_raw.ndim == 2 and labels_raw.shape[1] != 1):
+        raise TypeError(f"`y_val` must be integer class ids, got dtype {labels.dtype}.")
+    if labels.ndim > 2 or (labels.ndim == 2 and labels.shape[1] != 1):
         raise ValueError(
-            f"`y_val` must be class ids of shape [N] or [N, 1], got shape {labels_raw.shape}."
+            f"`y_val` must be class ids of shape [N] or [N, 1], got shape {labels.shape}."
         )
-    labels_raw = labels_raw.reshape(-1)
-    if np.issubdtype(labels_raw.dtype, np.floating) and (
-        not np.all(np.isfinite(labels_raw)) or np.any(labels_raw != np.round(labels_raw))
-    ):
-        raise ValueError("`y_val` must be integer class ids (got NaN, Inf or fractions).")
-    if labels_raw.size == 0:
+    labels = labels.reshape(-1)
+    if labels.size == 0:
         raise ValueError("`y_val` is empty: nothing to fit on.")
     if isinstance(model_or_logits, keras.Model):
         base = model_or_logits
@@ -304,18 +285,14 @@ def fit_calibrator(
             f"`model_or_logits`: the validation logits must be [N, K], got shape {logits.shape}."
         )
     LOGITS.check(logits, "model_or_logits")  # NaN / +inf / all -inf rows: before fitting
-    k = logits.shape[1]
-    if len(logits) != len(labels_raw):
+    if len(logits) != len(labels):
         raise ValueError(
             f"`y_val` must have one label per validation example: "
-            f"{len(labels_raw)} labels for {len(logits)} examples."
+            f"{len(labels)} labels for {len(logits)} examples."
         )
-    if np.any(labels_raw < 0) or np.any(labels_raw >= k):
-        raise ValueError(
-            f"`y_val` must be class ids in [0, {k}), got values in "
-            f"[{labels_raw.min()}, {labels_raw.max()}]."
-        )
-    labels = labels_raw.astype(np.int32)
+    with validation(True):  # host data, checked before fitting whatever the switch says
+        CLASS_IDS.check(labels, "y_val", logits.shape[1])
+    labels = labels.astype(np.int32)
     if needs:
         feats = np.asarray(feats, np.float32)
         if feats.shape[0] != len(logits):
@@ -331,15 +308,12 @@ def fit_calibrator(
 
     if base is not None:
         base.trainable = False
-        out = calibrator([logits_t, feats_t] if needs else logits_t)
-        model = keras.Model(base.inputs, out, name=f"calibrated_{base.name}")
+        inputs = base.inputs
+        name = f"calibrated_{base.name}"
     else:
-        logit_in = keras.Input((logits.shape[1],), name="logits")
-        if needs:
-            feat_in = keras.Input((feats.shape[1],), name="features")
-            model = keras.Model(
-                [logit_in, feat_in], calibrator([logit_in, feat_in]), name="calibrator"
-            )
-        else:
-            model = keras.Model(logit_in, calibrator(logit_in), name="calibrator")
+        logits_t = keras.Input((logits.shape[1],), name="logits")
+        feats_t = keras.Input((feats.shape[1],), name="features") if needs else None
+        inputs = [logits_t, feats_t] if needs else logits_t
+        name = "calibrator"
+    model = keras.Model(inputs, calibrator([logits_t, feats_t] if needs else logits_t), name=name)
     return (model, history) if return_history else model

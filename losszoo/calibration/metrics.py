@@ -28,17 +28,13 @@ def _prep(probs, labels):
     """Validate and convert: probs ``[N, K]`` float64 on the simplex, labels int ``[N]``.
 
     Raises ``ValueError`` naming the argument for: probs not 2-D, empty, or breaking
-    ``PROBABILITIES`` (NaN/inf, negative, rows not summing to 1 within ``SUM_TOL``); labels
-    breaking ``contract.CLASS_IDS`` (negative ids are not read from the end; NaN and fractions
-    are rejected), of the wrong length, or 2-D labels breaking ``ONE_HOT`` (ambiguous, so
-    rejected rather than argmaxed). Always checked (``losszoo.set_validation`` concerns
-    per-step tensor checks; these functions are not on a training path).
+    ``PROBABILITIES`` (NaN/inf, negative, rows not summing to 1 within
+    ``contract.PROBABILITY_SUM_TOL``); labels breaking ``contract.CLASS_IDS`` (negative ids are
+    not read from the end; NaN and fractions are rejected), of the wrong length, or 2-D labels
+    breaking ``ONE_HOT`` (ambiguous, so rejected rather than argmaxed). Always checked
+    (``losszoo.set_validation`` concerns per-step tensor checks; these functions are not on a
+    training path).
     """
-    with validation(True):
-        return _checked(probs, labels)
-
-
-def _checked(probs, labels):
     try:
         probs = np.asarray(probs, np.float64)
     except (TypeError, ValueError) as err:
@@ -48,28 +44,30 @@ def _checked(probs, labels):
     n, k = probs.shape
     if n == 0 or k == 0:
         raise ValueError(f"`probs` must have at least one row and one class, got {probs.shape}.")
-    PROBABILITIES.check(probs, "probs")
-    raw = np.asarray(labels)
-    if raw.dtype == bool or not (
-        np.issubdtype(raw.dtype, np.integer) or np.issubdtype(raw.dtype, np.floating)
-    ):
-        raise TypeError(
-            f"`labels` must be integer class ids or one-hot rows, got dtype {raw.dtype}."
-        )
-    if raw.ndim == 2 and raw.shape == (n, k) and k > 1:
-        ONE_HOT.check(raw, "labels")
-        return probs, raw.argmax(-1).astype(np.int64)
-    if raw.ndim > 2 or (raw.ndim == 2 and raw.shape[1] != 1):
-        raise ValueError(
-            f"`labels` must be [N], [N, 1] or one-hot [N, K] for `probs` {probs.shape},"
-            f" got shape {raw.shape}."
-        )
-    flat = raw.reshape(-1)
-    if flat.shape[0] != n:
-        raise ValueError(
-            f"`labels` and `probs` must have the same number of rows, got {flat.shape[0]} and {n}."
-        )
-    CLASS_IDS.check(flat, "labels", k)
+    with validation(True):
+        PROBABILITIES.check(probs, "probs")
+        raw = np.asarray(labels)
+        if raw.dtype == bool or not (
+            np.issubdtype(raw.dtype, np.integer) or np.issubdtype(raw.dtype, np.floating)
+        ):
+            raise TypeError(
+                f"`labels` must be integer class ids or one-hot rows, got dtype {raw.dtype}."
+            )
+        if raw.ndim == 2 and raw.shape == (n, k) and k > 1:
+            ONE_HOT.check(raw, "labels")
+            return probs, raw.argmax(-1).astype(np.int64)
+        if raw.ndim > 2 or (raw.ndim == 2 and raw.shape[1] != 1):
+            raise ValueError(
+                f"`labels` must be [N], [N, 1] or one-hot [N, K] for `probs` {probs.shape},"
+                f" got shape {raw.shape}."
+            )
+        flat = raw.reshape(-1)
+        if flat.shape[0] != n:
+            raise ValueError(
+                f"`labels` and `probs` must have the same number of rows, got {flat.shape[0]} "
+                f"and {n}."
+            )
+        CLASS_IDS.check(flat, "labels", k)
     return probs, flat.astype(np.int64)
 
 
@@ -83,20 +81,23 @@ def _bin_index(values, n_bins):
     return (values[:, None] > edges[None, :]).sum(-1)
 
 
+def _top_label(probs, labels):
+    """Each row's confidence (top probability) and whether its argmax is the label (0/1)."""
+    return probs.max(-1), (probs.argmax(-1) == labels).astype(np.float64)
+
+
+def _binned_gap(values, hits, n_bins):
+    """``sum_m |B_m|/N |mean(hits in B_m) - mean(values in B_m)|`` over equal-width bins of
+    ``values`` (empty bins contribute 0)."""
+    gaps = np.bincount(_bin_index(values, n_bins), hits - values, minlength=n_bins)
+    return np.abs(gaps).sum() / len(values)
+
+
 def ece(probs, labels, n_bins: int = 15) -> float:
     """Top-label expected calibration error with ``n_bins`` equal-width bins (paper eq. 28)."""
     n_bins = _n_bins(n_bins)
-    probs, labels = _prep(probs, labels)
-    conf = probs.max(-1)
-    correct = (probs.argmax(-1) == labels).astype(np.float64)
-    idx = _bin_index(conf, n_bins)
-    n = len(conf)
-    total = 0.0
-    for m in range(n_bins):
-        sel = idx == m
-        if sel.any():
-            total += sel.sum() / n * abs(correct[sel].mean() - conf[sel].mean())
-    return float(total)
+    conf, correct = _top_label(*_prep(probs, labels))
+    return float(_binned_gap(conf, correct, n_bins))
 
 
 def classwise_ece(probs, labels, n_bins: int = 15) -> float:
@@ -104,32 +105,18 @@ def classwise_ece(probs, labels, n_bins: int = 15) -> float:
     against ``[y = k]`` (Kull et al., 2019), equal-width right-closed bins."""
     n_bins = _n_bins(n_bins)
     probs, labels = _prep(probs, labels)
-    n, k = probs.shape
-    onehot = np.eye(k)[labels]
-    total = 0.0
-    for c in range(k):
-        idx = _bin_index(probs[:, c], n_bins)
-        for m in range(n_bins):
-            sel = idx == m
-            if sel.any():
-                total += sel.sum() / n * abs(onehot[sel, c].mean() - probs[sel, c].mean())
-    return float(total / k)
+    onehot = np.eye(probs.shape[1])[labels]
+    return float(np.mean([_binned_gap(p, y, n_bins) for p, y in zip(probs.T, onehot.T)]))
 
 
 def adaptive_ece(probs, labels, n_bins: int = 15) -> float:
     """Top-label ECE with equal-mass bins: samples sorted by confidence, split into ``n_bins``
     groups of (nearly) equal size (``np.array_split``)."""
     n_bins = _n_bins(n_bins)
-    probs, labels = _prep(probs, labels)
-    conf = probs.max(-1)
-    correct = (probs.argmax(-1) == labels).astype(np.float64)
-    order = np.argsort(conf, kind="stable")
-    n = len(conf)
-    total = 0.0
-    for chunk in np.array_split(order, n_bins):
-        if len(chunk):
-            total += len(chunk) / n * abs(correct[chunk].mean() - conf[chunk].mean())
-    return float(total)
+    conf, correct = _top_label(*_prep(probs, labels))
+    gaps = correct - conf
+    chunks = np.array_split(np.argsort(conf, kind="stable"), n_bins)
+    return float(sum(abs(gaps[chunk].sum()) for chunk in chunks) / len(conf))
 
 
 def nll(probs, labels, eps: float = 1e-12) -> float:
@@ -148,5 +135,4 @@ def brier_score(probs, labels) -> float:
 
 def accuracy(probs, labels) -> float:
     """Top-1 accuracy (argmax; ties go to the lowest index, as ``np.argmax``)."""
-    probs, labels = _prep(probs, labels)
-    return float((probs.argmax(-1) == labels).mean())
+    return float(_top_label(*_prep(probs, labels))[1].mean())

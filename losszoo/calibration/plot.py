@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from losszoo.calibration.metrics import _bin_index, _n_bins, _prep, ece
+from losszoo.calibration.metrics import _bin_index, _n_bins, _prep, _top_label, ece
 
 
 def reliability_curve(probs, labels, n_bins: int = 15):
@@ -24,9 +24,7 @@ def reliability_curve(probs, labels, n_bins: int = 15):
       0.75 0.75
     """
     n_bins = _n_bins(n_bins)
-    probs, labels = _prep(probs, labels)
-    conf = probs.max(-1)
-    correct = (probs.argmax(-1) == labels).astype(np.float64)
+    conf, correct = _top_label(*_prep(probs, labels))
     idx = _bin_index(conf, n_bins)
     count = np.bincount(idx, minlength=n_bins).astype(np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):

@@ -38,27 +38,13 @@ RECBOLE_REQUIREMENT = "recbole==1.2.1"
 RECBOLE_PREFIX = "recbole/dataset_example/ml-100k/"
 CACHE_ENV = "LOSSZOO_CACHE_DIR"
 
-GENRES = (
-    "unknown",
-    "Action",
-    "Adventure",
-    "Animation",
-    "Children's",
-    "Comedy",
-    "Crime",
-    "Documentary",
-    "Drama",
-    "Fantasy",
-    "Film-Noir",
-    "Horror",
-    "Musical",
-    "Mystery",
-    "Romance",
-    "Sci-Fi",
-    "Thriller",
-    "War",
-    "Western",
+#: The genre flags of ``u.item``, in file order.
+GENRES = tuple(
+    "unknown Action Adventure Animation Children's Comedy Crime Documentary Drama Fantasy "
+    "Film-Noir Horror Musical Mystery Romance Sci-Fi Thriller War Western".split()
 )
+#: The files taken from the GroupLens archive's ``ml-100k/`` folder.
+_GROUPLENS_FILES = ("u.data", "u.item", "u.user", "u.genre", "README")
 
 
 @dataclasses.dataclass
@@ -134,12 +120,13 @@ def _integers(path: Path, column: str, values) -> np.ndarray:
 
 
 def _ratings(path: Path, table) -> dict:
-    """The user_id, item_id, rating, timestamp columns of ``table`` ([N, 4]), checked."""
+    """The ``user``, ``item``, ``rating``, ``timestamp`` fields of :class:`MovieLens100K` from
+    ``table`` ([N, 4]: the columns of :data:`_COLUMN_RANGES`, in its order), checked."""
     table = np.asarray(table, dtype=object).reshape(-1, 4)
-    return {
-        column: _integers(path, column, table[:, j])
-        for j, column in enumerate(("user_id", "item_id", "rating", "timestamp"))
-    }
+    user, item, rating, timestamp = (
+        _integers(path, column, table[:, j]) for j, column in enumerate(_COLUMN_RANGES)
+    )
+    return {"user": user, "item": item, "rating": rating.astype(np.float32), "timestamp": timestamp}
 
 
 def _read_grouplens(folder: Path) -> MovieLens100K:
@@ -148,7 +135,7 @@ def _read_grouplens(folder: Path) -> MovieLens100K:
     rows = [row for row in rows if row]
     if any(len(row) != 4 for row in rows):
         raise ValueError(f"{path}: expected 4 tab-separated columns.")
-    columns = _ratings(path, rows)
+    ratings = _ratings(path, rows)
     item_ids, titles, genres = [], [], []
     text = (folder / "u.item").read_bytes().decode("latin-1")
     for line in text.splitlines():
@@ -160,10 +147,7 @@ def _read_grouplens(folder: Path) -> MovieLens100K:
         titles.append(parts[1])
         genres.append(tuple(g for g, f in zip(GENRES, flags) if f.strip() == "1"))
     return MovieLens100K(
-        user=columns["user_id"],
-        item=columns["item_id"],
-        rating=columns["rating"].astype(np.float32),
-        timestamp=columns["timestamp"],
+        **ratings,
         item_ids=_integers(folder / "u.item", "item_id", item_ids),
         titles=titles,
         genres=genres,
@@ -182,11 +166,10 @@ def _read_recbole(folder: Path) -> MovieLens100K:
     path = folder / "ml-100k.inter"
     header, rows = _atomic_table(path)
     col = {name: i for i, name in enumerate(header)}
-    for name in ("user_id", "item_id", "rating", "timestamp"):
+    for name in _COLUMN_RANGES:
         if name not in col:
             raise ValueError(f"{path}: missing column {name!r} in header.")
-    order = [col[name] for name in ("user_id", "item_id", "rating", "timestamp")]
-    columns = _ratings(path, [[r[i] for i in order] for r in rows])
+    ratings = _ratings(path, [[r[col[name]] for name in _COLUMN_RANGES] for r in rows])
     header, rows = _atomic_table(folder / "ml-100k.item")
     col = {name: i for i, name in enumerate(header)}
     item_ids = _integers(folder / "ml-100k.item", "item_id", [r[col["item_id"]] for r in rows])
@@ -196,14 +179,7 @@ def _read_recbole(folder: Path) -> MovieLens100K:
         for r in rows
     ]
     return MovieLens100K(
-        user=columns["user_id"],
-        item=columns["item_id"],
-        rating=columns["rating"].astype(np.float32),
-        timestamp=columns["timestamp"],
-        item_ids=item_ids,
-        titles=titles,
-        genres=genres,
-        source=str(folder),
+        **ratings, item_ids=item_ids, titles=titles, genres=genres, source=str(folder)
     )
 
 
@@ -224,24 +200,18 @@ def read_folder(folder) -> MovieLens100K:
         raise FileNotFoundError(f"{folder} does not exist")
     if not folder.is_dir():
         raise NotADirectoryError(f"{folder} is not a folder")
-    found, reader = _find_layout(folder)
     archive_path = folder / "ml-100k.zip"
-    if found is None and archive_path.is_file():
+    if _find_layout(folder)[0] is None and archive_path.is_file():
         try:
             with zipfile.ZipFile(archive_path) as archive:
-                _extract_members(
-                    archive,
-                    "ml-100k/",
-                    folder / "ml-100k",
-                    ("u.data", "u.item", "u.user", "u.genre", "README"),
-                )
+                _extract_members(archive, "ml-100k/", folder / "ml-100k", _GROUPLENS_FILES)
         except zipfile.BadZipFile as err:
             raise ValueError(
                 f"{archive_path} is not a valid zip archive ({err}); it is probably corrupt or "
                 "an incomplete download. Delete it and download ml-100k.zip again from "
                 f"{GROUPLENS_URL}, or put the extracted u.data and u.item in {folder}."
             ) from None
-        found, reader = _find_layout(folder)
+    found, reader = _find_layout(folder)
     if found is None:
         raise FileNotFoundError(
             f"{folder} holds neither u.data + u.item (GroupLens) nor ml-100k.inter + "
@@ -279,25 +249,13 @@ def _from_grouplens(target: Path, timeout: float = 30.0) -> None:
     with urllib.request.urlopen(GROUPLENS_URL, timeout=timeout) as response:
         payload = response.read()
     with zipfile.ZipFile(io.BytesIO(payload)) as archive:
-        _extract_members(
-            archive, "ml-100k/", target, ("u.data", "u.item", "u.user", "u.genre", "README")
-        )
+        _extract_members(archive, "ml-100k/", target, _GROUPLENS_FILES)
 
 
 def _from_recbole_wheel(target: Path, timeout: float = 300.0) -> None:
     with tempfile.TemporaryDirectory(prefix="losszoo-recbole-") as tmp:
-        cmd = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--disable-pip-version-check",
-            "--quiet",
-            RECBOLE_REQUIREMENT,
-            "-d",
-            tmp,
-        ]
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check"]
+        cmd += ["--quiet", RECBOLE_REQUIREMENT, "-d", tmp]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         wheels = list(Path(tmp).glob("recbole-*.whl"))
         if proc.returncode != 0 or not wheels:
@@ -439,13 +397,13 @@ def pairs_to_mask(pairs: np.ndarray, num_users: int, num_items: int) -> np.ndarr
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise ValueError(f"`{arg}` must be a positive integer, got {value!r}.")
     pairs = np.asarray(pairs)
-    if pairs.ndim != 2 or pairs.shape[1] != 2 or not np.issubdtype(pairs.dtype, np.integer):
-        if not (pairs.size == 0 and pairs.ndim == 2 and pairs.shape[1] == 2):
-            raise ValueError(
-                f"`pairs` must be integer (user, item) indices of shape [P, 2], got "
-                f"shape {pairs.shape} and dtype {pairs.dtype}."
-            )
-        pairs = pairs.astype(np.int64)
+    integer = pairs.size == 0 or np.issubdtype(pairs.dtype, np.integer)  # [] is float
+    if pairs.ndim != 2 or pairs.shape[1] != 2 or not integer:
+        raise ValueError(
+            f"`pairs` must be integer (user, item) indices of shape [P, 2], got "
+            f"shape {pairs.shape} and dtype {pairs.dtype}."
+        )
+    pairs = pairs.astype(np.int64)
     if pairs.size and (
         pairs.min() < 0 or pairs[:, 0].max() >= num_users or pairs[:, 1].max() >= num_items
     ):

@@ -97,9 +97,8 @@ class BCSoftmax(keras.layers.Layer):
             if v is not None and np.ndim(v) == 1 and len(v) != k:
                 raise ValueError(f"`{name}` has {len(v)} entries but the input has {k} classes.")
         if self.learn_bounds:
-            lo = 0.5 / k if self.lower is None else np.broadcast_to(self.lower, (k,))
-            hi = 0.5 if self.upper is None else np.broadcast_to(self.upper, (k,))
-            lo, hi = np.broadcast_to(lo, (k,)), np.broadcast_to(hi, (k,))
+            lo = np.broadcast_to(0.5 / k if self.lower is None else self.lower, (k,))
+            hi = np.broadcast_to(0.5 if self.upper is None else self.upper, (k,))
             if np.any(lo * k >= 1) or np.any(hi * k <= 1) or k == 1:
                 raise ValueError("Learned bounds need initial values lower < 1/K < upper.")
             self.lower_logit = self.add_weight(

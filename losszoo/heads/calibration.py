@@ -85,19 +85,21 @@ class _Calibrator(keras.layers.Layer):
     def tau(self):
         return kops.exp(self.log_temperature)
 
-    def _linear_or_constant(self, name, bound_fn, d, init):
-        if bound_fn == "constant":
-            return self.add_weight(
-                name=name, shape=(), initializer=keras.initializers.Constant(init), dtype="float32"
-            ), None
-        w = self.add_weight(name=name + "_kernel", shape=(d,), initializer="zeros", dtype="float32")
-        bias = self.add_weight(
-            name=name + "_bias",
-            shape=(),
-            initializer=keras.initializers.Constant(init),
-            dtype="float32",
+    def _bound(self, name, init, feat_shape):
+        """A bound's pre-activation ``(bias, kernel or None)``: a constant (``bound_fn``
+        ``"constant"``) or linear in the features, kernel initialised to 0."""
+        bias = {"shape": (), "initializer": keras.initializers.Constant(init), "dtype": "float32"}
+        if self.bound_fn == "constant":
+            return self.add_weight(name=name, **bias), None
+        if feat_shape is None or feat_shape[-1] is None:
+            raise ValueError(
+                f"{self._SHORT}-L needs [logits, features] with a static feature size."
+            )
+        kernel_shape = (int(feat_shape[-1]),)
+        w = self.add_weight(
+            name=name + "_kernel", shape=kernel_shape, initializer="zeros", dtype="float32"
         )
-        return bias, w
+        return self.add_weight(name=name + "_bias", **bias), w
 
     @staticmethod
     def _eval(param, feats):
@@ -186,6 +188,8 @@ class ProbabilityBounding(_Calibrator):
       array([[0.167, 0.167, 0.667]], dtype=float32)
     """
 
+    _SHORT = "PB"
+
     def __init__(
         self,
         bound_fn="constant",
@@ -207,22 +211,12 @@ class ProbabilityBounding(_Calibrator):
     def build(self, input_shape):
         logits_shape, feat_shape = _shapes(input_shape)
         self.num_classes = int(logits_shape[-1])
-        d = None
-        if self.bound_fn == "linear":
-            if feat_shape is None or feat_shape[-1] is None:
-                raise ValueError("PB-L needs [logits, features] with a static feature size.")
-            d = int(feat_shape[-1])
         self._build_temperature()
-        self._a = (
-            self._linear_or_constant("lower", self.bound_fn, d, self.init_lower)
-            if self.bounds in ("both", "lower")
-            else None
-        )
-        self._b = (
-            self._linear_or_constant("upper", self.bound_fn, d, self.init_upper)
-            if self.bounds in ("both", "upper")
-            else None
-        )
+        self._a = self._b = None
+        if self.bounds in ("both", "lower"):
+            self._a = self._bound("lower", self.init_lower, feat_shape)
+        if self.bounds in ("both", "upper"):
+            self._b = self._bound("upper", self.init_upper, feat_shape)
 
     def bound_values(self, inputs):
         """``(a, b)``: the lower/upper probability bounds (None where absent).
@@ -293,6 +287,8 @@ class LogitBounding(_Calibrator):
       (1, 3)
     """
 
+    _SHORT = "LB"
+
     def __init__(
         self,
         bound_fn="constant",
@@ -309,14 +305,9 @@ class LogitBounding(_Calibrator):
 
     def build(self, input_shape):
         _, feat_shape = _shapes(input_shape)
-        d = None
-        if self.bound_fn == "linear":
-            if feat_shape is None or feat_shape[-1] is None:
-                raise ValueError("LB-L needs [logits, features] with a static feature size.")
-            d = int(feat_shape[-1])
         self._build_temperature()
-        self._c = self._linear_or_constant("lower", self.bound_fn, d, self.init_lower)
-        self._C = self._linear_or_constant("upper", self.bound_fn, d, self.init_upper)
+        self._c = self._bound("lower", self.init_lower, feat_shape)
+        self._C = self._bound("upper", self.init_upper, feat_shape)
 
     def bound_values(self, inputs):
         """``(c, C)``: the lower/upper logit bounds, shape ``[N, 1]`` or scalar."""

@@ -27,7 +27,6 @@ from losszoo.contract import (
     CLASS_IDS,
     ONE_HOT,
     PROBABILITIES,
-    PROBABILITY_SUM_TOL,
     check_number,
     dtype_name,
     is_floating,
@@ -44,8 +43,6 @@ __all__ = [
     "ExpectedCalibrationError",
     "NegativeLogLikelihood",
 ]
-
-SUM_TOL = PROBABILITY_SUM_TOL  # shared with the array functions of calibration.metrics
 
 
 def _labels_probs(y_true, y_pred, num_classes=None):
@@ -94,27 +91,19 @@ def _add_per_segment(variable, values, segments):
     )
 
 
-def _zero(variables):
-    for v in variables:
-        v.assign(ops.zeros(v.shape, v.dtype))
-
-
 def _top_label(labels, probs):
     """Whether each row's argmax (ties: the lowest index) is its label, as float32."""
     return ops.cast(ops.equal(ops.cast(ops.argmax(probs, axis=-1), "int32"), labels), "float32")
 
 
 class _BinnedTopLabel(keras.metrics.Metric):
-    def __init__(self, n_bins, name, **kwargs):
+    def __init__(self, n_bins, name, resolution=None, **kwargs):
         super().__init__(name=name, **kwargs)
         self.n_bins = check_number(n_bins, "n_bins", low=1, integer=True)
-        shape = (self._resolution(),)
+        shape = (resolution or self.n_bins,)
         self.counts = self.add_variable(shape=shape, initializer="zeros", name="counts")
         self.conf_sum = self.add_variable(shape=shape, initializer="zeros", name="conf_sum")
         self.correct_sum = self.add_variable(shape=shape, initializer="zeros", name="correct_sum")
-
-    def _resolution(self):
-        return self.n_bins
 
     def update_state(self, y_true, y_pred, sample_weight=None):
         if sample_weight is not None:
@@ -122,13 +111,10 @@ class _BinnedTopLabel(keras.metrics.Metric):
         labels, probs, bad = _labels_probs(y_true, y_pred)
         conf = nan_where(bad, ops.max(probs, axis=-1))
         correct = nan_where(bad, _top_label(labels, probs))
-        idx = _bin_index(conf, self._resolution())
+        idx = _bin_index(conf, self.counts.shape[0])
         _add_per_segment(self.counts, ops.ones_like(conf), idx)
         _add_per_segment(self.conf_sum, conf, idx)
         _add_per_segment(self.correct_sum, correct, idx)
-
-    def reset_state(self):
-        _zero(self.variables)
 
     def get_config(self):
         return {**super().get_config(), "n_bins": self.n_bins}
@@ -182,10 +168,7 @@ class AdaptiveECE(_BinnedTopLabel):
     ):
         n_bins = check_number(n_bins, "n_bins", low=1, integer=True)
         self.resolution = check_number(resolution, "resolution", low=n_bins, integer=True)
-        super().__init__(n_bins, name, **kwargs)
-
-    def _resolution(self):
-        return self.resolution
+        super().__init__(n_bins, name, self.resolution, **kwargs)
 
     def result(self):
         n = ops.sum(self.counts)
@@ -282,9 +265,6 @@ class ClasswiseECE(keras.metrics.Metric):
         n = ops.maximum(ops.sum(self.counts) / self.num_classes, 1.0)
         return ops.sum(ops.abs(self.hit_sum - self.prob_sum)) / n / self.num_classes
 
-    def reset_state(self):
-        _zero(self.variables)
-
     def get_config(self):
         return {**super().get_config(), "num_classes": self.num_classes, "n_bins": self.n_bins}
 
@@ -308,9 +288,6 @@ class _MeanOf(keras.metrics.Metric):
 
     def result(self):
         return self.total / ops.maximum(self.count, 1e-12)
-
-    def reset_state(self):
-        _zero(self.variables)
 
 
 @register(

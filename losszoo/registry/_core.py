@@ -160,7 +160,12 @@ def register(
     return decorator
 
 
-def _resolve(name: str, kind: str) -> Entry:
+def entry(name: str, kind: str = "loss") -> Entry:
+    """Return the :class:`Entry` registered as ``name`` (or an alias) for ``kind``.
+
+    Raises:
+      TypeError, ValueError, KeyError: as :func:`get_class`.
+    """
     if not isinstance(name, str):
         raise TypeError(
             f"`name` must be a registered name (a string such as 'sparsemax'), got "
@@ -181,15 +186,6 @@ def _resolve(name: str, kind: str) -> Entry:
     return _entries[(kind, canonical)]
 
 
-def entry(name: str, kind: str = "loss") -> Entry:
-    """Return the :class:`Entry` registered as ``name`` (or an alias) for ``kind``.
-
-    Raises:
-      TypeError, ValueError, KeyError: as :func:`get_class`.
-    """
-    return _resolve(name, kind)
-
-
 def entry_of(cls: type, kind: str = "loss") -> Entry | None:
     """The entry of ``cls`` or of its nearest registered base class (``None`` if none)."""
     with _lock:
@@ -205,7 +201,7 @@ def get_class(name: str, kind: str = "loss") -> type:
       ValueError: ``kind`` is not one of :data:`KINDS`.
       KeyError: the name is unknown; the message lists close matches.
     """
-    return _resolve(name, kind).cls
+    return entry(name, kind).cls
 
 
 def get(name: str, kind: str = "loss", **config: Any):

@@ -61,9 +61,13 @@ def _tables(entry) -> list[tuple[dict, dict]]:
     names (none for heads, or without tf_keras)."""
     if entry.kind not in ("loss", "metric") or not tf_keras_available():
         return []
-    objects = _tf_keras_objects(entry)
     if entry.kind == "metric":
-        return [(_tf_keras_metrics_table(), objects)]
+        adapter = _tf_keras_metric_adapter(entry.cls)
+        return [(_tf_keras_metrics_table(), dict.fromkeys(keys(entry), adapter))]
+    # a loss: name and aliases -> function, class name -> adapter class
+    function = _tf_keras_function(entry.cls, entry.name)
+    objects = {key: function for key in (entry.name, *entry.aliases)}
+    objects[entry.cls.__name__] = _tf_keras_adapter(entry.cls)
     own = vars(_tf_keras().losses)  # never shadow tf_keras' own loss names
     custom = _tf_keras().utils.get_custom_objects()
     return [(custom, {k: v for k, v in objects.items() if k not in own})]
@@ -73,40 +77,7 @@ def _is_batch_risk(cls: type) -> bool:
     """Whether ``cls`` (or the registered loss it derives from) was registered as a batch risk:
     a risk over the whole batch computed in ``__call__``, whose ``call`` only gives the
     per-example base losses (Keras' contract), so it must not be reduced."""
-    entry = _core.entry_of(cls, "loss")
-    return entry is not None and entry.batch_risk
-
-
-def _batch_risk_adapter(adapter: type) -> type:
-    """tf_keras (and so TFRS) adapter that computes the batch risk, not a mean.
-
-    The generic adapter reduces what ``call`` returns per example, which for a batch risk
-    would silently be plain ERM. This one calls the Keras 3 loss's ``__call__`` (the whole
-    risk, sample weights as reference probabilities; safe-KL alpha moves in training steps
-    by the GradientTape rule, as tf_keras' and TFRS' ``train_step`` record a tape and their
-    ``test_step`` does not). Its ``reduction`` is ``SUM`` whatever is asked: the risk is not
-    a per-example mean, and tf_keras then counts the replicas' shares of the global-batch
-    risk correctly in its loss metric.
-    """
-    sum_reduction = _tf_keras().losses.Reduction.SUM
-
-    class BatchRiskAdapter(adapter):
-        def __init__(self, reduction=None, name=None, **config):
-            del reduction  # ignored, see above
-            super().__init__(reduction=sum_reduction, name=name, **config)
-
-        def __call__(self, y_true, y_pred, sample_weight=None):
-            return self.losszoo_loss(y_true, y_pred, sample_weight=sample_weight)
-
-        def get_config(self):
-            inner = {
-                k: v
-                for k, v in self.losszoo_loss.get_config().items()
-                if k not in ("name", "reduction", "dtype")
-            }
-            return {**super().get_config(), **inner}
-
-    return BatchRiskAdapter
+    return getattr(_core.entry_of(cls, "loss"), "batch_risk", False)
 
 
 def _tf_keras_metrics_table() -> dict:
@@ -134,18 +105,6 @@ def _tf_keras():
     import tf_keras
 
     return tf_keras
-
-
-def _tf_keras_objects(entry) -> dict:
-    """What tf_keras' custom objects hold for one entry: for a loss, name -> function and
-    class name -> adapter class; for a metric, every key -> the metric adapter class."""
-    if entry.kind == "metric":
-        return dict.fromkeys(keys(entry), _tf_keras_metric_adapter(entry.cls))
-    adapter = _tf_keras_adapter(entry.cls)
-    function = _tf_keras_function(entry.cls, entry.name)
-    objects = {key: function for key in (entry.name, *entry.aliases)}
-    objects[entry.cls.__name__] = adapter
-    return objects
 
 
 @functools.cache
@@ -187,15 +146,24 @@ def _tf_keras_adapter(keras3_loss_cls: type) -> type:
 
     For per-example losses tf_keras applies sample weights and its reduction to what
     ``call`` returns, exactly as Keras 3 does for the original class, and the op underneath
-    is the same TensorFlow code. For a loss registered with ``batch_risk=True`` (the DRO
-    losses) the adapter is :func:`_batch_risk_adapter`'s: ``__call__`` is the Keras 3 loss's,
-    which computes the risk with the sample weights as reference probabilities.
+    is the same TensorFlow code.
+
+    For a loss registered with ``batch_risk=True`` (the DRO losses), reducing what ``call``
+    returns per example would silently be plain ERM. Its adapter calls the Keras 3 loss's
+    ``__call__`` instead (the whole risk, sample weights as reference probabilities; safe-KL
+    alpha moves in training steps by the GradientTape rule, as tf_keras' and TFRS'
+    ``train_step`` record a tape and their ``test_step`` does not), and its ``reduction`` is
+    ``SUM`` whatever is asked: the risk is not a per-example mean, and tf_keras then counts the
+    replicas' shares of the global-batch risk correctly in its loss metric. Its config is the
+    Keras 3 loss's whole config.
     """
     tf_keras = _tf_keras()
-    base = tf_keras.losses.Loss
+    batch_risk = _is_batch_risk(keras3_loss_cls)
 
-    class Adapter(base):
+    class Adapter(tf_keras.losses.Loss):
         def __init__(self, reduction=tf_keras.losses.Reduction.AUTO, name=None, **config: Any):
+            if batch_risk:
+                reduction = tf_keras.losses.Reduction.SUM  # whatever is asked, see above
             if not isinstance(reduction, str) or (name is not None and not isinstance(name, str)):
                 raise TypeError(
                     f"`reduction` must be a tf_keras Reduction string and `name` a string or "
@@ -207,14 +175,22 @@ def _tf_keras_adapter(keras3_loss_cls: type) -> type:
             self.losszoo_loss = keras3_loss_cls(**config)
             super().__init__(reduction=reduction, name=name or self.losszoo_loss.name)
 
+        if batch_risk:
+
+            def __call__(self, y_true, y_pred, sample_weight=None):
+                return self.losszoo_loss(y_true, y_pred, sample_weight=sample_weight)
+
         def call(self, y_true, y_pred):
             return self.losszoo_loss.call(y_true, y_pred)
 
         def get_config(self):
-            return {**super().get_config(), **self._losszoo_config}
-
-    if _is_batch_risk(keras3_loss_cls):
-        Adapter = _batch_risk_adapter(Adapter)
+            config = {**super().get_config(), **self._losszoo_config}
+            if batch_risk:
+                inner = self.losszoo_loss.get_config()
+                config.update(
+                    (k, v) for k, v in inner.items() if k not in ("name", "reduction", "dtype")
+                )
+            return config
 
     return _publish(
         Adapter, keras3_loss_cls, "same arguments plus tf_keras' `reduction` and `name`"

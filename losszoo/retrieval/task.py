@@ -7,15 +7,9 @@ import numpy as np
 from keras import ops
 
 from losszoo import registry
-from losszoo.contract import check_number, nan_where
+from losszoo.contract import check_bool, check_number, nan_where
 from losszoo.retrieval._checks import check_shape, checked, checked_ids
 from losszoo.retrieval.sampling import CandidateSampler
-
-
-def _is_batch_risk(cls) -> bool:
-    """Whether ``cls`` was registered as a batch risk (``register(..., batch_risk=True)``)."""
-    entry = registry.entry_of(cls, "loss")
-    return entry is not None and entry.batch_risk
 
 
 def resolve_loss(loss, loss_config=None, reduction="sum"):
@@ -30,7 +24,7 @@ def resolve_loss(loss, loss_config=None, reduction="sum"):
     if isinstance(loss, str):
         cls = registry.get_class(loss, "loss")
         config = dict(loss_config or {})
-        if _is_batch_risk(cls):
+        if getattr(registry.entry_of(cls, "loss"), "batch_risk", False):
             config.setdefault("base_loss", "softmax_cross_entropy")
         config.setdefault("reduction", reduction)
         return cls(**config)
@@ -158,13 +152,9 @@ class Retrieval(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(name=name, **kwargs)
-        for flag, value in (
-            ("remove_accidental_hits", remove_accidental_hits),
-            ("in_batch_negatives", in_batch_negatives),
-            ("sampled_logq_correction", sampled_logq_correction),
-        ):
-            if not isinstance(value, bool):
-                raise TypeError(f"`{flag}` must be a bool, got {value!r}.")
+        check_bool(remove_accidental_hits, "remove_accidental_hits")
+        check_bool(in_batch_negatives, "in_batch_negatives")
+        check_bool(sampled_logq_correction, "sampled_logq_correction")
         self.loss_spec = loss if isinstance(loss, str) else None
         self.loss_config = dict(loss_config or {})
         self.reduction = reduction
@@ -377,13 +367,10 @@ class Retrieval(keras.layers.Layer):
         return ()
 
     def get_config(self):
-        loss = self.loss_spec
-        if loss is None:
-            loss = keras.losses.serialize(self.loss)
         sampler = self.sampler
         return {
             **super().get_config(),
-            "loss": loss,
+            "loss": self.loss_spec or keras.losses.serialize(self.loss),
             "loss_config": self.loss_config if self.loss_spec is not None else None,
             "temperature": self.temperature,
             "remove_accidental_hits": self.remove_accidental_hits,
