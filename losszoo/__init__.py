@@ -75,15 +75,7 @@ if not _DEFERRED:
     from losszoo._backend import require_supported_backend
 
     require_supported_backend()
-    from losszoo import (
-        calibration,
-        contract,
-        heads,
-        losses,
-        metrics,
-        ops,
-        retrieval,
-    )  # calibration needs heads
+    from losszoo import calibration, contract, heads, losses, metrics, ops, retrieval
     from losszoo.contract import set_validation, validation, validation_enabled
     from losszoo.registry import (
         entries,

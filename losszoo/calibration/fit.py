@@ -105,9 +105,6 @@ class _Trainer:
         self.state = list(self.model.weights) + list(optimizer.variables)
         self.initial = [np.array(v.numpy()) for v in self.state]
 
-    def step(self, x, y):
-        return self.model.train_on_batch(x, y)
-
     def reset(self):
         for variable, value in zip(self.state, self.initial):
             variable.assign(value)
@@ -148,7 +145,7 @@ def _train(
         for start in range(0, n, batch_size):
             sel = order[start : start + batch_size]
             x = logits[sel] if feats is None else [logits[sel], feats[sel]]
-            total += float(trainer.step(x, labels[sel])) * len(sel)
+            total += float(trainer.model.train_on_batch(x, labels[sel])) * len(sel)
         history.append(total / n)
         if verbose and (epoch + 1) % max(1, epochs // 10) == 0:
             print(f"  calibration epoch {epoch + 1}/{epochs}: NLL {history[-1]:.4f}")

@@ -53,11 +53,7 @@ def _split(inputs):
 
 def _shapes(input_shape):
     """``(logits shape, features shape or None)``; rank-0 logits raise ValueError."""
-    if (
-        isinstance(input_shape, (list, tuple))
-        and input_shape
-        and isinstance(input_shape[0], (list, tuple))
-    ):
+    if input_shape and isinstance(input_shape[0], (list, tuple)):
         logits_shape, feat_shape = tuple(input_shape[0]), tuple(input_shape[1])
     else:
         logits_shape, feat_shape = tuple(input_shape), None

@@ -17,21 +17,17 @@ import importlib
 
 from losszoo.registry import _core
 
-_KERAS3_TABLES = {
-    "loss": ("keras.src.losses", "ALL_OBJECTS_DICT"),
-    "metric": ("keras.src.metrics", "ALL_OBJECTS_DICT"),
-}
+_KERAS3_MODULES = {"loss": "keras.src.losses", "metric": "keras.src.metrics"}
 
 
 def _keras3_table(kind: str) -> dict | None:
-    location = _KERAS3_TABLES.get(kind)
-    if location is None:
+    """The module's ``ALL_OBJECTS_DICT`` that Keras 3 looks names of ``kind`` up in."""
+    if kind not in _KERAS3_MODULES:
         return None
-    module = importlib.import_module(location[0])
-    table = getattr(module, location[1], None)
+    table = getattr(importlib.import_module(_KERAS3_MODULES[kind]), "ALL_OBJECTS_DICT", None)
     if not isinstance(table, dict):
         raise ImportError(
-            f"losszoo cannot find {location[0]}.{location[1]} in this Keras version "
+            f"losszoo cannot find {_KERAS3_MODULES[kind]}.ALL_OBJECTS_DICT in this Keras version "
             "(string lookup in compile() would not find losszoo names). Please report this "
             "together with your Keras version."
         )

@@ -21,6 +21,8 @@ passed to :meth:`CandidateSampler.sample`, e.g. a ``keras.random.SeedGenerator``
 
 from __future__ import annotations
 
+import functools
+
 import keras
 import numpy as np
 from keras import ops
@@ -80,7 +82,6 @@ class CandidateSampler:
 
     def __init__(self, num_items: int):
         self.num_items = check_number(num_items, "num_items", low=1, high=TOTAL, integer=True)
-        self._tables = None
 
     def target(self) -> np.ndarray:
         """The distribution the weights round (float64, shape ``[num_items]``)."""
@@ -88,13 +89,13 @@ class CandidateSampler:
 
     def weights(self) -> np.ndarray:
         """The integer weights ``w_j`` (int64, sum :data:`TOTAL`)."""
-        return self._cached()[0]
+        return self._tables[0]
 
-    def _cached(self):
-        if self._tables is None:
-            w = quantize(self.target())
-            self._tables = (w, np.cumsum(w).astype(np.int32))
-        return self._tables
+    @functools.cached_property
+    def _tables(self):
+        """``(weights, cumulative weights as int32)``, computed on first use."""
+        w = quantize(self.target())
+        return w, np.cumsum(w).astype(np.int32)
 
     def sample(self, num_samples: int, seed=None):
         """Draw ``num_samples`` ids (int32, shape ``[num_samples]``), with replacement.
@@ -105,7 +106,7 @@ class CandidateSampler:
         """
         num_samples = check_number(num_samples, "num_samples", low=1, integer=True)
         r = keras.random.randint((num_samples,), 0, TOTAL, dtype="int32", seed=seed)
-        return count_at_most(self._cached()[1], r)
+        return count_at_most(self._tables[1], r)
 
     def probability(self, ids):
         """Exact probability of one draw being each id (float32, ``ids``' shape).
