@@ -272,6 +272,16 @@ def assert_all(condition, message: str, x):
         return tf.identity(x)
 
 
+def assert_finite(x, message: str):
+    """``x`` checked for NaN and Inf inside a TensorFlow graph without XLA (one
+    ``CheckNumerics`` op); elsewhere, and for non-float ``x``, ``x`` unchanged."""
+    if not in_graph_without_xla() or not keras.backend.is_float_dtype(x.dtype):
+        return x
+    import tensorflow as tf
+
+    return tf.debugging.assert_all_finite(x, message)
+
+
 # --------------------------------------------------------------------------------------------
 # Dtypes and replicas
 

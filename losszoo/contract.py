@@ -358,23 +358,31 @@ def check_finite(x, name: str):
     Returns ``x`` (with a dependency on the check inside graphs), so callers write
     ``x = check_finite(x, "labels")``.
     """
-    return _check_all(x, name, "contains NaN or Inf values", lambda xp, v: xp.isfinite(v))
+    text = "contains NaN or Inf values"
+    if _check_all(x, name, text, lambda xp, v: xp.isfinite(v)):
+        return _backend.assert_finite(x, f"`{name}` {text}.")
+    return x
 
 
 def check_not_nan(x, name: str):
     """Like :func:`check_finite` but allows +-Inf (e.g. -inf logits used as masks)."""
-    return _check_all(x, name, "contains NaN values", lambda xp, v: xp.logical_not(xp.isnan(v)))
+    text = "contains NaN values"
+    if _check_all(x, name, text, lambda xp, v: xp.logical_not(xp.isnan(v))):
+        return _backend.assert_all(ops.logical_not(ops.isnan(x)), f"`{name}` {text}.", x)
+    return x
 
 
-def _check_all(x, name, text, ok):
+def _check_all(x, name, text, ok) -> bool:
+    """Raise if ``x``'s value is known and breaks ``ok``; True when it is unknown (a graph
+    must check it) and validation is on."""
     if not validation_enabled():
-        return x
+        return False
     value = static_value(x)
-    if value is not None:
-        if value.size and not np.all(ok(np, value)):
-            raise ValueError(f"`{name}` {text}.")
-        return x
-    return _backend.assert_all(ok(ops, x), f"`{name}` {text}.", x)
+    if value is None:
+        return True
+    if value.size and not np.all(ok(np, value)):
+        raise ValueError(f"`{name}` {text}.")
+    return False
 
 
 # --------------------------------------------------------------------------------------------
