@@ -98,12 +98,30 @@ def test_shift_invariance_and_axis():
     )
 
 
-def test_large_k_when_support_exceeds_the_warm_start():
-    # uniform scores: the support (~sqrt(2K) entries) is larger than the top-128 warm start
+def test_large_k_when_support_entries_share_chunks():
+    # uniform scores: the support (~sqrt(2K) entries) fills many of the 1250 chunks of 32
+    # twice, so the chunk maxima's threshold is a strict lower bound and Newton has work left
     z = np.random.default_rng(11).uniform(size=(3, 40_000))
     p = ops.sparsemax(z).numpy()
     assert np.sum(p[0] > 0) > 128
     np.testing.assert_allclose(p, ref_sparsemax(z), atol=1e-12)
+
+
+@pytest.mark.parametrize("shape", [(1024,), (3, 1024), (2, 3, 512), (5, 96), (4, 1000)])
+def test_chunked_start_with_ties_and_masked_chunks(shape):
+    """The chunk-maxima start (K divisible by 2, >= 16 chunks) on ranks 1-3, with tied top
+    scores, whole chunks of -inf and a tie inside the support, in eager, graph (unknown
+    batch) and XLA: the same as the sort-based reference."""
+    rng = np.random.default_rng(5)
+    z = rng.normal(size=shape).astype(np.float32)
+    flat = z.reshape(-1, shape[-1])
+    flat[:, 32:64] = -np.inf  # a masked chunk
+    flat[:, 3] = flat[:, 7] = flat.max(-1) + 0.25  # tied maxima in one chunk
+    flat[:, 80] = flat[:, 3] - 0.5  # a third support entry in another chunk
+    want = ref_sparsemax(flat).reshape(shape)
+    graph = tf.function(ops.sparsemax, input_signature=[tf.TensorSpec([None, *shape[1:]])])
+    for mode, fn in {**_MODES, "graph (None batch)": graph}.items():
+        np.testing.assert_allclose(fn(tf.constant(z)).numpy(), want, atol=1e-6, err_msg=mode)
 
 
 def test_large_k_float32_regression():
@@ -246,8 +264,8 @@ _MODES = {
 
 @pytest.mark.parametrize("num_classes", [6, 32768])
 def test_bad_rows_are_entirely_nan_in_every_mode(num_classes):
-    """All -inf, NaN or +inf rows: that row NaN, the others right (also on the warm-start path
-    from 32768 classes, which used to raise a gather error for the whole batch)."""
+    """All -inf, NaN or +inf rows: that row NaN, the others right (also at 32768 classes,
+    where the search starts from the chunk maxima's threshold)."""
     rng = np.random.default_rng(0)
     z = rng.normal(size=(4, num_classes)).astype(np.float32)
     z[0] = -np.inf
