@@ -13,9 +13,7 @@ from keras import ops
 
 from losszoo._logits import attached_logits
 from losszoo.contract import check_not_nan, dtype_name, is_floating, nan_where, static_rank
-from losszoo.losses._targets import class_ids_and_invalid
-
-__all__ = ["per_example", "resolve_base_loss"]
+from losszoo.losses._targets import class_ids_and_invalid, compatible_shapes
 
 
 def resolve_base_loss(base_loss):
@@ -26,11 +24,7 @@ def resolve_base_loss(base_loss):
     """
     if base_loss is None:
         base_loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    if isinstance(base_loss, dict):
-        base_loss = keras.losses.deserialize(base_loss)
-    obj = keras.losses.get(base_loss) if isinstance(base_loss, str) else base_loss
-    if obj is None:
-        raise ValueError("`base_loss` must be a Keras loss (name, instance or function), got None.")
+    obj = keras.losses.get(base_loss) if isinstance(base_loss, (str, dict)) else base_loss
     if isinstance(obj, keras.losses.Loss):
         config = base_loss if isinstance(base_loss, str) else keras.losses.serialize(obj)
         cfg = obj.get_config()
@@ -93,14 +87,9 @@ def _per_row(flags, values):
     """``flags`` (``y_true``'s shape) reduced to ``values``' shape: per example when
     ``y_true``'s leading axes are the losses' axes, else one flag for the whole batch."""
     r, k = static_rank(values), static_rank(flags)
-    if (
-        r is not None
-        and k is not None
-        and k >= r
-        and all(a is None or b is None or a == b for a, b in zip(flags.shape, values.shape))
-    ):
-        return ops.any(flags, axis=tuple(range(r, k))) if k > r else flags
-    return ops.any(flags)
+    if r is None or k is None or k < r or not compatible_shapes(flags.shape[:r], values.shape):
+        return ops.any(flags)
+    return ops.any(flags, axis=tuple(range(r, k))) if k > r else flags
 
 
 def per_example(fn, y_true, y_pred):

@@ -13,8 +13,6 @@ from keras import ops
 
 from losszoo import _backend
 
-__all__ = ["RULES", "gradient_rule", "newton_step", "next_state", "step_size"]
-
 #: ``alpha_optimizer`` values: damped Newton, the model optimiser's family, SGD, Adam.
 RULES = ("newton", "auto", "sgd", "adam")
 
@@ -45,9 +43,7 @@ def step_size(alpha_learning_rate, multiplier, optimizer):
     rate works, a schedule raises ``NotImplementedError`` (give ``alpha_learning_rate`` or
     use the ``"newton"`` rule).
     """
-    if alpha_learning_rate is not None:
-        lr = ops.convert_to_tensor(alpha_learning_rate, "float32")
-    elif optimizer is not None:
+    if alpha_learning_rate is None and optimizer is not None:
         schedule = getattr(optimizer, "_learning_rate", None)
         if _backend.NAME == "jax" and isinstance(
             schedule, keras.optimizers.schedules.LearningRateSchedule
@@ -61,7 +57,8 @@ def step_size(alpha_learning_rate, multiplier, optimizer):
             )
         lr = ops.cast(ops.convert_to_tensor(optimizer.learning_rate), "float32")
     else:
-        lr = ops.convert_to_tensor(1e-3, "float32")
+        rate = 1e-3 if alpha_learning_rate is None else alpha_learning_rate
+        lr = ops.convert_to_tensor(rate, "float32")
     return lr * ops.convert_to_tensor(multiplier, "float32")
 
 
@@ -76,19 +73,24 @@ def gradient_rule(alpha_optimizer, optimizer):
     return "adam", 0.0, False
 
 
-def next_state(state, alpha, mean_w, curvature, nonempty, *, rule, lam, rho, damping, lr, opt):
+def next_state(state, alpha, mean_w, curvature, nonempty, options, optimizer):
     """The state after one step from ``alpha`` (the alpha the risk used).
 
-    ``rule`` is one of :data:`RULES`; ``lr`` the step size of the gradient rules
-    (:func:`step_size`) and ``opt`` the model's optimiser (``None`` outside a trainer).
-    Adam uses beta 0.9 / 0.999 and epsilon 1e-7; the flag is set to 1.
+    ``options`` is the :class:`~losszoo.losses.SafeKLDRORisk` whose ``alpha_optimizer`` (one
+    of :data:`RULES`), ``lam``, ``rho`` and ``alpha_damping`` (Newton) or
+    ``alpha_learning_rate`` and ``alpha_lr_multiplier`` (the gradient rules, see
+    :func:`step_size`) set the step; ``optimizer`` is the model's (``None`` outside a
+    trainer). Adam uses beta 0.9 / 0.999 and epsilon 1e-7; the flag is set to 1.
     """
     one = ops.ones([], "float32")
-    if rule == "newton":
-        step = newton_step(mean_w, curvature, nonempty, lam, rho, damping)
+    if options.alpha_optimizer == "newton":
+        step = newton_step(
+            mean_w, curvature, nonempty, options.lam, options.rho, options.alpha_damping
+        )
         return ops.stack([alpha + step, one, state[2], state[3], state[4]])
+    lr = step_size(options.alpha_learning_rate, options.alpha_lr_multiplier, optimizer)
     grad = ops.where(nonempty, 1.0 - mean_w, ops.zeros_like(mean_w))
-    kind, momentum, nesterov = gradient_rule(rule, opt)
+    kind, momentum, nesterov = gradient_rule(options.alpha_optimizer, optimizer)
     m, v, t = state[2], state[3], state[4]
     if kind == "sgd":
         if momentum > 0.0:

@@ -19,16 +19,6 @@ import keras
 
 from losszoo import _backend
 
-__all__ = [
-    "alpha_updates",
-    "attach_metrics",
-    "current_trainer",
-    "install_trainer_hook",
-    "recording_gradients",
-    "store_instance_in_compile_config",
-    "training_flag",
-]
-
 _state = threading.local()
 
 

@@ -51,21 +51,6 @@ def num_classes(y_pred):
     return int(n) if n is not None else ops.shape(y_pred)[-1]
 
 
-def _bound(n, dtype):
-    """The class count as a comparand of ids of ``dtype`` (tensors must match dtypes)."""
-    return n if isinstance(n, int) else ops.cast(n, dtype)
-
-
-def check_class_ids(ids, num_classes, name: str = "y_true"):
-    """Reject class ids breaking ``contract.CLASS_IDS`` for ``num_classes`` (eagerly, or with
-    a graph assertion); returns ``ids``.
-
-    ``num_classes`` is a Python int or a scalar int tensor (dynamic class count). Skipped
-    when validation is off (``losszoo.set_validation(False)``).
-    """
-    return CLASS_IDS.check(ids, name, _bound(num_classes, ids.dtype))
-
-
 def class_ids_and_invalid(y_true, y_pred, name: str = "y_true"):
     """Class ids plus the mask of ids that cannot be used (for NaN poisoning under XLA).
 
@@ -90,20 +75,12 @@ def class_ids_and_invalid(y_true, y_pred, name: str = "y_true"):
         raise TypeError(
             f"`{name}` must hold integer or floating class ids, got {dtype_name(y_true)}."
         )
-    n = _bound(num_classes(y_pred), y_true.dtype)
+    n = num_classes(y_pred)
+    if not isinstance(n, int):  # a tensor must match the ids' dtype
+        n = ops.cast(n, y_true.dtype)
     y_true = CLASS_IDS.check(y_true, name, n)
     bad = CLASS_IDS.invalid(y_true, n)
     return ops.cast(ops.where(bad, ops.zeros_like(y_true), y_true), "int32"), bad
-
-
-def class_ids(y_true, y_pred, name: str = "y_true"):
-    """Integer class ids of shape ``y_pred.shape[:-1]`` from ids given as ints or floats.
-
-    ``K`` (``y_pred``'s last axis) may be dynamic. Invalid ids raise eagerly and in graphs;
-    traced for XLA they come back as 0, so use :func:`class_ids_and_invalid` (or
-    :func:`one_hot_targets`) when the loss must turn them into NaN.
-    """
-    return class_ids_and_invalid(y_true, y_pred, name)[0]
 
 
 def _one_hot(ids, y_pred):
@@ -118,7 +95,7 @@ def one_hot_targets(y_true, y_pred, name: str = "y_true"):
     return nan_where(invalid[..., None], _one_hot(ids, y_pred))
 
 
-def _compatible(a, b) -> bool:
+def compatible_shapes(a, b) -> bool:
     """Whether two static shapes (``None`` = unknown size) can be the same."""
     return len(a) == len(b) and all(x is None or y is None or x == y for x, y in zip(a, b))
 
@@ -149,7 +126,7 @@ def target_distribution(y_true, y_pred, normalize: bool = True, name: str = "y_t
     kind = dtype_name(y_true)
     if not (is_floating(y_true) or kind.startswith(("int", "uint")) or kind == "bool"):
         raise TypeError(f"`{name}` must be numeric, got {kind}.")
-    if not _compatible(tuple(y_true.shape), tuple(y_pred.shape)):
+    if not compatible_shapes(tuple(y_true.shape), tuple(y_pred.shape)):
         raise ValueError(
             f"`{name}` must hold class ids of shape {tuple(y_pred.shape[:-1])} (or with a "
             f"trailing 1) or targets of the shape of `y_pred` {tuple(y_pred.shape)}; got shape "

@@ -260,15 +260,8 @@ class _DRODiagnostics(keras.metrics.Metric):
             self.state = state  # tracked: one of this metric's variables
 
     def update_state(self, alpha, mean_w, saturation):
-        row = ops.stack(
-            [
-                ops.cast(alpha, "float32"),
-                ops.cast(mean_w, "float32"),
-                ops.cast(saturation, "float32"),
-                ops.ones([], "float32"),
-            ]
-        )
-        return self.totals.assign_add(row)
+        row = [ops.cast(x, "float32") for x in (alpha, mean_w, saturation, 1.0)]
+        return self.totals.assign_add(ops.stack(row))
 
     def reset_state(self):
         self.totals.assign(ops.zeros((4,), "float32"))
@@ -373,12 +366,13 @@ class SafeKLDRORisk(_BatchRiskLoss):
         self.alpha_lr_multiplier = _python_number(
             alpha_lr_multiplier, "alpha_lr_multiplier", low=0.0
         )
-        contract.check_choice(alpha_optimizer, "alpha_optimizer", _dro_alpha.RULES)
-        self.alpha_optimizer = alpha_optimizer
+        self.alpha_optimizer = contract.check_choice(
+            alpha_optimizer, "alpha_optimizer", _dro_alpha.RULES
+        )
         self.alpha_damping = _python_number(
             alpha_damping, "alpha_damping", low=0.0, low_open=True, high=1.0
         )
-        if not any(update_alpha is v for v in ("auto", True, False)) and update_alpha != "auto":
+        if not (isinstance(update_alpha, bool) or update_alpha == "auto"):
             raise ValueError(f"`update_alpha` must be 'auto', True or False, got {update_alpha!r}.")
         self.update_alpha = update_alpha
         self.calibrate = contract.check_bool(calibrate, "calibrate")
@@ -446,8 +440,7 @@ class SafeKLDRORisk(_BatchRiskLoss):
     def _risk(self, l, s):
         self._check_distribution()
         training, trainer = _dro_trainer.training_flag(self.update_alpha, l)
-        if trainer is not None:
-            _dro_trainer.attach_metrics(trainer, self.metrics)
+        _dro_trainer.attach_metrics(trainer, self.metrics)
         _dro_trainer.store_instance_in_compile_config(_dro_trainer.current_trainer()[0], self)
         state = ops.convert_to_tensor(self._state)
         # Bisection runs (ops.cond) only until alpha has been initialised.
@@ -463,23 +456,9 @@ class SafeKLDRORisk(_BatchRiskLoss):
         # dependencies; Keras' stateless scope on JAX; eagerly on PyTorch).
         self._diagnostics.update_state(alpha_used, mean_w, sat)
         if training:
-            opt = getattr(trainer, "optimizer", None) if trainer is not None else None
-            lr = None
-            if self.alpha_optimizer != "newton":
-                lr = _dro_alpha.step_size(self.alpha_learning_rate, self.alpha_lr_multiplier, opt)
-            new_state = _dro_alpha.next_state(
-                state,
-                ops.cast(alpha_used, "float32"),
-                mean_w,
-                curv,
-                stats["total_weight"] > 0,
-                rule=self.alpha_optimizer,
-                lam=self.lam,
-                rho=self.rho,
-                damping=self.alpha_damping,
-                lr=lr,
-                opt=opt,
-            )
+            alpha, opt = ops.cast(alpha_used, "float32"), getattr(trainer, "optimizer", None)
+            nonempty = stats["total_weight"] > 0
+            new_state = _dro_alpha.next_state(state, alpha, mean_w, curv, nonempty, self, opt)
             self._state.assign(new_state)
         return value
 
@@ -650,16 +629,11 @@ class CVaRLoss(_BatchRiskLoss):
 def find_dro_losses(model):
     """The :class:`SafeKLDRORisk` instances a compiled Keras 3 model uses (after its first
     train/evaluate call when compiled by name)."""
-    found = []
-    cl = getattr(model, "_compile_loss", None)
-    for entry in getattr(cl, "_flat_losses", None) or []:
-        if isinstance(entry.loss, SafeKLDRORisk):
-            found.append(entry.loss)
-    if not found:
-        user = getattr(model, "loss", None)
-        for obj in keras.tree.flatten(user) if user is not None else []:
-            if isinstance(obj, SafeKLDRORisk):
-                found.append(obj)
+    entries = getattr(getattr(model, "_compile_loss", None), "_flat_losses", None) or []
+    found = [entry.loss for entry in entries if isinstance(entry.loss, SafeKLDRORisk)]
+    user = getattr(model, "loss", None)
+    if not found and user is not None:
+        found = [obj for obj in keras.tree.flatten(user) if isinstance(obj, SafeKLDRORisk)]
     return found
 
 

@@ -83,25 +83,14 @@ class ExactKLDRORisk(keras.metrics.Metric):
         l = per_example(self._base_fn, y_true, y_pred)
         batch_max = replica_max(kl_dro_exact_batch_max(l, self.lam, sample_weight))
         m, acc, n = kl_dro_exact_state_update(
-            ops.convert_to_tensor(self.m),
-            ops.convert_to_tensor(self.acc),
-            ops.convert_to_tensor(self.n),
-            l,
-            self.lam,
-            sample_weight,
-            batch_max=batch_max,
+            self.m, self.acc, self.n, l, self.lam, sample_weight, batch_max=batch_max
         )
         self.m.assign(m)
         self.acc.assign(acc)
         self.n.assign(n)
 
     def result(self):
-        val = kl_dro_exact_state_result(
-            ops.convert_to_tensor(self.m),
-            ops.convert_to_tensor(self.acc),
-            ops.convert_to_tensor(self.n),
-            self.lam,
-        )
+        val = kl_dro_exact_state_result(self.m, self.acc, self.n, self.lam)
         return ops.cast(val, self.dtype)
 
     def get_config(self):

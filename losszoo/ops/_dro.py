@@ -54,6 +54,7 @@ kernels, always on). Written once with ``keras.ops``: TensorFlow, JAX and PyTorc
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -73,22 +74,6 @@ from losszoo.contract import (
     to_compute_dtype,
 )
 from losszoo.contract import check_bool as _check_bool
-
-__all__ = [
-    "check_bool",
-    "check_lam",
-    "check_rho",
-    "cvar_risk",
-    "kl_dro_batch_lse",
-    "kl_dro_exact_batch_max",
-    "kl_dro_exact_state_result",
-    "kl_dro_exact_state_update",
-    "kl_dro_sumexp",
-    "safe_kl_dro_risk",
-    "safe_kl_dro_risk_and_stats",
-    "safe_kl_dro_solve_alpha",
-    "safe_kl_dro_weights",
-]
 
 
 # ----------------------------------------------------------------------------- validation
@@ -125,13 +110,9 @@ def _poison(bad, x):
 
 
 def _any(*flags):
+    """The logical or of the flags that are not ``None`` (``None`` if all are)."""
     flags = [f for f in flags if f is not None]
-    if not flags:
-        return None
-    out = flags[0]
-    for f in flags[1:]:
-        out = ops.logical_or(out, f)
-    return out
+    return functools.reduce(ops.logical_or, flags) if flags else None
 
 
 def _live_nan(l, s):
@@ -181,26 +162,17 @@ def _weights_like(sample_weight, l):
     return ops.broadcast_to(s, ops.shape(l)), bad
 
 
-def _prepare(losses, sample_weight):
-    """Flat losses (compute dtype) and weights (same dtype, default ones).
-
-    Returns ``(l, s, original_dtype, bad)`` with ``bad`` a scalar flag for invalid weights
-    (``None`` without weights).
-    """
-    l, s, original, bad = _prepare_optional(losses, sample_weight)
-    return l, (ops.ones_like(l) if s is None else s), original, bad
-
-
-def _prepare_optional(losses, sample_weight):
+def _prepare(losses, sample_weight, ones=True):
     """Flat losses in the compute dtype and their checked flat weights.
 
-    Returns ``(l, s, original_dtype, bad)``: ``s`` is ``None`` without ``sample_weight`` (else
-    broadcast as in :func:`safe_kl_dro_risk`, checked finite and >= 0) and ``bad`` its scalar
-    invalid-weight flag (``None`` without weights).
+    Returns ``(l, s, original_dtype, bad)``: ``s`` broadcast as in :func:`safe_kl_dro_risk`
+    and checked finite and >= 0; without ``sample_weight`` all ones, or ``None`` when
+    ``ones=False``. ``bad`` is the scalar invalid-weight flag (``None`` without weights).
     """
     l, original = to_compute_dtype(losses, "losses")
     if sample_weight is None:
-        return ops.reshape(l, [-1]), None, original, None
+        l = ops.reshape(l, [-1])
+        return l, (ops.ones_like(l) if ones else None), original, None
     s, bad = _weights_like(sample_weight, l)
     return ops.reshape(l, [-1]), ops.reshape(s, [-1]), original, bad
 
@@ -332,7 +304,7 @@ def safe_kl_dro_risk_and_stats(losses, alpha, lam, rho, sample_weight=None, cali
     """
     lam, rho = check_lam(lam), check_rho(rho)
     calibrate = check_bool(calibrate, "calibrate")
-    l, s, original, bad = _prepare_optional(losses, sample_weight)
+    l, s, original, bad = _prepare(losses, sample_weight, ones=False)
     a = check_finite(_scalar_alpha(alpha, dtype_name(l)), "alpha")
     bad = _any(bad, ops.logical_not(ops.isfinite(a)))
     val, stats = _risk_and_stats(l, a, s, bad, lam, rho, calibrate)
@@ -600,16 +572,22 @@ def cvar_risk(losses, rho, sample_weight=None):
 
 
 # ----------------------------------------------------------------------------- streaming exact risk
+def _scaled_by_lam(losses, sample_weight, lam, dtype):
+    """Checked flat losses ``l`` and weights ``s`` in ``dtype``, ``a = l / lam`` (``-inf``
+    where ``s = 0``) and the invalid-weight flag."""
+    lam = check_lam(lam)
+    l, s, _, bad = _prepare(losses, sample_weight)
+    l, s = ops.cast(l, dtype), ops.cast(s, dtype)
+    return l, s, ops.where(s > 0, l * _const(1.0 / lam, dtype), ops.full_like(l, -np.inf)), bad
+
+
 def kl_dro_exact_batch_max(losses, lam, sample_weight=None, dtype="float64"):
     """``max_i l_i/lam`` over entries with positive weight (``-inf`` if none), in ``dtype``.
 
     NaN live losses give NaN. Traced under XLA / ``jax.jit``: invalid sample weights give
     NaN. (JAX computes float64 only with ``jax_enable_x64``; otherwise float32.)
     """
-    lam = check_lam(lam)
-    l, s, _, bad = _prepare(losses, sample_weight)
-    l, s = ops.cast(l, dtype), ops.cast(s, dtype)
-    a = ops.where(s > 0, l * _const(1.0 / lam, dtype), ops.full_like(l, -np.inf))
+    l, s, a, bad = _scaled_by_lam(losses, sample_weight, lam, dtype)
     return _poison(_any(bad, _live_nan(l, s)), _max_or_minus_inf(a))
 
 
@@ -623,13 +601,10 @@ def kl_dro_exact_state_update(m, acc, n, losses, lam, sample_weight=None, batch_
     with positive weight make ``acc`` NaN (and so the result). Traced under XLA /
     ``jax.jit``: invalid sample weights make ``acc`` NaN.
     """
-    lam = check_lam(lam)
     m = ops.convert_to_tensor(m)
     dt = dtype_name(m)
-    l, s, _, bad = _prepare(losses, sample_weight)
-    l, s = ops.cast(l, dt), ops.cast(s, dt)
+    l, s, a, bad = _scaled_by_lam(losses, sample_weight, lam, dt)
     live = s > 0
-    a = ops.where(live, l * _const(1.0 / lam, dt), ops.full_like(l, -np.inf))
     if batch_max is None:
         batch_max = _max_or_minus_inf(a)
     m_new = _maximum(m, ops.cast(batch_max, dt))

@@ -39,7 +39,6 @@ from losszoo.ops._dro import (
     _live_nan,
     _poison,
     _prepare,
-    _prepare_optional,
     _risk_and_stats,
     _scalar_alpha,
     check_bool,
@@ -84,11 +83,9 @@ def _cross_replica(values, combine, collective):
     """Combine a list of per-replica tensors across replicas (identity without distribution):
     by ``combine`` on the local copies inside ``merge_call`` under a single-process
     ``MirroredStrategy`` (see the module docstring), else by ``collective(ctx, values)``."""
-    if num_replicas() == 1:
+    if not in_replica_context():  # one replica, or a cross-replica context (symbolic build)
         return values
     ctx = _tf.distribute.get_replica_context()
-    if ctx is None:  # cross-replica context (e.g. symbolic build)
-        return values
     strategy = _tf.distribute.get_strategy()
     use_merge = getattr(strategy.extended, "_use_merge_call", lambda: True)()
     if isinstance(strategy, _tf.distribute.MirroredStrategy) and use_merge:
@@ -272,7 +269,7 @@ def safe_kl_dro_risk_and_stats_global(
     """
     lam, rho = check_lam(lam), check_rho(rho)
     calibrate = check_bool(calibrate, "calibrate")
-    l, s, original, bad = _prepare_optional(losses, sample_weight)
+    l, s, original, bad = _prepare(losses, sample_weight, ones=False)
     dt = dtype_name(l)
     multi = num_replicas() > 1
     alpha = ops.convert_to_tensor(alpha) if is_tensor(alpha) else _scalar_alpha(alpha, dt)
