@@ -3,14 +3,7 @@ and streaming Keras metrics) and reliability diagrams. Spec ``shared/specs/bcsof
 sections 5-6."""
 
 from losszoo.calibration.fit import fit_calibrator, make_calibrator
-from losszoo.calibration.metrics import (
-    accuracy,
-    adaptive_ece,
-    brier_score,
-    classwise_ece,
-    ece,
-    nll,
-)
+from losszoo.calibration.metrics import accuracy, adaptive_ece, brier_score, classwise_ece, ece, nll
 from losszoo.calibration.plot import reliability_curve, reliability_diagram
 from losszoo.calibration.streaming import (
     Accuracy,

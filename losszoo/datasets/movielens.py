@@ -129,6 +129,11 @@ def _ratings(path: Path, table) -> dict:
     return {"user": user, "item": item, "rating": rating.astype(np.float32), "timestamp": timestamp}
 
 
+def _flagged_genres(flags) -> tuple:
+    """The genres whose ``u.item`` flag is 1."""
+    return tuple(genre for genre, flag in zip(GENRES, flags) if flag.strip() == "1")
+
+
 def _read_grouplens(folder: Path) -> MovieLens100K:
     path = folder / "u.data"
     rows = [line.split() for line in path.read_text(errors="replace").splitlines()]
@@ -136,21 +141,13 @@ def _read_grouplens(folder: Path) -> MovieLens100K:
     if any(len(row) != 4 for row in rows):
         raise ValueError(f"{path}: expected 4 tab-separated columns.")
     ratings = _ratings(path, rows)
-    item_ids, titles, genres = [], [], []
     text = (folder / "u.item").read_bytes().decode("latin-1")
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        parts = line.split("|")
-        flags = parts[-len(GENRES) :]
-        item_ids.append(parts[0])
-        titles.append(parts[1])
-        genres.append(tuple(g for g, f in zip(GENRES, flags) if f.strip() == "1"))
+    items = [line.split("|") for line in text.splitlines() if line.strip()]
     return MovieLens100K(
         **ratings,
-        item_ids=_integers(folder / "u.item", "item_id", item_ids),
-        titles=titles,
-        genres=genres,
+        item_ids=_integers(folder / "u.item", "item_id", [parts[0] for parts in items]),
+        titles=[parts[1] for parts in items],
+        genres=[_flagged_genres(parts[-len(GENRES) :]) for parts in items],
         source=str(folder),
     )
 

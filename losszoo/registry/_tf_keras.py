@@ -292,9 +292,7 @@ def tf_keras_loss(loss, **config: Any):
         cls = loss
     else:
         cls = type(loss)
-        base = loss.get_config()
-        for key in ("reduction", "dtype"):
-            base.pop(key, None)
+        base = {k: v for k, v in loss.get_config().items() if k not in ("reduction", "dtype")}
         config = {**base, **config}
     return _tf_keras_adapter(cls)(reduction=reduction, **config)
 
