@@ -210,9 +210,8 @@ class Retrieval(keras.layers.Layer):
           negatives); ``1 + n`` with hard-negative mining, the positive first.
         """
         q = ops.convert_to_tensor(query_embeddings)
+        q = check_shape(q, (None, None), "query_embeddings", " ([B, D])")
         c = ops.convert_to_tensor(candidate_embeddings)
-        if len(q.shape) != 2:
-            raise ValueError(f"`query_embeddings` must be [B, D]; got shape {tuple(q.shape)}.")
         c = check_shape(c, (None, q.shape[-1]), "candidate_embeddings", " ([C, D])")
         dtype = q.dtype
         num_q, num_c = ops.shape(q)[0], ops.shape(c)[0]
