@@ -95,9 +95,7 @@ class _Trainer:
 
     def __init__(self, calibrator, sample, learning_rate, epsilon):
         self.layer = type(calibrator).from_config(calibrator.get_config())
-        parts = sample if isinstance(sample, list) else [sample]
-        inputs = [keras.Input(np.shape(t)[1:]) for t in parts]
-        inputs = inputs if len(inputs) > 1 else inputs[0]
+        inputs = keras.tree.map_structure(lambda t: keras.Input(np.shape(t)[1:]), sample)
         self.model = keras.Model(inputs, self.layer(inputs))
         optimizer = keras.optimizers.Adam(learning_rate=learning_rate, epsilon=epsilon)
         self.model.compile(optimizer=optimizer, loss=_nll, jit_compile=_backend.NAME == "jax")
@@ -117,7 +115,7 @@ _MAX_TRAINERS = 16
 def _trainer(calibrator, sample, learning_rate, epsilon):
     """The cached :class:`_Trainer` for this configuration (reset), or a new one."""
     config = {k: v for k, v in calibrator.get_config().items() if k != "name"}
-    shapes = tuple(np.shape(t)[1:] for t in (sample if isinstance(sample, list) else [sample]))
+    shapes = tuple(np.shape(t)[1:] for t in keras.tree.flatten(sample))
     key = (type(calibrator), repr(sorted(config.items())), shapes, learning_rate, epsilon)
     trainer = _TRAINERS.pop(key, None)
     if trainer is None:
