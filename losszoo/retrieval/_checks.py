@@ -16,8 +16,6 @@ from losszoo._backend import assert_all
 from losszoo._backend import static_value as host_value
 from losszoo.contract import validation_enabled
 
-__all__ = ["check_shape", "checked", "checked_ids", "host_value"]
-
 
 def checked(x, bad, name: str, rule: str):
     """Return ``x``, raising (eagerly) or asserting (graphs) unless ``bad`` is all false.
