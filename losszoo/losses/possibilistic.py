@@ -21,7 +21,7 @@ from keras import ops as kops
 
 from losszoo import _backend, ops
 from losszoo._logits import attached_logits
-from losszoo.contract import to_compute_dtype
+from losszoo.contract import check_choice, check_number, to_compute_dtype
 from losszoo.losses._targets import SampleWeightCheck, is_sparse, one_hot_targets
 from losszoo.ops.possibilistic import ProjectionConfig
 from losszoo.registry import register
@@ -37,18 +37,11 @@ def _scores(y_pred, from_logits):
     return y_pred
 
 
-def _labels(y_true, y_pred, name):
-    """Dense ``[..., K]`` labels; class ids become one-hot rows (all NaN for an invalid id)."""
+def _labels(y_true, y_pred):
+    """Dense ``[..., K]`` labels (the op checks their shape); class ids become one-hot rows
+    (all NaN for an invalid id)."""
     y_true = kops.convert_to_tensor(y_true)
-    if is_sparse(y_true, y_pred):
-        return one_hot_targets(y_true, y_pred, name)
-    a, b = tuple(y_true.shape), tuple(y_pred.shape)
-    if len(a) != len(b) or any(x is not None and y is not None and x != y for x, y in zip(a, b)):
-        raise ValueError(
-            f"`{name}` must have the shape of `y_pred` {list(y_pred.shape)} (or hold class "
-            f"ids), got {list(y_true.shape)}."
-        )
-    return y_true
+    return one_hot_targets(y_true, y_pred, "y_true") if is_sparse(y_true, y_pred) else y_true
 
 
 _STATS = ("mean_cycles", "p90_cycles", "nonconverged")
@@ -134,7 +127,7 @@ class PossibilisticProjectionLoss(SampleWeightCheck, keras.losses.Loss):
         dtype=None,
     ):
         super().__init__(reduction=reduction, name=name, dtype=dtype)
-        config = ProjectionConfig(
+        self.config = ProjectionConfig(
             tol=tol,
             max_cycles=max_cycles,
             stopping=stopping,
@@ -147,8 +140,7 @@ class PossibilisticProjectionLoss(SampleWeightCheck, keras.losses.Loss):
             q_clip=q_clip,
             method=method,
         )
-        self.config = config
-        self.projection_config = dataclasses.asdict(config)
+        self.projection_config = dataclasses.asdict(self.config)
         self.from_logits = bool(from_logits)
         self._store = threading.local()
 
@@ -156,7 +148,7 @@ class PossibilisticProjectionLoss(SampleWeightCheck, keras.losses.Loss):
         """Per-example loss and the projection diagnostics (a ``ProjectionInfo``)."""
         z = _scores(y_pred, self.from_logits)
         return ops.possibilistic_projection_loss(
-            _labels(y_true, z, "y_true"), z, self.config, return_info=True, labels_name="y_true"
+            _labels(y_true, z), z, self.config, return_info=True, labels_name="y_true"
         )
 
     def call(self, y_true, y_pred):
@@ -188,16 +180,6 @@ class PossibilisticProjectionLoss(SampleWeightCheck, keras.losses.Loss):
         return {**super().get_config(), **self.projection_config, "from_logits": self.from_logits}
 
 
-def _p90(values):
-    values = kops.sort(kops.reshape(kops.cast(values, "float64"), (-1,)))
-    last = kops.maximum(kops.shape(values)[0] - 1, 0)
-    pos = 0.9 * kops.cast(last, "float64")
-    lo = kops.cast(kops.floor(pos), "int32")
-    hi = kops.minimum(lo + 1, last)
-    frac = pos - kops.floor(pos)
-    return kops.take(values, lo) * (1.0 - frac) + kops.take(values, hi) * frac
-
-
 @register(
     "possibilistic_projection_diagnostic",
     kind="metric",
@@ -225,8 +207,7 @@ class ProjectionDiagnostic(keras.metrics.Metric):
     """
 
     def __init__(self, loss=None, statistic: str = "mean_cycles", name=None, dtype=None):
-        if statistic not in _STATS:
-            raise ValueError(f"`statistic` must be one of {_STATS}, got {statistic!r}.")
+        check_choice(statistic, "statistic", _STATS)
         super().__init__(name=name or f"projection_{statistic}", dtype=dtype)
         if loss is None:
             loss = PossibilisticProjectionLoss()
@@ -245,16 +226,13 @@ class ProjectionDiagnostic(keras.metrics.Metric):
             _, info = self.loss.compute(y_true, y_pred)
         # Solver work per row: interior-point iterations plus Dykstra (finishing) cycles;
         # with Dykstra alone both keys hold the same cycles, so take them once.
-        cfg = self.loss.projection_config
-        dykstra_only = cfg["method"] == "dykstra" or (
-            cfg["method"] is None and cfg["stopping"] != "certified"
-        )
+        dykstra_only = self.loss.config.solver == "dykstra"
         cycles = info.cycles if dykstra_only else info.iterations + info.cycles
         if self.statistic == "mean_cycles":
             value = kops.sum(kops.cast(cycles, "float64"))
             count = kops.cast(kops.size(cycles), "float64")
         elif self.statistic == "p90_cycles":
-            value, count = _p90(cycles), 1.0
+            value, count = kops.quantile(kops.cast(cycles, "float64"), 0.9), 1.0
         else:
             value = kops.sum(kops.cast(info.valid & ~info.converged, "float64"))
             count = 0.0
@@ -306,14 +284,12 @@ class AntipignisticKLLoss(SampleWeightCheck, keras.losses.Loss):
         dtype=None,
     ):
         super().__init__(reduction=reduction, name=name, dtype=dtype)
-        if not 0.0 <= floor < 1.0:
-            raise ValueError(f"`floor` must be in [0, 1), got {floor!r}.")
-        self.floor = float(floor)
+        self.floor = check_number(floor, "floor", low=0.0, high=1.0, high_open=True)
         self.from_logits = bool(from_logits)
 
     def call(self, y_true, y_pred):
         z = _scores(y_pred, self.from_logits)
-        labels = _labels(y_true, z, "y_true")
+        labels = _labels(y_true, z)
         return ops.antipignistic_kl_loss(labels, z, floor=self.floor, labels_name="y_true")
 
     def get_config(self):
@@ -356,7 +332,7 @@ class VoteKLLoss(SampleWeightCheck, keras.losses.Loss):
 
     def call(self, y_true, y_pred):
         z = _scores(y_pred, self.from_logits)
-        return ops.vote_kl_loss(_labels(y_true, z, "y_true"), z, labels_name="y_true")
+        return ops.vote_kl_loss(_labels(y_true, z), z, labels_name="y_true")
 
     def get_config(self):
         return {**super().get_config(), "from_logits": self.from_logits}

@@ -10,7 +10,7 @@ the interior point calls it in float64).
 
 from keras import ops
 
-from losszoo.ops.possibilistic._config import maximum
+from losszoo._backend import maximum
 
 # Blocks X_k = (x_2k, x_2k+1). Cyclic reduction is the block Cholesky factorisation of the
 # matrix in odd-even order (backward stable like any symmetric ordering of Cholesky: the

@@ -10,7 +10,8 @@ with the scans they share. Written with ``keras.ops``, called in float64.
 
 from keras import ops
 
-from losszoo.ops.possibilistic._config import _0, maximum
+from losszoo._backend import maximum
+from losszoo.ops.possibilistic._config import _0
 
 
 def _rcumsum(x, exclusive=False):

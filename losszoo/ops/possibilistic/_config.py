@@ -14,9 +14,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-# The float64-keeping ops and the compile helpers live in the backend module; the package's
-# modules import them from here.
-from losszoo._backend import compiled, cumsum, maximum, minimum, no_autograph  # noqa: F401
 from losszoo.contract import check_choice, check_number
 
 F64 = "float64"

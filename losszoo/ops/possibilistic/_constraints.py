@@ -19,18 +19,10 @@ import numpy as np
 from keras import ops
 
 from losszoo import _backend
-from losszoo.contract import SCALED_POSSIBILITY, check_number, nan_where
-from losszoo.ops.possibilistic._config import (
-    F64,
-    _0,
-    _1,
-    check_constraint_options,
-    cumsum,
-    maximum,
-    minimum,
-    no_autograph,
-)
-from losszoo.ops.possibilistic._inputs import as_float, flatten
+from losszoo._backend import cumsum, maximum, minimum, no_autograph
+from losszoo.contract import SCALED_POSSIBILITY, check_number, nan_where, to_compute_dtype
+from losszoo.ops.possibilistic._config import F64, _0, _1, check_constraint_options
+from losszoo.ops.possibilistic._inputs import flatten
 
 
 class PossibilityConstraints(NamedTuple):
@@ -152,7 +144,7 @@ def possibility_constraints(
     """
     check_constraint_options(eps_cap, tie_tol, support_mode, floor, gap_policy)
     _backend.require_float64("possibility_constraints")
-    pi, _ = as_float(possibility, "possibility")
+    pi, _ = to_compute_dtype(possibility, "possibility")
     pi2, restore = flatten(ops.stop_gradient(pi), "possibility")
     c = constraints_2d(pi2, eps_cap, tie_tol, support_mode, floor, gap_policy)
     return PossibilityConstraints(*[restore(t) for t in c])
@@ -246,7 +238,7 @@ def antipignistic(possibility, floor: float = 0.0):
     """
     floor = check_number(floor, "floor", low=0.0, high=1.0, high_open=True)
     _backend.require_float64("antipignistic")
-    pi, dtype = as_float(possibility, "possibility")
+    pi, dtype = to_compute_dtype(possibility, "possibility")
     pi2, restore = flatten(pi, "possibility", static_k=False)
     pi2 = ops.cast(SCALED_POSSIBILITY.check(pi2, "possibility"), F64)
     out = _antipignistic_2d(ops.cast(floor, F64))(pi2)

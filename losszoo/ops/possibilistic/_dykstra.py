@@ -9,18 +9,17 @@ compaction. Written with ``keras.ops`` in float64. Derivation:
 ``docs/design/possibilistic_solver.md``.
 """
 
-import functools
-
 from keras import ops
 
 from losszoo import _backend
+from losszoo._backend import compiled, maximum
 from losszoo.ops.possibilistic._certificates import (
     _at_lambda,
     _normalize_log,
     _rcumsum,
     _violation_and_gap,
 )
-from losszoo.ops.possibilistic._config import F64, compiled, maximum
+from losszoo.ops.possibilistic._config import F64
 
 
 def _sweep(kind, x, lam_old, cst):
@@ -114,7 +113,6 @@ def _project_core(
     """
     cst = {"pt_next": pt_next, "ratio": ratio, "lo": lo, "up": up, "neg_up": -up, "act": act}
     zeros = ops.zeros_like(pt_next)
-    body = functools.partial(_rolled_body, tol=tol, gap_tol=gap_tol, stopping=stopping)
     batch = ops.shape(active)[0]
     lam0 = (zeros, zeros, zeros) if lam_init is None else tuple(lam_init)
     init = (
@@ -125,8 +123,19 @@ def _project_core(
         ops.zeros([batch], F64),
         ops.zeros([batch], F64),
     )
+
+    def loop(data, state, nxt):
+        data = dict(data)
+        body = _rolled_body(data.pop("lq"), data, tol=tol, gap_tol=gap_tol, stopping=stopping)
+
+        def cond(k, lp, ll, lu, active, *_):
+            count = ops.sum(ops.cast(active, "int32"))
+            return (k < max_cycles) & ((count > nxt) | ops.equal(stopping, 2))
+
+        return ops.while_loop(cond, body, state)
+
     sizes = _stage_sizes(active, _COMPACT_MIN_BATCH, _COMPACT_FACTOR) if compact else [None]
-    _, lp, ll, lu, _, cycles, _, _ = _run_stages(lq, cst, init, sizes, body, max_cycles, stopping)
+    _, lp, ll, lu, _, cycles, _, _ = run_in_stages(loop, {"lq": lq, **cst}, init, sizes)
     x = _normalize_log(lq + _at_lambda(lp, ll, lu))
     v, gap = _violation_and_gap(x, lp, ll, lu, cst)
     return x, ops.stack([lp, ll, lu], axis=0), cycles, v, gap
@@ -188,41 +197,37 @@ def _stage_sizes(active, min_batch, factor):
     return [batch] if batch < min_batch else [batch, max(1, batch // factor)]
 
 
-def _take(t, idx, axis):
-    return _backend.take(t, idx, axis=axis)
-
-
-def _put(full, part, idx, axis):
-    """``full`` with the slices ``idx`` along ``axis`` (0 or the last) replaced by ``part``."""
-    ids = idx[:, None]
-    if axis == 0:
-        return ops.scatter_update(full, ids, part)
+def _put_last(full, part, idx):
+    """``full`` with the slices ``idx`` of its last axis replaced by ``part``."""
     rank = len(full.shape)
+    if rank == 1:
+        return ops.scatter_update(full, idx[:, None], part)
     perm = [rank - 1, *range(rank - 1)]
-    out = ops.scatter_update(ops.transpose(full, perm), ids, ops.transpose(part, perm))
+    out = ops.scatter_update(ops.transpose(full, perm), idx[:, None], ops.transpose(part, perm))
     return ops.transpose(out, [*range(1, rank), 0])
 
 
-def _run_stages(lq, cst, state, sizes, body, max_cycles, stopping):
-    """Run ``body`` on the batch until <= sizes[1] are active, then recurse on a subset."""
+def run_in_stages(loop, data, state, sizes):
+    """Straggler compaction of a while loop over a batch (the batch on every last axis).
+
+    ``loop(data, state, nxt)`` iterates until at most ``nxt`` rows are active (``nxt = 0``:
+    to its end); ``state`` is the iteration count followed by tensors, ``state[4]`` the
+    active rows. With a second size in ``sizes`` (:func:`_stage_sizes`) the loop goes on
+    with the data and state of a subset of ``sizes[1]`` rows (the active ones first,
+    stable in index order, padded with frozen ones), scattered back at the end.
+    """
     nxt = sizes[1] if len(sizes) > 1 else 0
-
-    def cond(k, lp, ll, lu, active, *_):
-        count = ops.sum(ops.cast(active, "int32"))
-        return (k < max_cycles) & ((count > nxt) | ops.equal(stopping, 2))
-
-    state = ops.while_loop(cond, body(lq, cst), state)
+    state = loop(data, state, nxt)
     if len(sizes) == 1:
         return state
-    k, *rest = state
-    # Indices of the (<= nxt) still-active examples first, stable in index order.
-    _, idx = ops.top_k(ops.cast(rest[3], "int32"), nxt, sorted=True)
-    axes = (1, 1, 1, 0, 0, 0, 0)  # lp, ll, lu: [m1, B]; active, cycles, v, gap: [B]
-    sub_cst = {key: _take(val, idx, 1) for key, val in cst.items()}
-    sub = [_take(t, idx, a) for t, a in zip(rest, axes)]
-    sub_lq = _take(lq, idx, 1)
-    k, *sub = _run_stages(sub_lq, sub_cst, (k, *sub), sizes[1:], body, max_cycles, stopping)
-    return (k, *(_put(full, part, idx, a) for full, part, a in zip(rest, sub, axes)))
+    _, idx = ops.top_k(ops.cast(state[4], "int32"), nxt, sorted=True)
+
+    def take(t):
+        return _backend.take(t, idx, axis=len(t.shape) - 1)
+
+    sub_data = {key: take(val) for key, val in data.items()}
+    sub = run_in_stages(loop, sub_data, (state[0], *map(take, state[1:])), sizes[1:])
+    return (sub[0], *(_put_last(full, part, idx) for full, part in zip(state[1:], sub[1:])))
 
 
 _CORE_JIT = compiled(_project_core, static_argnames=("compact",))

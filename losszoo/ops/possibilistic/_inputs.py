@@ -1,4 +1,4 @@
-"""Shapes and dtypes of the possibilistic ops' inputs.
+"""Shapes, dtypes and contract checks of the possibilistic ops' inputs.
 
 The input rules are :data:`losszoo.contract.LOGITS`, :data:`~losszoo.contract.POSSIBILITY`,
 :data:`~losszoo.contract.SCALED_POSSIBILITY` and :data:`~losszoo.contract.VOTES`: each gives
@@ -9,13 +9,9 @@ from __future__ import annotations
 
 from keras import ops
 
-from losszoo.contract import check_static_rank, static_rank, to_compute_dtype
-
-
-def as_float(x, name):
-    """``(x, dtype)``: ``x`` as a float tensor (half precision in float32; ints and bools as
-    float32) and the dtype results are returned in."""
-    return to_compute_dtype(x, name)
+from losszoo import _backend
+from losszoo.contract import LOGITS, check_static_rank, static_rank, to_compute_dtype
+from losszoo.ops.possibilistic._config import F64
 
 
 def flatten(x, name, k=None, static_k=True):
@@ -39,14 +35,28 @@ def flatten(x, name, k=None, static_k=True):
     return ops.reshape(x, (-1, k)), restore
 
 
-def check_same_shape(a, b, name_a, name_b):
-    """ValueError naming ``name_b`` when the static shapes of ``a`` and ``b`` differ."""
-    if static_rank(a) is None or static_rank(b) is None:
-        return
-    same = len(a.shape) == len(b.shape) and all(
-        x is None or y is None or x == y for x, y in zip(a.shape, b.shape)
-    )
-    if not same:
-        raise ValueError(
-            f"`{name_b}` must have the shape of `{name_a}` {list(a.shape)}, got {list(b.shape)}."
-        )
+def prepare(op, logits, labels, labels_name, rule, static_k=True):
+    """Checked ``[B, K]`` float64 logits and labels (the labels without gradient), the
+    ``restore`` of the leading dims and the output dtype (the logits').
+
+    ``op`` names the op in the error without float64 (JAX without ``jax_enable_x64``).
+    Labels of another static shape than the logits raise ``ValueError`` naming
+    ``labels_name``; the logits keep ``LOGITS`` and the labels ``rule``. ``static_k=False``
+    lets ``K`` be unknown at trace time.
+    """
+    _backend.require_float64(op)
+    z, dtype = to_compute_dtype(logits, "logits")
+    y, _ = to_compute_dtype(labels, labels_name)
+    if static_rank(z) is not None and static_rank(y) is not None:
+        a, b = z.shape, y.shape
+        if len(a) != len(b) or any(
+            x is not None and v is not None and x != v for x, v in zip(a, b)
+        ):
+            raise ValueError(
+                f"`{labels_name}` must have the shape of `logits` {list(a)}, got {list(b)}."
+            )
+    z2, restore = flatten(z, "logits", static_k=static_k)
+    y2, _ = flatten(ops.stop_gradient(y), labels_name, k=z2.shape[-1], static_k=static_k)
+    z64 = ops.cast(LOGITS.check(z2, "logits"), F64)
+    y64 = ops.cast(rule.check(y2, labels_name), F64)
+    return z64, y64, restore, dtype

@@ -11,6 +11,7 @@ import numpy as np
 from keras import ops
 
 from losszoo import _backend
+from losszoo._backend import compiled, maximum, minimum
 from losszoo.ops.possibilistic._banded import penta_factor, penta_solve
 from losszoo.ops.possibilistic._certificates import (
     _chain_dual_violation_and_gap,
@@ -19,9 +20,9 @@ from losszoo.ops.possibilistic._certificates import (
     _normalize_log,
     _rcumsum,
 )
-from losszoo.ops.possibilistic._config import F64, _0, _1, compiled, maximum, minimum
+from losszoo.ops.possibilistic._config import F64, _0, _1
 from losszoo.ops.possibilistic._constraints import antipignistic_sorted, take_rows
-from losszoo.ops.possibilistic._dykstra import _stage_sizes
+from losszoo.ops.possibilistic._dykstra import _stage_sizes, run_in_stages
 
 _IPM_STEP = 0.99  # fraction to the boundary
 _IPM_MASS_STEP = 0.9  # masses shrink at most 10x per iteration
@@ -316,39 +317,17 @@ def _ipm_core(red, m0, active, tol, gap_tol, max_iter):
         u0,
         ops.zeros_like(s0),
     )
-    state = _ipm_stages(chain, state, sizes, tol, gap_tol, max_iter, body)
+
+    def loop(data, state, nxt):
+        def cond(it, u, s, lam, active, *_):
+            return (it < max_iter) & (ops.sum(ops.cast(active, "int32")) > nxt)
+
+        # The first stage runs the body built for ``start``; a compacted one builds its own.
+        step = body if data is chain else _ipm_body(data, tol, gap_tol)[0]
+        return ops.while_loop(cond, step, state)
+
+    state = run_in_stages(loop, chain, state, sizes)
     return state[7], tuple(ops.unstack(state[8])), state[5]
-
-
-def _ipm_stages(chain, state, sizes, tol, gap_tol, max_iter, body=None):
-    """Iterate until at most ``sizes[1]`` rows are active, then go on with those rows only
-    (gathered to a batch of ``sizes[1]``, scattered back after)."""
-    if body is None:
-        body, _ = _ipm_body(chain, tol, gap_tol)
-    nxt = sizes[1] if len(sizes) > 1 else 0
-
-    def cond(it, u, s, lam, active, *_):
-        return (it < max_iter) & (ops.sum(ops.cast(active, "int32")) > nxt)
-
-    state = ops.while_loop(cond, body, state)
-    if len(sizes) == 1:
-        return state
-    _, idx = ops.top_k(ops.cast(state[4], "int32"), nxt, sorted=True)
-
-    def take(t):
-        return _backend.take(t, idx, axis=len(t.shape) - 1)
-
-    def put(full, part):
-        rank = len(full.shape)
-        perm = [rank - 1, *range(rank - 1)]
-        out = ops.scatter_update(ops.transpose(full, perm), idx[:, None], ops.transpose(part, perm))
-        return ops.transpose(out, [*range(1, rank), 0])
-
-    sub_chain = {key: take(val) for key, val in chain.items()}
-    sub = _ipm_stages(
-        sub_chain, (state[0], *map(take, state[1:])), sizes[1:], tol, gap_tol, max_iter
-    )
-    return (sub[0], *(put(full, part) for full, part in zip(state[1:], sub[1:])))
 
 
 def _two_block(red):

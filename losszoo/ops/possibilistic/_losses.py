@@ -14,18 +14,12 @@ import numpy as np
 from keras import ops
 
 from losszoo import _backend
+from losszoo._backend import maximum, no_autograph
 from losszoo.contract import LOGITS, POSSIBILITY, VOTES, check_number, nan_where, row_has_nan
-from losszoo.ops.possibilistic._config import (
-    F64,
-    ProjectionConfig,
-    _0,
-    maximum,
-    no_autograph,
-    resolve_config,
-)
+from losszoo.ops.possibilistic._config import F64, ProjectionConfig, _0, resolve_config
 from losszoo.ops.possibilistic._constraints import _antipignistic_2d
-from losszoo.ops.possibilistic._inputs import as_float, check_same_shape, flatten
-from losszoo.ops.possibilistic._projection import finish_info, prepare, projection_from_z
+from losszoo.ops.possibilistic._inputs import prepare
+from losszoo.ops.possibilistic._projection import finish_info, projection_from_z
 
 _LOG_Q_CLIP = np.log(1e-15)
 
@@ -99,7 +93,9 @@ def possibilistic_projection_loss(
       >>> loss = possibilistic_projection_loss([[0.3, 1.0, 0.2]], [[2.0, 0.0, -1.0]])
     """
     cfg = resolve_config(config, options, compute_dtype)
-    z64, pi64, restore, dtype = prepare(logits, labels, labels_name)
+    z64, pi64, restore, dtype = prepare(
+        "possibilistic_projection", logits, labels, labels_name, POSSIBILITY
+    )
     p, info, zm, _ = projection_from_z(z64, pi64, cfg, jit)
     loss = ops.cast(restore(_kl_from_logits(p, zm)), dtype)
     return (loss, finish_info(info, restore)) if return_info else loss
@@ -133,7 +129,6 @@ def antipignistic_kl_loss(labels, logits, floor: float = 0.0, *, labels_name: st
       array([0.], dtype=float32)
     """
     floor = check_number(floor, "floor", low=0.0, high=1.0, high_open=True)
-
     target = _antipignistic_2d(ops.cast(floor, F64))
     op = "antipignistic_kl_loss"
     return _fixed_target_kl(op, logits, labels, labels_name, POSSIBILITY, target)
@@ -174,14 +169,7 @@ def _fixed_target_kl(op, logits, labels, labels_name, rule, make_target):
     ``make_target(labels [N, K] float64) -> t``; rows breaking ``rule`` or
     ``LOGITS`` get a NaN loss. Shared by the paper's fixed-target baselines (Models B, C).
     """
-    _backend.require_float64(op)
-    z, dtype = as_float(logits, "logits")
-    y, _ = as_float(labels, labels_name)
-    check_same_shape(z, y, "logits", labels_name)
-    z2, restore = flatten(z, "logits", static_k=False)
-    y2, _ = flatten(ops.stop_gradient(y), labels_name, k=z2.shape[-1], static_k=False)
-    z64 = ops.cast(LOGITS.check(z2, "logits"), F64)
-    y64 = ops.cast(rule.check(y2, labels_name), F64)
+    z64, y64, restore, dtype = prepare(op, logits, labels, labels_name, rule, static_k=False)
     target = make_target(y64)
     invalid = rule.invalid(y64) | LOGITS.invalid(z64)
     loss = nan_where(invalid, _kl_from_logits(ops.stop_gradient(target), z64))

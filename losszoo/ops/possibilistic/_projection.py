@@ -16,6 +16,7 @@ import numpy as np
 from keras import ops
 
 from losszoo import _backend
+from losszoo._backend import maximum, no_autograph
 from losszoo.contract import LOGITS, POSSIBILITY, nan_where, row_has_nan
 from losszoo.ops.possibilistic._certificates import _violation_and_gap
 from losszoo.ops.possibilistic._config import (
@@ -23,8 +24,6 @@ from losszoo.ops.possibilistic._config import (
     STOPPING_CODE,
     ProjectionConfig,
     ProjectionInfo,
-    maximum,
-    no_autograph,
     resolve_config,
 )
 from losszoo.ops.possibilistic._constraints import (
@@ -35,7 +34,7 @@ from losszoo.ops.possibilistic._constraints import (
     unsort,
 )
 from losszoo.ops.possibilistic._dykstra import run_core
-from losszoo.ops.possibilistic._inputs import as_float, check_same_shape, flatten
+from losszoo.ops.possibilistic._inputs import prepare
 from losszoo.ops.possibilistic._interior_point import _IPM_MAX_ITER, IPM_JIT, _ipm_solve
 
 
@@ -177,20 +176,6 @@ def _project_2d(lq_full, cons: PossibilityConstraints, cfg: ProjectionConfig, ji
     return sg(unsort(p_sorted, order)), info
 
 
-def prepare(logits, possibility, possibility_name="possibility"):
-    """Validated ``[B, K]`` float64 logits (``z64``) and possibility (no gradient), the
-    ``restore`` of the leading dims, the output dtype and the rows to poison."""
-    _backend.require_float64("possibilistic_projection")
-    z, dtype = as_float(logits, "logits")
-    pi, _ = as_float(possibility, possibility_name)
-    check_same_shape(z, pi, "logits", possibility_name)
-    z2, restore = flatten(z, "logits")
-    pi2, _ = flatten(ops.stop_gradient(pi), possibility_name, k=z2.shape[-1])
-    z64 = ops.cast(LOGITS.check(z2, "logits"), F64)
-    pi64 = ops.cast(POSSIBILITY.check(pi2, possibility_name), F64)
-    return z64, pi64, restore, dtype
-
-
 def projection_from_z(z64, pi64, cfg, jit):
     """z64 [B, K] float64 logits (may carry a gradient) -> (p*, info, masked z, invalid).
 
@@ -276,6 +261,8 @@ def possibilistic_projection(
       array([[0.49    , 0.255981, 0.254019]])
     """
     cfg = resolve_config(config, options, compute_dtype)
-    z64, pi64, restore, dtype = prepare(logits, possibility)
+    z64, pi64, restore, dtype = prepare(
+        "possibilistic_projection", logits, possibility, "possibility", POSSIBILITY
+    )
     p, info, _, _ = projection_from_z(ops.stop_gradient(z64), pi64, cfg, jit)
     return ops.cast(restore(p), dtype), finish_info(info, restore)
