@@ -28,11 +28,17 @@ Forward algorithms (all exact: each ends with the closed-form solve on the ident
   in the current piece. Start at ``nu_0 = logsumexp(x/tau)`` (the softmax normaliser; rows whose
   softmax already satisfies the box stop here). Each step takes the closed-form root of the
   current pattern if it lies in the bracket ``[lo, hi]`` (``phi(lo) >= 1 >= phi(hi)``), else the
-  bracket midpoint. A row stops when the pattern at the new ``nu`` equals the pattern that produced
-  it (then ``nu`` is the exact root), or when no coordinate is free and the bounds sum to 1. It is
-  a ``keras.ops.while_loop`` over static shapes (XLA-compilable) that stops when all rows have
-  stopped; O(K) per step, typically 2-9 steps; every 4th step is a bisection step, so the bracket
-  shrinks geometrically; a cap of 100 (float32) / 200 (float64) steps.
+  bracket midpoint. ``exp(x/tau)`` is computed once and the steps take no logs: at ``nu`` a
+  coordinate is U iff ``exp(x_k/tau) > b_k exp(nu)`` and L iff ``exp(x_k/tau) <= a_k exp(nu)``,
+  and one step is one pass of comparisons with two masked sums (the bound mass ``1 - s`` and the
+  free mass ``R``). A row stops when the pattern at the new ``nu`` gives the same sums, i.e. its
+  own Newton step returns ``nu`` (then ``nu`` is the exact root and those sums give ``y``), or
+  when no free mass is left and the bounds sum to 1. It is a ``keras.ops.while_loop`` over
+  static shapes (XLA-compilable) that stops when all rows have stopped; O(K) per step, typically
+  2-9 steps; every 4th step is a bisection step, so the bracket shrinks geometrically; a cap of
+  100 (float32) / 200 (float64) steps. Rows that hit the cap, stall, or keep a free mass below
+  ``K * tiny / eps`` (logit gaps near the float range) send the batch to a slower solver that
+  classifies from ``exp(x/tau - nu)`` at every step.
   Bracket (spec 2.4, with cheaper forms): ``lo = min_k (x_k/tau - log b_k)`` (or ``nu_0`` without
   upper bounds), ``hi = nu_0 - log(1 - sum a)`` (or ``nu_0`` without lower bounds).
 * ``method="sort"``: spec Algorithm A (section 2.3): sort the 2K breakpoints
@@ -309,61 +315,60 @@ def _solve_newton_robust(x, a, b):
     return ops.cond(ops.all(converged), lambda: (y, state), fallback)
 
 
-def _fast_masses(e, a, b, u, lk, nu):
-    """One fused pass at ``nu`` ([N, 1]) in the logit domain (no exp): a pattern code
-    ``#U + (K + 1) * #L`` (equal codes <=> equal counts), s = 1 - bound mass,
-    E = sum_F exp(x) (all [N, 1])."""
-    k = e.shape[-1]
+def _comparison_bounds(x, a, b):
+    """The bounds the log-free pattern test compares ``exp(x)`` with.
+
+    At ``nu`` (``c = exp(nu)``) a coordinate is U iff ``exp(x) > b c`` and L iff
+    ``exp(x) <= a c``: the tests ``x - log b > nu`` and ``x - log a <= nu`` without logs. A zero
+    bound would make an underflowed ``exp(x) = 0`` look clamped, so it is replaced by -1 (U for
+    ``b = 0``: always; L for ``a = 0``: never), except for a ``-inf`` logit, which is never U
+    and always L, as the log-domain tests say.
+    """
+    dead = ops.equal(x, -np.inf)
+
+    def replace_zero(t):
+        return None if t is None else ops.where(ops.logical_or(t > 0, dead), t, -1.0)
+
+    return replace_zero(a), replace_zero(b)
+
+
+def _pattern_at(e, a_cmp, b_cmp, c):
+    """The U and L masks at ``c = exp(nu)`` ([N, 1]); None where that bound is not given."""
+    up = None if b_cmp is None else e > b_cmp * c
+    low = None if a_cmp is None else e <= a_cmp * c  # wins over `up` (only where a = b)
+    return up, low
+
+
+def _masses_at(e, a, b, a_cmp, b_cmp, c):
+    """The clamp pattern at ``c = exp(nu)`` ([N, 1]) and its two sums: ``s = 1 -`` bound mass
+    and the free mass ``E = sum_F exp(x)`` (both [N, 1]); masks None where a bound is."""
     zero = ops.zeros_like(e)
-    itype = "int32" if (k + 1) * (k + 1) < 2**31 else "int64"
-    bound = zero
-    free = None
-    code = ops.zeros_like(e, dtype=itype)
-    if u is not None:
-        up = u > nu
-        code = ops.cast(up, itype)
-        bound = ops.where(up, b, bound)
-        free = ops.logical_not(up)
-    if lk is not None:
-        low = lk <= nu  # disjoint from `up` when a <= b (lk >= u); infeasible rows end as NaN
-        code = ops.where(low, ops.cast(k + 1, itype), code)
+    up, low = _pattern_at(e, a_cmp, b_cmp, c)
+    bound = zero if up is None else ops.where(up, b, zero)
+    if low is not None:
         bound = ops.where(low, a, bound)
-        free = ops.logical_not(low) if free is None else ops.logical_and(free, ops.logical_not(low))
-    code = ops.sum(code, -1, keepdims=True)
+    free = _free_mask(e, up, low)
     s = 1.0 - ops.sum(bound, -1, keepdims=True)
-    big_e = ops.sum(e if free is None else ops.where(free, e, zero), -1, keepdims=True)
-    return code, s, big_e
+    return up, low, s, ops.sum(ops.where(free, e, zero), -1, keepdims=True)
 
 
-def _solve_newton(x, a, b):
-    """Safeguarded Newton in the logit domain: ``exp(x)`` and the log-domain breakpoints
-    ``u = x - log b`` (U iff ``u > nu``) and ``l = x - log a`` (L iff ``l <= nu``) are computed
-    once; each step is one fused pass of comparisons and masked sums (counts of U/L, bound mass,
-    free mass ``E = sum_F exp(x)``), the Newton step is ``nu = log E - log s`` and the pattern is
-    unchanged iff both counts are (the U and L sets are nested in ``nu``; one code
-    ``#U + (K + 1) #L`` carries both). Rows whose free mass
-    is below ``K * tiny / eps`` (logit gaps near the float range), or that do not converge,
-    make the whole batch rerun in :func:`_solve_newton_robust` (exp per step; rare)."""
+def _newton_root(x, a, b):
+    """Safeguarded Newton for ``nu`` on log-free passes (module docstring).
+
+    Returns ``(nu, s, E, e, a_cmp, b_cmp, converged)``: the root of each row with the two sums
+    of its pattern, ``exp(x)``, the comparison bounds of :func:`_comparison_bounds` and whether
+    every row converged (if not, the caller reruns the batch in :func:`_solve_newton_robust`).
+    """
     k = x.shape[-1]
     info = _info(x)
     tol = 10.0 * info.eps * k
     e_min = float(info.tiny) * k / float(info.eps)
     max_iter = 100 if dtype_name(x) == "float32" else 200
-    if a is None and b is None:
-        e = ops.exp(x)
-        y = e / ops.sum(e, -1, keepdims=True)
-        return y, ops.zeros_like(x, dtype="int8")
-
-    dead = ops.equal(x, -np.inf)
     e = ops.exp(x)  # row max 0, so e <= 1 and sum e >= 1
+    a_cmp, b_cmp = _comparison_bounds(x, a, b)
     nu0 = ops.log(ops.sum(e, -1, keepdims=True))
-    u = None if b is None else ops.where(dead, -np.inf, x - ops.log(b))
-    lk = None if a is None else ops.where(dead, -np.inf, x - ops.log(a))
-    if b is None:
-        lo = nu0
-    else:
-        lo = _finite_min(u)
-        lo = ops.where(ops.isfinite(lo), lo, nu0)
+    lo = nu0 if b is None else _finite_min(x - ops.log(b))
+    lo = ops.where(ops.isfinite(lo), lo, nu0)
     if a is None:
         hi = nu0
     else:
@@ -371,77 +376,78 @@ def _solve_newton(x, a, b):
         hi = nu0 - ops.log(rest)
     lo = minimum(lo, hi)
 
-    def stats(nu):
-        code, s, big_e = _fast_masses(e, a, b, u, lk, nu)
-        no_free = ops.equal(code % (k + 1) + code // (k + 1), k)
-        hard = ops.logical_and(ops.logical_not(no_free), big_e < e_min)
-        return code, s, big_e, no_free, hard
+    def newton_candidate(s, big_e):
+        ok = ops.logical_and(big_e > 0, s > 0)
+        one = ops.ones_like(s)
+        return ok, ops.log(ops.where(ok, big_e, one)) - ops.log(ops.where(ok, s, one))
 
-    code, s, big_e, no_free, _ = stats(nu0)
-    # nu0 is the closed-form root of the all-free pattern.
-    conv = ops.logical_or(ops.logical_and(no_free, ops.abs(s) <= tol), ops.equal(code, 0))
-    done = conv
+    up, low, s, big_e = _masses_at(e, a, b, a_cmp, b_cmp, ops.exp(nu0))
+    # nu0 is the exact root when nothing is clamped (the softmax satisfies the box)
+    clamped = up if low is None else low if up is None else ops.logical_or(up, low)
+    clamped = ops.any(clamped, -1, keepdims=True)
+    pinned = ops.logical_and(ops.equal(big_e, 0.0), ops.abs(s) <= tol)
+    done = ops.logical_or(ops.logical_not(clamped), pinned)
 
-    def cond(i, nu, lo, hi, code, s, big_e, done, conv):
+    def cond(i, nu, lo, hi, s, big_e, done, conv):
         return ops.logical_not(ops.all(done))
 
-    def body(i, nu, lo, hi, code, s, big_e, done, conv):
-        pos_e = big_e > 0
-        ok = ops.logical_and(pos_e, s > 0)
-        ok_newton = ops.logical_and(ok, big_e >= e_min)
-        cand = ops.log(ops.where(ok, big_e, ops.ones_like(big_e))) - ops.log(
-            ops.where(ok, s, ops.ones_like(s))
-        )
+    def body(i, nu, lo, hi, s, big_e, done, conv):
+        ok, cand = newton_candidate(s, big_e)
         # phi(nu) = 1 - s + E exp(-nu) >= 1  <=>  s <= 0, or E > 0 and cand >= nu
         phi_ge = ops.logical_or(s <= 0, ops.logical_and(ok, cand >= nu))
         active = ops.logical_not(done)
         lo = ops.where(ops.logical_and(active, phi_ge), maximum(lo, nu), lo)
         hi = ops.where(ops.logical_and(active, ops.logical_not(phi_ge)), minimum(hi, nu), hi)
-        # As in _solve_newton_robust: the closed-form root of the current pattern if strictly
-        # inside the bracket (or equal to nu), every 4th step a bisection step.
+        # The closed-form root of the current pattern if strictly inside the bracket (every
+        # bracket end is a visited point, so no pattern comes back), every 4th step a
+        # bisection step; the mid-point when the free mass is too small for an exact step.
         inside = ops.logical_and(ops.logical_and(cand > lo, cand < hi), ops.not_equal(i % 4, 3))
-        ok = ops.logical_and(ok_newton, ops.logical_or(inside, ops.equal(cand, nu)))
-        mid = 0.5 * lo + 0.5 * hi
-        stalled = ops.logical_and(ops.logical_not(ok), ops.logical_or(mid <= lo, mid >= hi))
-        new_nu = ops.where(done, nu, ops.where(ok, cand, mid))
-        code2, s2, e2, no_free2, hard2 = stats(new_nu)
-        same = ops.logical_and(ok, ops.equal(code2, code))
-        c = ops.logical_or(same, ops.logical_and(no_free2, ops.abs(s2) <= tol))
-        c = ops.logical_and(c, active)
-        # A row whose free mass stays below e_min (its Newton step would be inexact) bisects
-        # for a few steps, then hands the batch to the robust solver.
-        stop = ops.logical_or(ops.logical_or(c, stalled), ops.logical_and(hard2, i >= 6))
-        return (
-            i + 1,
-            new_nu,
-            lo,
-            hi,
-            code2,
-            s2,
-            e2,
-            ops.logical_or(done, stop),
-            ops.logical_or(conv, c),
+        newton = ops.logical_and(
+            ops.logical_and(ok, big_e >= e_min), ops.logical_or(inside, ops.equal(cand, nu))
         )
+        mid = 0.5 * lo + 0.5 * hi  # no overflow near the float range
+        stalled = ops.logical_and(ops.logical_not(newton), ops.logical_or(mid <= lo, mid >= hi))
+        new_nu = ops.where(done, nu, ops.where(newton, cand, mid))
+        _, _, s2, e2 = _masses_at(e, a, b, a_cmp, b_cmp, ops.exp(new_nu))
+        # The pattern at new_nu is the one that produced it iff its sums are the same, i.e.
+        # its own Newton candidate is new_nu again: then new_nu is the exact root.
+        ok2, cand2 = newton_candidate(s2, e2)
+        same = ops.logical_and(newton, ops.logical_and(ok2, ops.equal(cand2, new_nu)))
+        c = ops.logical_or(same, ops.logical_and(ops.equal(e2, 0.0), ops.abs(s2) <= tol))
+        c = ops.logical_and(c, active)
+        # A row whose free mass stays below e_min bisects for a few steps, then hands the
+        # batch to the robust solver.
+        hard = ops.logical_and(e2 < e_min, i >= 6)
+        stop = ops.logical_or(ops.logical_or(c, stalled), hard)
+        return i + 1, new_nu, lo, hi, s2, e2, ops.logical_or(done, stop), ops.logical_or(conv, c)
 
     start = ops.convert_to_tensor(0, "int32")
-    loop_vars = (start, nu0, lo, hi, code, s, big_e, done, conv)
+    loop_vars = (start, nu0, lo, hi, s, big_e, done, done)
     out = ops.while_loop(cond, body, loop_vars, maximum_iterations=max_iter)
-    nu, s, big_e, conv = out[1], out[5], out[6], out[8]
+    _, nu, _, _, s, big_e, _, conv = out
+    return nu, s, big_e, e, a_cmp, b_cmp, ops.all(conv)
 
-    def fast():
-        y = e * divide_no_nan(maximum(s, 0.0), big_e)
-        state = ops.zeros_like(x, dtype="int8")
-        if u is not None:
-            up = u > nu
-            y = ops.where(up, b, y)
-            state = _int8_where(up, UPPER, state)
-        if lk is not None:
-            low = lk <= nu
-            y = ops.where(low, a, y)
-            state = _int8_where(low, LOWER, state)
-        return y, state
 
-    return ops.cond(ops.all(conv), fast, lambda: _solve_newton_robust(x, a, b))
+def _solution_at(e, a, b, a_cmp, b_cmp, nu, s, big_e):
+    """``y`` and the state codes at the root ``nu`` whose pattern has the sums ``s``, ``E``:
+    bounds on U/L, the free coordinates ``exp(x)`` scaled to the mass left (one pass)."""
+    up, low = _pattern_at(e, a_cmp, b_cmp, ops.exp(nu))
+    return _assemble(e, a, b, up, low, s, big_e)
+
+
+def _solve_newton(x, a, b):
+    """Safeguarded Newton on log-free passes (module docstring); rows that stall, hit the cap
+    or keep a free mass below ``K * tiny / eps`` (logit gaps near the float range) make the
+    whole batch rerun in :func:`_solve_newton_robust` (exp per step; rare)."""
+    if a is None and b is None:
+        e = ops.exp(x)
+        return e / ops.sum(e, -1, keepdims=True), ops.zeros_like(x, dtype="int8")
+    nu, s, big_e, e, a_cmp, b_cmp, converged = _newton_root(x, a, b)
+    return ops.cond(
+        converged,
+        lambda: _solution_at(e, a, b, a_cmp, b_cmp, nu, s, big_e),
+        lambda: _solve_newton_robust(x, a, b),
+    )
 
 
 def _log_keys(x, a, b):
@@ -592,11 +598,12 @@ def _reduce_to(g, target):
     return ops.reshape(g, ops.shape(target))
 
 
-def _kernel(x, a, b, tau, method: str, clip: bool):
+def _kernel(x, a, b, tau, method: str, clip: bool, solver=None):
     """BCSoftmax of compute-dtype tensors with the class axis last (``a``, ``b`` may be None),
-    with its hand-derived gradient to every tensor input."""
+    with its hand-derived gradient to every tensor input. ``solver(x, a, b) -> (y, state)``
+    replaces ``method``'s (the benchmarks' floor rows pass one with ``nu`` given)."""
     k = x.shape[-1]
-    solver = _SOLVERS[method]
+    solver = solver or _SOLVERS[method]
     eps = float(_info(x).eps)
 
     def forward(x, a, b, tau):

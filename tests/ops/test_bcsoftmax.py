@@ -622,8 +622,8 @@ def test_dynamic_batch_compiles_once():
 
 
 def test_fast_newton_matches_robust_newton_and_falls_back_on_huge_gaps():
-    """The default solver (logit-domain Newton, exp computed once) agrees with the
-    exp-per-step robust solver, including rows whose free mass underflows (fallback path)."""
+    """The default solver (log-free Newton, exp computed once) agrees with the exp-per-step
+    robust solver, including rows whose free mass underflows (fallback path)."""
     from losszoo.ops import _bcsoftmax as impl
 
     rng = np.random.RandomState(21)
