@@ -64,7 +64,8 @@ def cases(quick=False):
             anchors = {"softmax_ce": softmax_ce}
             if name == "sparsemax_loss":
                 anchors["floor (tau given)"] = floor(tau)
-            anchors["keras.ops.sparsemax"] = keras_sparsemax
+            if (batch, k) in ((256, 1000), (32, 100_000)):  # a sort per row: seconds at 128x32768
+                anchors["keras.ops.sparsemax"] = keras_sparsemax
             out.append(
                 Case(
                     op=name,
