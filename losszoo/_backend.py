@@ -3,7 +3,7 @@
 Kernels are written once with ``keras.ops``; this module supplies what ``keras.ops`` lacks or
 does differently per backend: custom gradients (any number of tensor inputs and outputs),
 reading a value on the host when it is known, graph assertions (TensorFlow graphs only),
-whether XLA compiles the code being traced, float64 availability and cross-replica sums.
+whether XLA compiles the code being traced and whether float64 is available.
 
 Conventions of :func:`custom_gradient`, the same on every backend: the decorated function
 takes tensors only, positionally (bind Python options with a closure), and returns
@@ -87,12 +87,6 @@ def _as_tuple(x):
     return tuple(x) if isinstance(x, (tuple, list)) else (x,)
 
 
-def _tf_custom_gradient(f):
-    import tensorflow as tf
-
-    return tf.custom_gradient(f)
-
-
 def _jax_custom_gradient(f):
     import jax
     import jax.numpy as jnp
@@ -166,13 +160,13 @@ def custom_gradient(f):
     ``vmap``; integer inputs get the float0 zero cotangent); PyTorch: a
     ``torch.autograd.Function`` (exceptions in ``f`` propagate).
     """
-    if NAME == "tensorflow":
-        return _tf_custom_gradient(f)
+    if TENSORFLOW:
+        import tensorflow as tf
+
+        return tf.custom_gradient(f)
     if NAME == "jax":
         return _jax_custom_gradient(f)
-    if NAME == "torch":
-        return _torch_custom_gradient(f)
-    raise NotImplementedError(f"losszoo does not support the {NAME!r} backend of Keras.")
+    return _torch_custom_gradient(f)  # losszoo refuses to import on other backends
 
 
 # --------------------------------------------------------------------------------------------
@@ -188,7 +182,7 @@ def static_value(x):
     """
     if isinstance(x, (int, float, np.ndarray, np.generic, list, tuple)):
         return np.asarray(x)
-    if isinstance(x, keras.KerasTensor) or isinstance(x, keras.Variable):
+    if isinstance(x, (keras.KerasTensor, keras.Variable)):
         return None
     if NAME == "tensorflow":
         import tensorflow as tf
@@ -283,17 +277,7 @@ def assert_finite(x, message: str):
 
 
 # --------------------------------------------------------------------------------------------
-# Dtypes and replicas
-
-
-def float64_available() -> bool:
-    """Whether float64 tensors exist (JAX needs ``jax_enable_x64``; otherwise it silently
-    computes float64 requests in float32)."""
-    if NAME != "jax":
-        return True
-    import jax
-
-    return bool(jax.config.read("jax_enable_x64"))
+# Float64
 
 
 @contextlib.contextmanager
@@ -314,8 +298,13 @@ def enable_float64():
 
 
 def require_float64(feature: str) -> None:
-    """Raise RuntimeError naming ``feature`` when float64 is not available (JAX without x64)."""
-    if not float64_available():
+    """Raise RuntimeError naming ``feature`` when float64 is not available: JAX without
+    ``jax_enable_x64`` silently computes float64 requests in float32."""
+    if NAME != "jax":
+        return
+    import jax
+
+    if not jax.config.read("jax_enable_x64"):
         raise RuntimeError(
             f"{feature} computes in float64, which JAX provides only with 64-bit mode on: run "
             "`jax.config.update('jax_enable_x64', True)` (or set JAX_ENABLE_X64=1) before "
@@ -323,26 +312,12 @@ def require_float64(feature: str) -> None:
         )
 
 
-def replica_sum(x):
-    """Sum of ``x`` over the replicas of a ``tf.distribute`` replica context; ``x`` itself
-    elsewhere (a single replica, or JAX / PyTorch, where ``keras.distribution`` shards one
-    global computation, so a batch reduction is already global)."""
-    if NAME != "tensorflow":
-        return x
-    import tensorflow as tf
-
-    context = tf.distribute.get_replica_context()
-    if context is None or context.num_replicas_in_sync == 1:
-        return x
-    return context.all_reduce(tf.distribute.ReduceOp.SUM, x)
-
-
 # --------------------------------------------------------------------------------------------
 # keras.ops that lose float64 on PyTorch
 #
 # Keras 3.15's PyTorch backend promotes with ``dtypes.result_type`` on torch dtypes, which
-# reads float64 as float32: ``ops.maximum``, ``minimum``, ``cumsum``, ``matmul``,
-# ``divide_no_nan`` and ``logaddexp`` of float64 tensors return float32 there. These
+# reads float64 as float32: ``ops.maximum``, ``minimum``, ``cumsum`` and ``divide_no_nan``
+# (among others) of float64 tensors return float32 there. These
 # replacements keep the inputs' dtype on PyTorch and are ``keras.ops`` elsewhere; kernels
 # that compute in float64 (or accept float64 input) use them.
 
@@ -361,12 +336,16 @@ def _torch_operands(*xs):
     ]
 
 
-def _dtype_preserving(name, torch_fn, operands=2):
-    """``keras.ops.<name>``, except on PyTorch: ``torch_fn`` on the first ``operands``
-    arguments promoted to one dtype (the rest, e.g. ``axis``, passed as they are)."""
+def _dtype_preserving(name, torch_fn=None, operands=2):
+    """``keras.ops.<name>``, except on PyTorch: ``torch_fn`` (default ``torch.<name>``) on
+    the first ``operands`` arguments promoted to one dtype (the rest, e.g. ``axis``, passed
+    as they are)."""
     keras_fn = getattr(keras.ops, name)
     if NAME != "torch":
         return keras_fn
+    import torch
+
+    torch_fn = torch_fn or getattr(torch, name)
 
     def fn(*args, **kwargs):
         tensors = [
@@ -378,12 +357,6 @@ def _dtype_preserving(name, torch_fn, operands=2):
     fn.__name__ = name
     fn.__doc__ = f"``keras.ops.{name}`` keeping float64 on PyTorch."
     return fn
-
-
-def _torch(name):
-    import torch
-
-    return getattr(torch, name)
 
 
 def _torch_divide_no_nan(a, b):
@@ -398,10 +371,8 @@ def _torch_cumsum(x, axis=None):
     return torch.cumsum(x.reshape(-1) if axis is None else x, dim=0 if axis is None else axis)
 
 
-maximum = _dtype_preserving("maximum", (lambda a, b: _torch("maximum")(a, b)))
-minimum = _dtype_preserving("minimum", (lambda a, b: _torch("minimum")(a, b)))
-matmul = _dtype_preserving("matmul", (lambda a, b: _torch("matmul")(a, b)))
-logaddexp = _dtype_preserving("logaddexp", (lambda a, b: _torch("logaddexp")(a, b)))
+maximum = _dtype_preserving("maximum")
+minimum = _dtype_preserving("minimum")
 divide_no_nan = _dtype_preserving("divide_no_nan", _torch_divide_no_nan)
 cumsum = _dtype_preserving("cumsum", _torch_cumsum, operands=1)
 

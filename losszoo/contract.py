@@ -180,19 +180,24 @@ LOGITS = Rule(
 one class left per row. Under XLA a row breaking it comes out NaN."""
 
 
-def _class_ids_mask(xp, ids, num_classes):
+def _ids_mask(xp, ids, num_classes, low=0):
+    """Ids outside ``[low, num_classes)``, or (floating ids) not whole numbers."""
     if not _is_integer(ids):
         whole = xp.logical_and(xp.isfinite(ids), xp.equal(ids, xp.round(ids)))
-        ids = xp.where(whole, ids, -1)
-    return xp.logical_or(ids < 0, ids >= num_classes)
+        ids = xp.where(whole, ids, low - 1)
+    return xp.logical_or(xp.less(ids, low), xp.greater_equal(ids, num_classes))
 
 
-CLASS_IDS = Rule("holds class ids, which must be whole numbers in [0, K)", _class_ids_mask)
+CLASS_IDS = Rule("holds class ids, which must be whole numbers in [0, K)", _ids_mask)
 """Class ids (entry-wise): whole numbers in ``[0, num_classes)``; pass ``num_classes``."""
 
 
+def _non_negative_mask(xp, x):
+    return xp.logical_not(xp.isfinite(x)) | (x < 0)
+
+
 def _targets_mask(xp, q, tol):
-    bad_entry = xp.any(xp.logical_not(xp.isfinite(q)) | (q < 0), axis=-1)
+    bad_entry = xp.any(_non_negative_mask(xp, q), axis=-1)
     return bad_entry | (xp.abs(xp.sum(q, axis=-1) - 1.0) > tol)
 
 
@@ -269,26 +274,14 @@ ONE_HOT = Rule("of shape [N, K] must be one-hot rows (one 1, zeros elsewhere)", 
 """One-hot label rows ``[..., K]``: entries 0 or 1, exactly one 1 (per row)."""
 
 
-def _non_negative_mask(xp, x):
-    return xp.logical_not(xp.isfinite(x)) | (x < 0)
-
-
 NON_NEGATIVE = Rule("must be finite and >= 0", _non_negative_mask)
 """Finite, non-negative values (entry-wise): losses, weights, counts."""
-
-
-def _padded_ids_mask(xp, ids, n):
-    bad = xp.logical_or(xp.less(ids, -1), xp.greater_equal(ids, n))
-    if not _is_integer(ids):
-        whole = xp.logical_and(xp.isfinite(ids), xp.equal(ids, xp.round(ids)))
-        bad = xp.logical_or(bad, xp.logical_not(whole))
-    return bad
 
 
 PADDED_CLASS_IDS = Rule(
     "holds class ids, which must be whole numbers in [0, K) (K = the logits' last axis), "
     "or -1 for padding",
-    _padded_ids_mask,
+    lambda xp, ids, n: _ids_mask(xp, ids, n, low=-1),
 )
 """Lists of class ids padded with -1 (entry-wise): ``CLASS_IDS`` plus the padding value;
 pass the number of classes."""
@@ -327,7 +320,7 @@ SCALED_POSSIBILITY = Rule(
 
 
 def _votes_mask(xp, v):
-    bad = xp.logical_not(xp.isfinite(v)) | (v < 0)
+    bad = _non_negative_mask(xp, v)
     return xp.any(bad, axis=-1) | xp.logical_not(xp.sum(xp.where(bad, 0.0, v), axis=-1) > 0)
 
 
@@ -399,13 +392,14 @@ def check_number(
     high_open: bool = False,
     integer: bool = False,
     allow_none: bool = False,
+    tensor_ok: bool = True,
 ):
     """Validate a hyper-parameter given as a Python/numpy number; return it as int or float.
 
     Tensors and variables (e.g. a learned temperature) are returned unchanged: they are
-    checked where the op reads them. Everything else must be a real, finite number within
-    ``[low, high]`` (open ends with ``low_open`` / ``high_open``); ``integer=True`` also rejects
-    non-integral values and booleans.
+    checked where the op reads them (``tensor_ok=False``: a TypeError instead). Everything
+    else must be a real, finite number within ``[low, high]`` (open ends with ``low_open`` /
+    ``high_open``); ``integer=True`` also rejects non-integral values and booleans.
 
     Raises:
       TypeError: naming ``name``, for a value that is not a real (or integer) number.
@@ -414,6 +408,8 @@ def check_number(
     if value is None and allow_none:
         return None
     if is_tensor(value):
+        if not tensor_ok:
+            raise TypeError(f"`{name}` must be a Python number, not a tensor.")
         return value
     if isinstance(value, np.ndarray) and value.ndim == 0:
         value = value.item()
@@ -444,10 +440,15 @@ def check_choice(value, name: str, choices):
 
 
 def check_bool(value, name: str) -> bool:
-    """Raise TypeError unless ``value`` is a bool (0 and 1 are not)."""
-    if not isinstance(value, bool):
+    """``value`` as a bool; TypeError unless it is a Python or numpy bool (0 and 1 are not)."""
+    if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"`{name}` must be a bool, got {value!r}.")
-    return value
+    return bool(value)
+
+
+def shapes_compatible(a, b) -> bool:
+    """Whether two static shapes (``None`` = unknown size) can be the same."""
+    return len(a) == len(b) and all(x is None or y is None or x == y for x, y in zip(a, b))
 
 
 # --------------------------------------------------------------------------------------------
@@ -465,15 +466,21 @@ def dtype_name(x) -> str:
 
 
 def _is_integer(x) -> bool:
-    name = dtype_name(x)
-    return name.startswith("int") or name.startswith("uint")
+    return dtype_name(x).startswith(("int", "uint"))
 
 
 def is_floating(x) -> bool:
     return dtype_name(x) in ("float16", "bfloat16", "float32", "float64")
 
 
-_HALF = ("float16", "bfloat16")
+def check_real(x, name: str, bool_ok: bool = True) -> str:
+    """``x``'s dtype name; TypeError naming ``name`` unless it is floating, integer or (with
+    ``bool_ok``) bool."""
+    kind = dtype_name(x)
+    if not (is_floating(x) or _is_integer(x) or (bool_ok and kind == "bool")):
+        allowed = "integer, floating or bool" if bool_ok else "integer or floating"
+        raise TypeError(f"`{name}` must hold real numbers ({allowed}), got dtype {kind}.")
+    return kind
 
 
 def to_compute_dtype(x, name: str = "x"):
@@ -484,25 +491,16 @@ def to_compute_dtype(x, name: str = "x"):
       Integer and bool inputs are converted to float32 and reported as float32.
     """
     x = ops.convert_to_tensor(x)
-    kind = dtype_name(x)
-    if kind not in ("float16", "bfloat16", "float32", "float64"):
-        if kind == "bool" or _is_integer(x):
-            x = ops.cast(x, "float32")
-            kind = "float32"
-        else:
-            raise TypeError(f"`{name}` must be a real floating tensor, got dtype {kind}.")
-    if kind in _HALF:
-        x = ops.cast(x, "float32")
-    return x, kind
+    kind = check_real(x, name)
+    if kind in ("float32", "float64"):
+        return x, kind
+    return ops.cast(x, "float32"), (kind if is_floating(x) else "float32")
 
 
 def static_rank(x):
     """The rank of ``x`` when known (a TensorFlow tensor may have unknown rank), else None."""
     shape = x.shape
-    rank = getattr(shape, "rank", None)
-    if rank is None and not hasattr(shape, "rank"):
-        return len(shape)
-    return rank
+    return shape.rank if hasattr(shape, "rank") else len(shape)
 
 
 def check_static_rank(x, min_rank: int, name: str) -> None:

@@ -12,8 +12,15 @@ import keras
 from keras import ops
 
 from losszoo._logits import attached_logits
-from losszoo.contract import check_not_nan, dtype_name, is_floating, nan_where, static_rank
-from losszoo.losses._targets import class_ids_and_invalid, compatible_shapes
+from losszoo.contract import (
+    check_not_nan,
+    dtype_name,
+    is_floating,
+    nan_where,
+    shapes_compatible,
+    static_rank,
+)
+from losszoo.losses._targets import class_ids_and_invalid
 
 
 def resolve_base_loss(base_loss):
@@ -87,7 +94,7 @@ def _per_row(flags, values):
     """``flags`` (``y_true``'s shape) reduced to ``values``' shape: per example when
     ``y_true``'s leading axes are the losses' axes, else one flag for the whole batch."""
     r, k = static_rank(values), static_rank(flags)
-    if r is None or k is None or k < r or not compatible_shapes(flags.shape[:r], values.shape):
+    if r is None or k is None or k < r or not shapes_compatible(flags.shape[:r], values.shape):
         return ops.any(flags)
     return ops.any(flags, axis=tuple(range(r, k))) if k > r else flags
 

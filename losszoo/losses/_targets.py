@@ -21,9 +21,9 @@ from losszoo import _backend
 from losszoo.contract import (
     CLASS_IDS,
     NON_NEGATIVE,
-    dtype_name,
-    is_floating,
+    check_real,
     nan_where,
+    shapes_compatible,
     static_rank,
     validation_enabled,
 )
@@ -71,10 +71,7 @@ def class_ids_and_invalid(y_true, y_pred, name: str = "y_true"):
     y_true = ops.convert_to_tensor(y_true)
     if static_rank(y_true) is not None and static_rank(y_true) == static_rank(y_pred):
         y_true = ops.squeeze(y_true, -1)
-    if not is_floating(y_true) and not dtype_name(y_true).startswith(("int", "uint")):
-        raise TypeError(
-            f"`{name}` must hold integer or floating class ids, got {dtype_name(y_true)}."
-        )
+    check_real(y_true, name, bool_ok=False)
     n = num_classes(y_pred)
     if not isinstance(n, int):  # a tensor must match the ids' dtype
         n = ops.cast(n, y_true.dtype)
@@ -93,11 +90,6 @@ def one_hot_targets(y_true, y_pred, name: str = "y_true"):
     """One-hot rows for class ids; rows of invalid ids are all NaN (the XLA contract)."""
     ids, invalid = class_ids_and_invalid(y_true, y_pred, name)
     return nan_where(invalid[..., None], _one_hot(ids, y_pred))
-
-
-def compatible_shapes(a, b) -> bool:
-    """Whether two static shapes (``None`` = unknown size) can be the same."""
-    return len(a) == len(b) and all(x is None or y is None or x == y for x, y in zip(a, b))
 
 
 def target_distribution(y_true, y_pred, normalize: bool = True, name: str = "y_true"):
@@ -123,10 +115,8 @@ def target_distribution(y_true, y_pred, normalize: bool = True, name: str = "y_t
         ids, invalid = class_ids_and_invalid(y_true, y_pred, name)
         q = nan_where(invalid[..., None], _one_hot(ids, y_pred))
         return q, nan_where(invalid, ops.ones_like(ids, dtype=y_pred.dtype))
-    kind = dtype_name(y_true)
-    if not (is_floating(y_true) or kind.startswith(("int", "uint")) or kind == "bool"):
-        raise TypeError(f"`{name}` must be numeric, got {kind}.")
-    if not compatible_shapes(tuple(y_true.shape), tuple(y_pred.shape)):
+    check_real(y_true, name)
+    if not shapes_compatible(tuple(y_true.shape), tuple(y_pred.shape)):
         raise ValueError(
             f"`{name}` must hold class ids of shape {tuple(y_pred.shape[:-1])} (or with a "
             f"trailing 1) or targets of the shape of `y_pred` {tuple(y_pred.shape)}; got shape "

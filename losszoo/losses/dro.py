@@ -151,13 +151,6 @@ __all__ = [
 
 
 # ----------------------------------------------------------------------------- helpers
-def _python_number(value, name, **rules):
-    """A hyper-parameter given as a Python number (never a tensor), checked by ``rules``."""
-    if contract.is_tensor(value):
-        raise TypeError(f"`{name}` must be a Python number, not a tensor.")
-    return contract.check_number(value, name, **rules)
-
-
 def _weights_with_mask(sample_weight, y_pred, shape_ref):
     mask = getattr(y_pred, "_keras_mask", None)
     if mask is None:
@@ -356,21 +349,21 @@ class SafeKLDRORisk(_BatchRiskLoss):
         super().__init__(base_loss=base_loss, name=name, reduction=reduction, dtype=dtype)
         self.lam = check_lam(lam)
         self.rho = check_rho(rho)
-        self.alpha_init = _python_number(alpha_init, "alpha_init")
+        self.alpha_init = contract.check_number(alpha_init, "alpha_init", tensor_ok=False)
         self.init_alpha_from_batch = contract.check_bool(
             init_alpha_from_batch, "init_alpha_from_batch"
         )
-        self.alpha_learning_rate = _python_number(
-            alpha_learning_rate, "alpha_learning_rate", low=0.0, allow_none=True
+        self.alpha_learning_rate = contract.check_number(
+            alpha_learning_rate, "alpha_learning_rate", low=0.0, allow_none=True, tensor_ok=False
         )
-        self.alpha_lr_multiplier = _python_number(
-            alpha_lr_multiplier, "alpha_lr_multiplier", low=0.0
+        self.alpha_lr_multiplier = contract.check_number(
+            alpha_lr_multiplier, "alpha_lr_multiplier", low=0.0, tensor_ok=False
         )
         self.alpha_optimizer = contract.check_choice(
             alpha_optimizer, "alpha_optimizer", _dro_alpha.RULES
         )
-        self.alpha_damping = _python_number(
-            alpha_damping, "alpha_damping", low=0.0, low_open=True, high=1.0
+        self.alpha_damping = contract.check_number(
+            alpha_damping, "alpha_damping", low=0.0, low_open=True, high=1.0, tensor_ok=False
         )
         if not (isinstance(update_alpha, bool) or update_alpha == "auto"):
             raise ValueError(f"`update_alpha` must be 'auto', True or False, got {update_alpha!r}.")

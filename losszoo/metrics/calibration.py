@@ -28,8 +28,7 @@ from losszoo.contract import (
     ONE_HOT,
     PROBABILITIES,
     check_number,
-    dtype_name,
-    is_floating,
+    check_real,
     nan_where,
     static_rank,
 )
@@ -57,8 +56,7 @@ def _labels_probs(y_true, y_pred, num_classes=None):
         raise ValueError(f"`y_pred` has {k} classes but the metric was built for {num_classes}.")
     y_pred = ops.reshape(y_pred, (-1, k))
     y_true = ops.convert_to_tensor(y_true)
-    if not (is_floating(y_true) or dtype_name(y_true).startswith(("int", "uint"))):
-        raise TypeError(f"`y_true` must be integer ids or one-hot rows, got {dtype_name(y_true)}.")
+    check_real(y_true, "y_true", bool_ok=False)
     if (static_rank(y_true) or 0) >= 2 and y_true.shape[-1] == k and k > 1:
         onehot = ONE_HOT.check(ops.cast(ops.reshape(y_true, (-1, k)), "float32"), "y_true")
         true_bad = ONE_HOT.invalid(onehot)

@@ -65,43 +65,32 @@ from losszoo._backend import custom_gradient
 from losszoo.contract import (
     NON_NEGATIVE,
     NON_NEGATIVE_OR_NAN,
+    check_bool,
     check_finite,
     check_number,
+    check_real,
     dtype_name,
-    is_tensor,
     nan_where,
     static_rank,
     to_compute_dtype,
 )
-from losszoo.contract import check_bool as _check_bool
 
 
 # ----------------------------------------------------------------------------- validation
-def _python_number(value, name):
-    if is_tensor(value):
-        raise TypeError(f"`{name}` must be a Python number, not a tensor.")
-    return value
-
-
 def check_lam(lam) -> float:
     """Return ``lam`` as a Python float; ``ValueError`` unless finite and > 0."""
-    return check_number(_python_number(lam, "lam"), "lam", low=0.0, low_open=True)
+    return check_number(lam, "lam", low=0.0, low_open=True, tensor_ok=False)
 
 
 def check_rho(rho) -> float:
     """Return ``rho`` as a Python float; ``ValueError`` unless 0 < rho < 1 (spec 1.6 item 4)."""
-    value = check_number(_python_number(rho, "rho"), "rho")
+    value = check_number(rho, "rho", tensor_ok=False)
     if not (0.0 < value < 1.0):
         raise ValueError(
             f"`rho` must lie in the open interval (0, 1), got {rho!r}; rho = 1 is "
             "degenerate (alpha* = -inf) and rho > 1 makes the risk unbounded below."
         )
     return value
-
-
-def check_bool(value, name):
-    """Return ``value`` as a bool; ``TypeError`` naming ``name`` unless it is one."""
-    return bool(_check_bool(value.item() if isinstance(value, np.bool_) else value, name))
 
 
 def _poison(bad, x):
@@ -140,9 +129,7 @@ def _weights_like(sample_weight, l):
     """Checked weights ``sample_weight`` broadcast to the losses ``l`` (Keras convention: a
     scalar or a prefix of ``l``'s shape). Returns ``(s, bad)`` (``bad``: invalid flag)."""
     s = ops.convert_to_tensor(sample_weight)
-    kind = dtype_name(s)
-    if not (kind.startswith(("float", "bfloat", "int", "uint")) or kind == "bool"):
-        raise TypeError(f"`sample_weight` must be real numbers, got dtype {kind}.")
+    check_real(s, "sample_weight")
     s = NON_NEGATIVE.check(ops.cast(s, dtype_name(l)), "sample_weight")
     bad = ops.any(NON_NEGATIVE.invalid(s))
     s_rank, l_rank = static_rank(s), static_rank(l)
@@ -374,9 +361,7 @@ def safe_kl_dro_solve_alpha(losses, lam, rho, sample_weight=None, iterations=80)
     weights give NaN.
     """
     lam, rho = check_lam(lam), check_rho(rho)
-    iterations = check_number(
-        _python_number(iterations, "iterations"), "iterations", low=1, integer=True
-    )
+    iterations = check_number(iterations, "iterations", low=1, integer=True, tensor_ok=False)
     l, s, _, bad = _prepare(losses, sample_weight)
     l = ops.stop_gradient(l)
     dt = dtype_name(l)

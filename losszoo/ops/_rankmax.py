@@ -74,11 +74,12 @@ from losszoo.contract import (
     PADDED_CLASS_IDS,
     check_choice,
     check_number,
+    check_real,
     dense_labels,
     dtype_name,
     is_floating,
-    is_tensor,
     nan_where,
+    shapes_compatible,
     static_rank,
     to_compute_dtype,
     validation_enabled,
@@ -111,23 +112,21 @@ def check_rankmax_arguments(k, margin, max_positives=1, n=None):
             f"`k` must be smaller than the number of candidates n={n} (k >= n makes the "
             f"projection all ones and the loss 0), got k={k}."
         )
-    for value, name in ((margin, "margin"), (max_positives, "max_positives")):
-        if is_tensor(value):
-            raise TypeError(f"`{name}` must be a Python number, got a tensor.")
-    margin = check_number(margin, "margin", low=0.0, low_open=True)
+    margin = check_number(margin, "margin", low=0.0, low_open=True, tensor_ok=False)
     max_positives = check_number(
-        max_positives, "max_positives", low=1, high=n, integer=True, allow_none=True
+        max_positives,
+        "max_positives",
+        low=1,
+        high=n,
+        integer=True,
+        allow_none=True,
+        tensor_ok=False,
     )
     return k, margin, max_positives
 
 
 def _static(n):
     return n if isinstance(n, int) else None
-
-
-def _compatible(a, b) -> bool:
-    """Whether two static shapes (``None`` = unknown size) can be the same."""
-    return len(a) == len(b) and all(x is None or y is None or x == y for x, y in zip(a, b))
 
 
 def _prepare_logits(logits, name):
@@ -177,17 +176,14 @@ def _ids_to_positives(labels, z, n, name):
             f"{list(z.shape[:-1])} (one positive per row) or with a last axis of M positives "
             f"(-1 pads); got shape {list(labels.shape)} for logits of shape {list(z.shape)}."
         )
-    if not _compatible(labels.shape[:-1], z.shape[:-1]):
+    if not shapes_compatible(labels.shape[:-1], z.shape[:-1]):
         raise ValueError(
             f"Leading dimensions of `{name}` {list(labels.shape)} do not match the logits' "
             f"{list(z.shape)}."
         )
-    kind = dtype_name(labels)
-    if not is_floating(labels):
-        if not kind.startswith(("int", "uint")):
-            raise TypeError(f"`{name}` as ids must be integer or floating, got {kind}.")
-        if kind != "int64":
-            labels = ops.cast(labels, "int32")
+    kind = check_real(labels, name, bool_ok=False)
+    if not is_floating(labels) and kind != "int64":
+        labels = ops.cast(labels, "int32")
     m = labels.shape[-1] if labels.shape[-1] is not None else ops.shape(labels)[-1]
     flat = PADDED_CLASS_IDS.check(ops.reshape(labels, (-1, m)), name, n)
     bad = PADDED_CLASS_IDS.invalid(flat, n)
@@ -199,14 +195,12 @@ def _ids_to_positives(labels, z, n, name):
 
 def _dense_weights(labels, z, name):
     """Dense weights with the shape of the logits, checked by ``NON_NEGATIVE``."""
-    if not _compatible(labels.shape, z.shape):
+    if not shapes_compatible(labels.shape, z.shape):
         raise ValueError(
             f"Dense `{name}` must have the shape of the logits {list(z.shape)}, got "
             f"{list(labels.shape)}. Pass ids (label_format='ids') for one positive per row."
         )
-    kind = dtype_name(labels)
-    if not (is_floating(labels) or kind == "bool" or kind.startswith(("int", "uint"))):
-        raise TypeError(f"Dense `{name}` must be numeric, got {kind}.")
+    check_real(labels, name)
     return NON_NEGATIVE.check(ops.cast(labels, z.dtype), name)
 
 

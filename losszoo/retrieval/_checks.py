@@ -9,38 +9,11 @@ share ``losszoo.set_validation`` with the rest of losszoo; NaN poisoning always 
 
 from __future__ import annotations
 
-import numpy as np
 from keras import ops
 
 from losszoo._backend import assert_all
 from losszoo._backend import static_value as host_value
-from losszoo.contract import validation_enabled
-
-
-def checked(x, bad, name: str, rule: str):
-    """Return ``x``, raising (eagerly) or asserting (graphs) unless ``bad`` is all false.
-
-    Args:
-      x: the argument's tensor (returned, with the graph assertion attached).
-      bad: boolean tensor broadcastable to ``x``: true where ``x`` breaks ``rule``. The
-        caller also uses it for NaN poisoning, so eager, graph and XLA agree on what is bad.
-      name: the argument's name, quoted in the message.
-      rule: what the values must satisfy, e.g. ``"must lie in (0, 1]"``.
-    """
-    if not validation_enabled():
-        return x
-    message = f"`{name}` {rule}"
-    flags = host_value(bad)
-    if flags is not None:
-        if np.any(flags):
-            values = host_value(x)
-            shown = ""
-            if values is not None:
-                offending = np.broadcast_to(values, np.shape(flags))[flags]
-                shown = f"; got {offending[:5].tolist()}" + (" ..." if offending.size > 5 else "")
-            raise ValueError(message + shown + ".")
-        return x
-    return assert_all(ops.logical_not(ops.any(bad)), message + ".", x)
+from losszoo.contract import Rule, validation_enabled
 
 
 def check_shape(x, shape, name: str, what: str = ""):
@@ -87,10 +60,12 @@ def checked_ids(ids, name: str, num_items=None):
     ids = ops.convert_to_tensor(ids)
     if "int" not in str(ids.dtype):
         raise TypeError(f"`{name}` must hold integer ids, got dtype {ids.dtype}.")
-    bad = ops.less(ids, 0)
-    rule = "must hold ids >= 0"
+    rule = Rule("must hold ids >= 0", lambda xp, i: i < 0)
     if num_items is not None:
-        bad = ops.logical_or(bad, ops.greater_equal(ids, num_items))
-        rule = f"must hold ids in [0, {num_items}) (the catalogue)"
-    ids = checked(ids, bad, name, rule)
+        rule = Rule(
+            f"must hold ids in [0, {num_items}) (the catalogue)",
+            lambda xp, i: (i < 0) | (i >= num_items),
+        )
+    ids = rule.check(ids, name)
+    bad = rule.invalid(ids)
     return ops.where(bad, 0, ops.cast(ids, "int32")), bad

@@ -7,9 +7,14 @@ import numpy as np
 from keras import ops
 
 from losszoo import registry
-from losszoo.contract import check_bool, check_number, nan_where
-from losszoo.retrieval._checks import check_shape, checked, checked_ids
+from losszoo.contract import Rule, check_bool, check_number, nan_where
+from losszoo.retrieval._checks import check_shape, checked_ids
 from losszoo.retrieval.sampling import CandidateSampler
+
+# Spelt as a negation so that NaN counts as bad.
+_SAMPLING_PROBABILITY = Rule(
+    "must lie in (0, 1]", lambda xp, p: xp.logical_not(xp.logical_and(p > 0, p <= 1))
+)
 
 
 def resolve_loss(loss, loss_config=None, reduction="sum"):
@@ -241,9 +246,8 @@ class Retrieval(keras.layers.Layer):
             if candidate_sampling_probability is not None:
                 p = ops.cast(ops.convert_to_tensor(candidate_sampling_probability), dtype)
                 p = check_shape(p, (num_c,), "candidate_sampling_probability", " ([C])")
-                # Spelt as a negation so that NaN counts as bad.
-                column_bad = ops.logical_not(ops.logical_and(p > 0, p <= 1))
-                p = checked(p, column_bad, "candidate_sampling_probability", "must lie in (0, 1]")
+                p = _SAMPLING_PROBABILITY.check(p, "candidate_sampling_probability")
+                column_bad = _SAMPLING_PROBABILITY.invalid(p)
                 logits = logits - ops.log(ops.where(column_bad, 1.0, p))[None, :]
             if bad_ids is not None:
                 column_bad = bad_ids if column_bad is None else ops.logical_or(column_bad, bad_ids)

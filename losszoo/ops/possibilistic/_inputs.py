@@ -10,7 +10,13 @@ from __future__ import annotations
 from keras import ops
 
 from losszoo import _backend
-from losszoo.contract import LOGITS, check_static_rank, static_rank, to_compute_dtype
+from losszoo.contract import (
+    LOGITS,
+    check_static_rank,
+    shapes_compatible,
+    static_rank,
+    to_compute_dtype,
+)
 from losszoo.ops.possibilistic._config import F64
 
 
@@ -47,14 +53,11 @@ def prepare(op, logits, labels, labels_name, rule, static_k=True):
     _backend.require_float64(op)
     z, dtype = to_compute_dtype(logits, "logits")
     y, _ = to_compute_dtype(labels, labels_name)
-    if static_rank(z) is not None and static_rank(y) is not None:
-        a, b = z.shape, y.shape
-        if len(a) != len(b) or any(
-            x is not None and v is not None and x != v for x, v in zip(a, b)
-        ):
-            raise ValueError(
-                f"`{labels_name}` must have the shape of `logits` {list(a)}, got {list(b)}."
-            )
+    known = static_rank(z) is not None and static_rank(y) is not None
+    if known and not shapes_compatible(z.shape, y.shape):
+        raise ValueError(
+            f"`{labels_name}` must have the shape of `logits` {list(z.shape)}, got {list(y.shape)}."
+        )
     z2, restore = flatten(z, "logits", static_k=static_k)
     y2, _ = flatten(ops.stop_gradient(y), labels_name, k=z2.shape[-1], static_k=static_k)
     z64 = ops.cast(LOGITS.check(z2, "logits"), F64)
