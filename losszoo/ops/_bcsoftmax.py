@@ -96,9 +96,9 @@ from losszoo.contract import (
     check_bool,
     check_choice,
     check_number,
+    check_real,
     check_static_rank,
     dtype_name,
-    is_floating,
     move_axis_last,
     nan_where,
     static_rank,
@@ -720,9 +720,7 @@ def _convert(t, name: str, x, rank: int):
         if t.dtype.kind in "iuf":  # straight to x's dtype: no float32 detour for 0.1
             t = ops.convert_to_tensor(t.astype(dtype_name(x)), dtype_name(x))
     t = ops.convert_to_tensor(t)
-    kind = dtype_name(t)
-    if not (is_floating(t) or kind.startswith(("int", "uint"))):
-        raise TypeError(f"`{name}` must be a real tensor, got {kind}.")
+    check_real(t, name, bool_ok=False)
     t = ops.cast(t, x.dtype)
     t_rank = static_rank(t)
     if t_rank is not None and t_rank > rank:

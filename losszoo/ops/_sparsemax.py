@@ -56,6 +56,7 @@ from losszoo.contract import (
     dtype_name,
     move_axis_last,
     nan_where,
+    shapes_compatible,
     static_rank,
     to_compute_dtype,
 )
@@ -249,7 +250,7 @@ def sparsemax_loss(labels, logits, axis: int = -1, *, labels_name: str = "labels
     q_rank, z_rank = static_rank(q), static_rank(z)
     if q_rank is not None and z_rank is not None:
         q_last, _ = move_axis_last(q, axis) if q_rank == z_rank else (q, None)
-        if not _compatible(q_last.shape, z.shape):
+        if not shapes_compatible(q_last.shape, z.shape):
             raise ValueError(
                 f"`{labels_name}` must have the shape of `logits` {list(z.shape)} (class axis "
                 f"last), got {list(q.shape)}."
@@ -258,8 +259,3 @@ def sparsemax_loss(labels, logits, axis: int = -1, *, labels_name: str = "labels
     tol = _sum_tolerance(dtype_name(labels), dtype_name(z))
     q = TARGETS.check(q, labels_name, tol)
     return ops.cast(_sparsemax_loss_last_axis(q, z, tol), dtype)
-
-
-def _compatible(a, b) -> bool:
-    """Whether two static shapes (``None`` = unknown size) can be the same."""
-    return len(a) == len(b) and all(x is None or y is None or x == y for x, y in zip(a, b))

@@ -28,7 +28,7 @@ import contextlib
 from keras import ops
 
 from losszoo import _backend
-from losszoo.contract import dtype_name, is_tensor
+from losszoo.contract import check_bool, dtype_name, is_tensor
 from losszoo.ops._dro import (
     _any,
     _batch_lse_exp,
@@ -41,7 +41,6 @@ from losszoo.ops._dro import (
     _prepare,
     _risk_and_stats,
     _scalar_alpha,
-    check_bool,
     check_lam,
     check_rho,
     cvar_risk,
