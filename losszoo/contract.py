@@ -165,10 +165,11 @@ class Rule:
 
 
 def _logits_mask(xp, z):
-    """Rows holding NaN or +inf, or only -inf (``[...]``, the class axis reduced), in one
-    reduction: the row max with NaN read as +inf is finite exactly for the rows that pass."""
-    top = xp.max(xp.where(xp.isnan(z), np.inf, z), axis=-1, initial=-np.inf)
-    return xp.logical_not(xp.isfinite(top))
+    """Rows holding NaN or +inf, or only -inf (``[...]``, the class axis reduced): the row max
+    is +inf or -inf there (or NaN); NaN is also tested on its own, as XLA's max may skip it.
+    Two reductions that read ``z`` directly (no [N, K] temporary in a TensorFlow graph)."""
+    top = xp.max(z, axis=-1, initial=-np.inf)
+    return xp.logical_not(xp.isfinite(top)) | xp.any(xp.isnan(z), axis=-1)
 
 
 LOGITS = Rule(
