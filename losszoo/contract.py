@@ -359,8 +359,12 @@ def check_finite(x, name: str):
 def check_not_nan(x, name: str):
     """Like :func:`check_finite` but allows +-Inf (e.g. -inf logits used as masks)."""
     text = "contains NaN values"
-    if _check_all(x, name, text, lambda xp, v: xp.logical_not(xp.isnan(v))):
-        return _backend.assert_all(ops.logical_not(ops.isnan(x)), f"`{name}` {text}.", x)
+
+    def ok(xp, v):
+        return xp.logical_not(xp.isnan(v))
+
+    if _check_all(x, name, text, ok):
+        return _backend.assert_all(ok(ops, x), f"`{name}` {text}.", x)
     return x
 
 

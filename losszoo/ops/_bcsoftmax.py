@@ -341,7 +341,8 @@ def _pattern_at(e, a_cmp, b_cmp, c):
 
 def _masses_at(e, a, b, a_cmp, b_cmp, c):
     """The clamp pattern at ``c = exp(nu)`` ([N, 1]) and its two sums: ``s = 1 -`` bound mass
-    and the free mass ``E = sum_F exp(x)`` (both [N, 1]); masks None where a bound is."""
+    and the free mass ``E = sum_F exp(x)`` (both [N, 1]); a mask is None where its bound is
+    not given."""
     zero = ops.zeros_like(e)
     up, low = _pattern_at(e, a_cmp, b_cmp, c)
     bound = zero if up is None else ops.where(up, b, zero)
