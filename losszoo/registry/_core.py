@@ -11,8 +11,8 @@ Registering does three things:
    ``python -m losszoo list``;
 2. registers it for Keras serialization under the package ``"losszoo"``, so saved models
    load without ``custom_objects``;
-3. tells the subscribers (:func:`subscribe`) about it: for losses and metrics the Keras glue
-   makes the plain string usable in ``model.compile`` of Keras 3
+3. exposes it in the lookup tables of the subscribers (:func:`subscribe`): for losses and
+   metrics the Keras glue makes the plain string usable in ``model.compile`` of Keras 3
    (:mod:`losszoo.registry._keras`) and, when ``tf_keras`` is installed, of Keras 2
    (:mod:`losszoo.registry._tf_keras`). This module imports neither; they import it.
 
@@ -76,16 +76,23 @@ _lookup: dict[tuple[str, str], str] = {}  # (kind, name or alias) -> canonical n
 _lock = threading.RLock()
 _current_source = "losszoo"
 _plugins_loaded = False
-_subscribers: list[tuple[Callable[[Entry], None], Callable[[Entry], None]]] = []
+_subscribers: list[Callable[[Entry], list[tuple[dict, dict]]]] = []
 
 
-def subscribe(on_register: Callable[[Entry], None], on_unregister: Callable[[Entry], None]):
-    """Call ``on_register(entry)`` for every entry, registered so far and from now on, and
-    ``on_unregister(entry)`` when one is removed (the Keras glue modules subscribe)."""
+def subscribe(tables: Callable[[Entry], list[tuple[dict, dict]]]):
+    """Expose every entry, registered so far and from now on, through ``tables(entry)``:
+    ``(lookup table, {key: object})`` pairs (the Keras glue modules subscribe). A key a table
+    already holds keeps its meaning; removing an entry takes its keys out again."""
     with _lock:
-        _subscribers.append((on_register, on_unregister))
+        _subscribers.append(tables)
         for entry in list(_entries.values()):
-            on_register(entry)
+            _install(tables, entry)
+
+
+def _install(tables, entry: Entry) -> None:
+    for table, objects in tables(entry):
+        for key, obj in objects.items():
+            table.setdefault(key, obj)
 
 
 def register(
@@ -153,8 +160,8 @@ def register(
             _entries[(kind, name)] = entry
             for key in (name, *aliases):
                 _lookup[(kind, key)] = name
-            for on_register, _ in _subscribers:
-                on_register(entry)
+            for tables in _subscribers:
+                _install(tables, entry)
         return cls
 
     return decorator
@@ -284,5 +291,8 @@ def _unregister(key: tuple[str, str]) -> None:
     entry = _entries.pop(key)
     for alias in (entry.name, *entry.aliases):
         _lookup.pop((entry.kind, alias), None)
-    for _, on_unregister in _subscribers:
-        on_unregister(entry)
+    for tables in _subscribers:
+        for table, objects in tables(entry):
+            for key, obj in objects.items():
+                if table.get(key) is obj:
+                    del table[key]

@@ -20,18 +20,21 @@ from losszoo.registry import _core
 _KERAS3_MODULES = {"loss": "keras.src.losses", "metric": "keras.src.metrics"}
 
 
-def _keras3_table(kind: str) -> dict | None:
-    """The module's ``ALL_OBJECTS_DICT`` that Keras 3 looks names of ``kind`` up in."""
-    if kind not in _KERAS3_MODULES:
-        return None
-    table = getattr(importlib.import_module(_KERAS3_MODULES[kind]), "ALL_OBJECTS_DICT", None)
+def _tables(entry) -> list[tuple[dict, dict]]:
+    """The entry's :func:`keys` in the ``ALL_OBJECTS_DICT`` that Keras 3 looks names of its
+    kind up in (none for heads). Names Keras already has (its own ``"Accuracy"``, say) keep
+    their meaning."""
+    if entry.kind not in _KERAS3_MODULES:
+        return []
+    module = _KERAS3_MODULES[entry.kind]
+    table = getattr(importlib.import_module(module), "ALL_OBJECTS_DICT", None)
     if not isinstance(table, dict):
         raise ImportError(
-            f"losszoo cannot find {_KERAS3_MODULES[kind]}.ALL_OBJECTS_DICT in this Keras version "
+            f"losszoo cannot find {module}.ALL_OBJECTS_DICT in this Keras version "
             "(string lookup in compile() would not find losszoo names). Please report this "
             "together with your Keras version."
         )
-    return table
+    return [(table, dict.fromkeys(keys(entry), entry.cls))]
 
 
 def keys(entry) -> tuple[str, ...]:
@@ -40,22 +43,4 @@ def keys(entry) -> tuple[str, ...]:
     return (entry.name, *entry.aliases, entry.cls.__name__)
 
 
-def install(entry) -> None:
-    """Expose one registry entry to Keras 3's string lookup (none for heads).
-
-    Names Keras already has (its own ``"Accuracy"``, say) keep their meaning.
-    """
-    table = _keras3_table(entry.kind)
-    for key in keys(entry) if table is not None else ():
-        table.setdefault(key, entry.cls)
-
-
-def uninstall(entry) -> None:
-    """Undo :func:`install` (used when a plugin fails half-way)."""
-    table = _keras3_table(entry.kind)
-    for key in keys(entry) if table is not None else ():
-        if table.get(key) is entry.cls:
-            del table[key]
-
-
-_core.subscribe(install, uninstall)
+_core.subscribe(_tables)

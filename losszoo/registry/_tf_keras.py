@@ -38,27 +38,10 @@ from losszoo.registry import _core
 from losszoo.registry._keras import keys
 
 
-def install(entry) -> None:
-    """Expose one loss or metric entry to tf_keras' string lookup (when tf_keras is installed).
-
-    Names tf_keras already has keep their meaning.
-    """
-    for table, objects in _tables(entry):
-        for key, obj in objects.items():
-            table.setdefault(key, obj)
-
-
-def uninstall(entry) -> None:
-    """Undo :func:`install` (used when a plugin fails half-way)."""
-    for table, objects in _tables(entry):
-        for key, obj in objects.items():
-            if table.get(key) is obj:
-                del table[key]
-
-
 def _tables(entry) -> list[tuple[dict, dict]]:
     """``(lookup table, {key: object})`` pairs through which tf_keras resolves the entry's
-    names (none for heads, or without tf_keras)."""
+    names (none for heads, or without tf_keras). Names tf_keras already has keep their
+    meaning."""
     if entry.kind not in ("loss", "metric") or not tf_keras_available():
         return []
     if entry.kind == "metric":
@@ -297,4 +280,4 @@ def tf_keras_loss(loss, **config: Any):
     return _tf_keras_adapter(cls)(reduction=reduction, **config)
 
 
-_core.subscribe(install, uninstall)
+_core.subscribe(_tables)
