@@ -129,7 +129,12 @@ def _static(n):
     return n if isinstance(n, int) else None
 
 
-def _prepare_logits(logits, name):
+def _prepare_logits(logits, name, k, margin, max_positives=None):
+    """The logits checked by ``LOGITS`` in the compute dtype, and the checked arguments.
+
+    Returns ``(z, dtype, n, k, eta, max_positives)``. ``n`` is a tensor when it is only
+    known at run time, and then ``k < n`` is a graph assertion (NaN under XLA, see callers).
+    """
     z, dtype = to_compute_dtype(logits, name)
     if _backend.NAME == "torch" and dtype == "float64":
         # keras.ops on PyTorch computes maximum, minimum, cumsum, matmul and divide_no_nan
@@ -143,15 +148,13 @@ def _prepare_logits(logits, name):
     n = z.shape[-1]
     if n is None:  # e.g. in-batch logits [B, B] with an unknown batch size (TensorFlow)
         n = ops.shape(z)[-1]
-    return z, dtype, n
-
-
-def _check_k_against(z, k, n):
-    """k < n when n is only known at run time (graph assertion; NaN under XLA, see callers)."""
-    if _static(n) is not None or not validation_enabled():
-        return z
-    message = f"`k` must be smaller than the number of candidates n (the logits' last axis); k={k}"
-    return _backend.assert_all(k < n, message, z)
+    k, eta, max_positives = check_rankmax_arguments(k, margin, max_positives, _static(n))
+    if _static(n) is None and validation_enabled():
+        message = (
+            f"`k` must be smaller than the number of candidates n (the logits' last axis); k={k}"
+        )
+        z = _backend.assert_all(k < n, message, z)
+    return z, dtype, n, k, eta, max_positives
 
 
 # --------------------------------------------------------------------------- labels
@@ -323,24 +326,18 @@ def _capped_count(D, top_v, m, k, eta):
     return ts, Rs
 
 
-def _loss_terms(gap, D, k, eta, ts, Rs):
-    """Per-positive loss; ``gap = z_y - mu_y``. NaN propagates (no relu on a NaN)."""
-    if k == 1:
-        raw = ops.log(D) - math.log(eta)
-    else:
-        raw = ops.log(Rs) - ops.log(ops.cast(k - ts, D.dtype)) - ops.log(gap)
-    return ops.where(raw < 0, 0.0, raw)
-
-
 def _positive_terms(zy, m, D, top_v, masked, k, eta):
     """``gap = z_y - mu_y``, the capped count ``ts`` / tail sum ``Rs`` (k > 1) and the
-    per-positive loss terms (``+inf`` for a positive masked by ``-inf``)."""
+    per-positive loss terms (``+inf`` for a positive masked by ``-inf``; NaN propagates, as
+    there is no relu on a NaN)."""
     gap = (zy - m) + eta
     if k == 1:
         ts, Rs = None, D
+        raw = ops.log(D) - math.log(eta)
     else:
         ts, Rs = _capped_count(D, top_v, m, k, eta)
-    terms = ops.where(masked, np.inf, _loss_terms(gap, D, k, eta, ts, Rs))
+        raw = ops.log(Rs) - ops.log(ops.cast(k - ts, D.dtype)) - ops.log(gap)
+    terms = ops.where(masked, np.inf, ops.where(raw < 0, 0.0, raw))
     return gap, ts, Rs, terms
 
 
@@ -522,16 +519,6 @@ def _rankmax_loss_one_hot_or_dense(z, w, k, eta):
 # --------------------------------------------------------------------------- dense path
 
 
-def _merged_order(z, mu):
-    """Sort [mu, z] per row, descending; ties put thresholds first (so z_i = mu is outside).
-
-    Returns sorted values, permutation, z-indicator (all [N, 2n]).
-    """
-    n = ops.shape(z)[-1]
-    vals, perm = _top_k(ops.concatenate([mu, z], axis=-1), 2 * n)  # ties: lower index first
-    return vals, perm, perm >= n
-
-
 def _unsort(sorted_vals, perm):
     """Inverse of gathering by perm: out[b, perm[b, r]] = sorted_vals[b, r] (extra trailing
     axes of sorted_vals are carried along)."""
@@ -543,7 +530,10 @@ def _unsort(sorted_vals, perm):
 def _dense_D_s(z, mu):
     """D_i = sum_j (z_j - mu_i)_+ and s_i = #{j : z_j > mu_i} for every column i. [N, n] each."""
     n = ops.shape(z)[-1]
-    vals, perm, is_z = _merged_order(z, mu)
+    # Sort [mu, z] per row, descending; ties put the thresholds first (top_k puts the lower
+    # index first), so z_i = mu is outside.
+    vals, perm = _top_k(ops.concatenate([mu, z], axis=-1), 2 * n)
+    is_z = perm >= n
     count = ops.cumsum(ops.cast(is_z, z.dtype), axis=-1)
     total = ops.cumsum(ops.where(is_z, vals, 0.0), axis=-1)
     # At a threshold entry: the z's sorted before it are exactly those > mu.
@@ -663,9 +653,9 @@ def rankmax_loss(
       >>> keras.ops.convert_to_numpy(rankmax_loss([0], [[2.0, 1.5, -3.0]]))  # log(1 + 0.5)
       array([0.4054651], dtype=float32)
     """
-    z, dtype, n = _prepare_logits(logits, logits_name)
-    k, eta, max_positives = check_rankmax_arguments(k, margin, max_positives, _static(n))
-    z = _check_k_against(z, k, n)
+    z, dtype, n, k, eta, max_positives = _prepare_logits(
+        logits, logits_name, k, margin, max_positives
+    )
     z2 = ops.reshape(z, (-1, n))
     labels, label_format = _read_labels(labels, z, label_format, labels_name)
     invalid = None
@@ -794,9 +784,7 @@ def rankmax(logits, labels, k: int = 1, margin: float = 1.0, label_format: str =
       >>> keras.ops.convert_to_numpy(rankmax([[2.0, 1.5, -3.0]], [0]))
       array([[0.6666667 , 0.33333334, 0.        ]], dtype=float32)
     """
-    z, dtype, n = _prepare_logits(logits, "logits")
-    k, eta, _ = check_rankmax_arguments(k, margin, None, _static(n))
-    z = _check_k_against(z, k, n)
+    z, dtype, n, k, eta, _ = _prepare_logits(logits, "logits", k, margin)
     labels, label_format = _read_labels(labels, z, label_format, "labels")
     if label_format == "dense":
         raise TypeError(
