@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import json
 import weakref
 
 import keras
@@ -10,7 +12,8 @@ from keras import ops
 
 from losszoo import _backend, registry
 from losszoo._logits import attached_logits
-from losszoo.contract import CLASS_IDS, LOGITS, check_number, validation
+from losszoo.calibration.metrics import _class_ids
+from losszoo.contract import LOGITS, check_finite, check_number, validation
 from losszoo.heads.calibration import LogitBounding, ProbabilityBounding, TemperatureScaling
 
 #: calibrator -> how many ``-`` parts its short names may add (``"pb-c-l"``: bound_fn, bounds).
@@ -83,49 +86,26 @@ def _nll(labels, probs):
     return -ops.log(ops.maximum(ops.take_along_axis(probs, labels, axis=-1)[:, 0], 1e-30))
 
 
-class _Trainer:
-    """A twin of a calibrator in a compiled Keras model, with its optimiser.
+@functools.lru_cache(maxsize=16)
+def _trainer(cls, config, shapes, learning_rate, epsilon):
+    """A twin of a calibrator (class ``cls``, JSON ``config``) in a compiled Keras model on
+    inputs of ``shapes``, with its optimiser: ``(layer, model, state, initial state)``.
 
-    Kept per configuration (:data:`_TRAINERS`) and reset to its initial state before each
-    fit, so calling :func:`fit_calibrator` again reuses the compiled training step (a new one
-    per call would retrace every time, and TensorFlow warns about it). The step is Keras' own
+    Cached per configuration and reset to its initial state before each fit (:func:`_train`),
+    so calling :func:`fit_calibrator` again reuses the compiled training step (a new one per
+    call would retrace every time, and TensorFlow warns about it). The step is Keras' own
     (``train_on_batch``), so it runs on every backend: compiled by XLA on JAX, a
     ``tf.function`` on TensorFlow, eager on PyTorch.
     """
-
-    def __init__(self, calibrator, sample, learning_rate, epsilon):
-        self.layer = type(calibrator).from_config(calibrator.get_config())
-        inputs = keras.tree.map_structure(lambda t: keras.Input(np.shape(t)[1:]), sample)
-        self.model = keras.Model(inputs, self.layer(inputs))
-        optimizer = keras.optimizers.Adam(learning_rate=learning_rate, epsilon=epsilon)
-        self.model.compile(optimizer=optimizer, loss=_nll, jit_compile=_backend.NAME == "jax")
-        optimizer.build(self.model.trainable_variables)
-        self.state = list(self.model.weights) + list(optimizer.variables)
-        self.initial = [np.array(v.numpy()) for v in self.state]
-
-    def reset(self):
-        for variable, value in zip(self.state, self.initial):
-            variable.assign(value)
-
-
-_TRAINERS: dict = {}
-_MAX_TRAINERS = 16
-
-
-def _trainer(calibrator, sample, learning_rate, epsilon):
-    """The cached :class:`_Trainer` for this configuration (reset), or a new one."""
-    config = {k: v for k, v in calibrator.get_config().items() if k != "name"}
-    shapes = tuple(np.shape(t)[1:] for t in keras.tree.flatten(sample))
-    key = (type(calibrator), repr(sorted(config.items())), shapes, learning_rate, epsilon)
-    trainer = _TRAINERS.pop(key, None)
-    if trainer is None:
-        trainer = _Trainer(calibrator, sample, learning_rate, epsilon)
-    else:
-        trainer.reset()
-    _TRAINERS[key] = trainer  # most recently used last
-    while len(_TRAINERS) > _MAX_TRAINERS:
-        _TRAINERS.pop(next(iter(_TRAINERS)))
-    return trainer
+    layer = cls.from_config(json.loads(config))
+    inputs = [keras.Input(shape) for shape in shapes]
+    inputs = inputs if len(inputs) == 2 else inputs[0]
+    model = keras.Model(inputs, layer(inputs))
+    optimizer = keras.optimizers.Adam(learning_rate=learning_rate, epsilon=epsilon)
+    model.compile(optimizer=optimizer, loss=_nll, jit_compile=_backend.NAME == "jax")
+    optimizer.build(model.trainable_variables)
+    state = [*model.weights, *optimizer.variables]
+    return layer, model, state, [np.array(v.numpy()) for v in state]
 
 
 def _train(
@@ -133,7 +113,13 @@ def _train(
 ):
     """Fit ``calibrator`` (built here) on the cached logits; returns the per-epoch NLL."""
     sample = [logits[:2], feats[:2]] if feats is not None else logits[:2]
-    trainer = _trainer(calibrator, sample, learning_rate, epsilon)
+    config = {k: v for k, v in calibrator.get_config().items() if k != "name"}
+    shapes = tuple(np.shape(t)[1:] for t in keras.tree.flatten(sample))
+    layer, model, state, initial = _trainer(
+        type(calibrator), json.dumps(config, sort_keys=True), shapes, learning_rate, epsilon
+    )
+    for variable, value in zip(state, initial):
+        variable.assign(value)
     rng = np.random.default_rng(seed)
     n = len(labels)
     history = []
@@ -143,12 +129,12 @@ def _train(
         for start in range(0, n, batch_size):
             sel = order[start : start + batch_size]
             x = logits[sel] if feats is None else [logits[sel], feats[sel]]
-            total += float(trainer.model.train_on_batch(x, labels[sel])) * len(sel)
+            total += float(model.train_on_batch(x, labels[sel])) * len(sel)
         history.append(total / n)
         if verbose and (epoch + 1) % max(1, epochs // 10) == 0:
             print(f"  calibration epoch {epoch + 1}/{epochs}: NLL {history[-1]:.4f}")
     calibrator(sample)  # build
-    calibrator.set_weights(trainer.layer.get_weights())
+    calibrator.set_weights(layer.get_weights())
     return history
 
 
@@ -248,17 +234,7 @@ def fit_calibrator(
     seed = check_number(seed, "seed", low=0, integer=True)
     calibrator = make_calibrator(method, **calibrator_kwargs)
     needs = getattr(calibrator, "bound_fn", None) == "linear"
-    labels = np.asarray(y_val)
-    if labels.dtype == bool or not (
-        np.issubdtype(labels.dtype, np.integer) or np.issubdtype(labels.dtype, np.floating)
-    ):
-        raise TypeError(f"`y_val` must be integer class ids, got dtype {labels.dtype}.")
-    if labels.ndim > 2 or (labels.ndim == 2 and labels.shape[1] != 1):
-        raise ValueError(
-            f"`y_val` must be class ids of shape [N] or [N, 1], got shape {labels.shape}."
-        )
-    labels = labels.reshape(-1)
-    if labels.size == 0:
+    if np.size(y_val) == 0:
         raise ValueError("`y_val` is empty: nothing to fit on.")
     if isinstance(model_or_logits, keras.Model):
         base = model_or_logits
@@ -269,34 +245,24 @@ def fit_calibrator(
             raise ValueError(f"`model_or_logits`: {LogitsNotAttached.MESSAGE}") from None
         logits, feats = (out[0], out[1]) if needs else (out, None)
     else:
-        logits = np.asarray(model_or_logits, np.float32)
-        feats = None if x_val is None else np.asarray(x_val, np.float32)
-        if needs and feats is None:
+        if needs and x_val is None:
             raise ValueError(f"Method {method!r} is linear in the features: pass them as `x_val`.")
         base = None
+        logits, feats = model_or_logits, x_val if needs else None
     logits = np.asarray(logits, np.float32)
     if logits.ndim != 2:
         raise ValueError(
             f"`model_or_logits`: the validation logits must be [N, K], got shape {logits.shape}."
         )
     LOGITS.check(logits, "model_or_logits")  # NaN / +inf / all -inf rows: before fitting
-    if len(logits) != len(labels):
-        raise ValueError(
-            f"`y_val` must have one label per validation example: "
-            f"{len(labels)} labels for {len(logits)} examples."
-        )
-    with validation(True):  # host data, checked before fitting whatever the switch says
-        CLASS_IDS.check(labels, "y_val", logits.shape[1])
-    labels = labels.astype(np.int32)
+    labels = _class_ids(y_val, "y_val", *logits.shape).astype(np.int32)
     if needs:
         feats = np.asarray(feats, np.float32)
         if feats.shape[0] != len(logits):
             raise ValueError(f"`x_val`: {feats.shape[0]} feature rows for {len(logits)} examples.")
         feats = feats.reshape(len(logits), -1)
-        if not np.all(np.isfinite(feats)):
-            raise ValueError("`x_val`: the features must not contain NaN or Inf.")
-    else:
-        feats = None
+        with validation(True):  # host data, checked before fitting whatever the switch says
+            check_finite(feats, "x_val")
     history = _train(
         calibrator, logits, feats, labels, epochs, batch_size, learning_rate, epsilon, seed, verbose
     )

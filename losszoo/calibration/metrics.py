@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from losszoo.contract import CLASS_IDS, check_number, validation
-from losszoo.metrics.calibration import ONE_HOT, PROBABILITIES  # one rule with the streaming
+from losszoo.contract import CLASS_IDS, ONE_HOT, PROBABILITIES, check_number, validation
 
 __all__ = ["accuracy", "adaptive_ece", "brier_score", "classwise_ece", "ece", "nll"]
 
@@ -29,11 +28,9 @@ def _prep(probs, labels):
 
     Raises ``ValueError`` naming the argument for: probs not 2-D, empty, or breaking
     ``PROBABILITIES`` (NaN/inf, negative, rows not summing to 1 within
-    ``contract.PROBABILITY_SUM_TOL``); labels breaking ``contract.CLASS_IDS`` (negative ids are
-    not read from the end; NaN and fractions are rejected), of the wrong length, or 2-D labels
-    breaking ``ONE_HOT`` (ambiguous, so rejected rather than argmaxed). Always checked
-    (``losszoo.set_validation`` concerns per-step tensor checks; these functions are not on a
-    training path).
+    ``contract.PROBABILITY_SUM_TOL``); labels as :func:`_class_ids` rejects them (one-hot rows
+    allowed). Always checked (``losszoo.set_validation`` concerns per-step tensor checks;
+    these functions are not on a training path).
     """
     try:
         probs = np.asarray(probs, np.float64)
@@ -46,29 +43,30 @@ def _prep(probs, labels):
         raise ValueError(f"`probs` must have at least one row and one class, got {probs.shape}.")
     with validation(True):
         PROBABILITIES.check(probs, "probs")
-        raw = np.asarray(labels)
-        if raw.dtype == bool or not (
-            np.issubdtype(raw.dtype, np.integer) or np.issubdtype(raw.dtype, np.floating)
-        ):
-            raise TypeError(
-                f"`labels` must be integer class ids or one-hot rows, got dtype {raw.dtype}."
-            )
-        if raw.ndim == 2 and raw.shape == (n, k) and k > 1:
-            ONE_HOT.check(raw, "labels")
-            return probs, raw.argmax(-1).astype(np.int64)
-        if raw.ndim > 2 or (raw.ndim == 2 and raw.shape[1] != 1):
+    return probs, _class_ids(labels, "labels", n, k, one_hot=True)
+
+
+def _class_ids(labels, name, n, k, one_hot=False):
+    """``labels`` as ``n`` int64 class ids in ``[0, k)``, always checked (host data).
+
+    Accepted: shape ``[n]`` or ``[n, 1]`` keeping ``contract.CLASS_IDS`` (negative ids are not
+    read from the end; NaN and fractions are rejected) and, with ``one_hot``, rows ``[n, k]``
+    (``k > 1``) keeping ``ONE_HOT`` (ambiguous rows are rejected rather than argmaxed).
+    Anything else raises ``ValueError`` / ``TypeError`` naming ``name``.
+    """
+    raw = np.asarray(labels)
+    if raw.dtype.kind not in "iuf":  # bool, complex, strings, objects
+        raise TypeError(f"`{name}` must be integer class ids, got dtype {raw.dtype}.")
+    with validation(True):
+        if one_hot and raw.shape == (n, k) and k > 1:
+            return ONE_HOT.check(raw, name).argmax(-1)
+        if raw.ndim > 2 or (raw.ndim == 2 and raw.shape[1] != 1) or raw.size != n:
+            forms = "[N], [N, 1] or one-hot [N, K]" if one_hot else "[N] or [N, 1]"
             raise ValueError(
-                f"`labels` must be [N], [N, 1] or one-hot [N, K] for `probs` {probs.shape},"
-                f" got shape {raw.shape}."
+                f"`{name}` must hold {n} class ids (one per example), of shape {forms}; "
+                f"got shape {raw.shape}."
             )
-        flat = raw.reshape(-1)
-        if flat.shape[0] != n:
-            raise ValueError(
-                f"`labels` and `probs` must have the same number of rows, got {flat.shape[0]} "
-                f"and {n}."
-            )
-        CLASS_IDS.check(flat, "labels", k)
-    return probs, flat.astype(np.int64)
+        return CLASS_IDS.check(raw.reshape(-1), name, k).astype(np.int64)
 
 
 def _n_bins(n_bins):
