@@ -47,9 +47,9 @@ def install_trainer_hook():
 
     Called by :class:`~losszoo.losses.SafeKLDRORisk` when one is built, never at import: Keras stays
     untouched for users who do not use a DRO loss. Idempotent. The wrapper only pushes
-    ``(model, training)`` to a thread-local stack around the original call. Returns whether
-    the hook is in place; if this Keras has no such method, the loss falls back to the
-    tape rule (alpha moves when a ``GradientTape`` records) and warns once.
+    ``(model, training)`` to a thread-local stack around the original call. If this Keras
+    has no such method, the loss falls back to the tape rule (alpha moves when a
+    ``GradientTape`` records) and warns once.
     """
     try:
         from keras.src.trainers import trainer as trainer_module
@@ -68,9 +68,9 @@ def install_trainer_hook():
                 RuntimeWarning,
                 stacklevel=3,
             )
-        return False
+        return
     if getattr(original, "_losszoo_dro_hook", False):
-        return True
+        return
 
     def _compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         _stack("trainer").append((self, bool(training)))
@@ -83,7 +83,6 @@ def install_trainer_hook():
     _compute_loss.__wrapped__ = original
     _compute_loss.__doc__ = original.__doc__
     cls._compute_loss = _compute_loss
-    return True
 
 
 _HOOK = {"warned": False}
@@ -130,15 +129,11 @@ def training_flag(update_alpha, losses=None):
 
 
 def attach_metrics(trainer, metrics):
-    """Append ``metrics`` to a Keras 3 model's own metrics (once), so they reach the logs."""
-    if trainer is None:
-        return
+    """Append ``metrics`` to a Keras 3 model's own metrics (once), so they reach the logs
+    (nothing outside a trainer: ``trainer`` is ``None``)."""
     own = getattr(trainer, "_metrics", None)
-    if own is None:
-        return
-    for m in metrics:
-        if not any(x is m for x in own):
-            own.append(m)
+    if own is not None:
+        own.extend([m for m in metrics if not any(x is m for x in own)])
 
 
 def store_instance_in_compile_config(trainer, loss):

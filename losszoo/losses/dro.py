@@ -135,7 +135,6 @@ from losszoo.ops import (
     distribute,
     kl_dro_batch_lse_global,
     kl_dro_sumexp_global,
-    safe_kl_dro_weights,
 )
 from losszoo.ops.distribute import check_lam, check_rho
 from losszoo.registry import register
@@ -223,9 +222,6 @@ class _BatchRiskLoss(SampleWeightCheck, keras.losses.Loss):
     def call(self, y_true, y_pred):
         """Per-example base losses (Keras' ``Loss.call`` contract; the risk is ``__call__``)."""
         return self.per_example_losses(y_true, y_pred)
-
-    def _risk(self, l, s):  # pragma: no cover - abstract
-        raise NotImplementedError
 
     def get_config(self):
         return {**super().get_config(), "base_loss": self._base_config}
@@ -413,17 +409,13 @@ class SafeKLDRORisk(_BatchRiskLoss):
         """Set alpha (default ``alpha_init``), clear its optimiser state and the init flag."""
         self._state.assign(self._initial_state(value))
 
-    def weights_of(self, y_true, y_pred):
-        """Per-example weights ``w_i`` at the current alpha (no update)."""
-        return safe_kl_dro_weights(
-            self.per_example_losses(y_true, y_pred), self.alpha, self.lam, self.rho
-        )
-
     # ---------------------------------------------------------------- training logic
     def _check_distribution(self):
-        if distribute.num_replicas() > 1 and not isinstance(
-            self._state.value, _tf_distributed_values()
-        ):
+        if distribute.num_replicas() == 1:
+            return
+        import tensorflow as tf  # only tf.distribute has replicas
+
+        if not isinstance(self._state.value, tf.distribute.DistributedValues):
             raise ValueError(
                 "SafeKLDRORisk was created outside the active tf.distribute strategy's scope, "
                 "so its alpha cannot be kept in sync across replicas. Create the loss (or "
@@ -628,9 +620,3 @@ def find_dro_losses(model):
     if not found and user is not None:
         found = [obj for obj in keras.tree.flatten(user) if isinstance(obj, SafeKLDRORisk)]
     return found
-
-
-def _tf_distributed_values():
-    import tensorflow as tf
-
-    return tf.distribute.DistributedValues
