@@ -6,6 +6,22 @@ import numpy as np
 
 from losszoo.calibration.metrics import _bin_index, _n_bins, _prep, _top_label, ece
 
+_ACCURACY = "accuracy (up to the mean confidence)"
+#: the bars from accuracy up to the mean confidence, and from the mean confidence up to accuracy
+_OVERCONFIDENT = {
+    "color": "tab:red",
+    "alpha": 0.35,
+    "hatch": "//",
+    "edgecolor": "tab:red",
+    "label": "overconfident: confidence above accuracy",
+}
+_UNDERCONFIDENT = {
+    "color": "tab:green",
+    "alpha": 0.8,
+    "edgecolor": "k",
+    "label": "underconfident: accuracy above confidence",
+}
+
 
 def reliability_curve(probs, labels, n_bins: int = 15):
     """Per-bin ``(mean confidence, accuracy, count)`` arrays of the top-label prediction over
@@ -90,40 +106,9 @@ def reliability_diagram(
         full = count > 0
         c, a, x = mean_conf[full], acc[full], centers[full]
         low = np.minimum(a, c)
-        ax.bar(
-            x,
-            low,
-            width=width,
-            color="tab:blue",
-            edgecolor="k",
-            lw=0.5,
-            label="accuracy (up to the mean confidence)",
-        )
-        over = c > a
-        ax.bar(
-            x[over],
-            (c - a)[over],
-            bottom=a[over],
-            width=width,
-            color="tab:red",
-            alpha=0.35,
-            hatch="//",
-            edgecolor="tab:red",
-            lw=0.5,
-            label="overconfident: confidence above accuracy",
-        )
-        under = a > c
-        ax.bar(
-            x[under],
-            (a - c)[under],
-            bottom=c[under],
-            width=width,
-            color="tab:green",
-            alpha=0.8,
-            edgecolor="k",
-            lw=0.5,
-            label="underconfident: accuracy above confidence",
-        )
+        ax.bar(x, low, width, color="tab:blue", edgecolor="k", lw=0.5, label=_ACCURACY)
+        for part, style in ((c > a, _OVERCONFIDENT), (a > c, _UNDERCONFIDENT)):
+            ax.bar(x[part], np.abs(c - a)[part], width, bottom=low[part], lw=0.5, **style)
         ax.plot([0, 1], [0, 1], "k--", lw=1, label="perfect calibration")
         ax.set_xlim(0, 1)
         ax.set_ylim(0, 1)
