@@ -41,6 +41,8 @@ from typing import Any
 
 import keras
 
+from losszoo.contract import check_bool, check_choice
+
 #: The kinds of object the registry holds. Keras integration exists for "loss" and "metric".
 KINDS = ("loss", "head", "metric")
 
@@ -123,13 +125,11 @@ def register(
       ... class MyLoss(keras.losses.Loss):
       ...     def call(self, y_true, y_pred): ...
     """
-    if kind not in KINDS:
-        raise ValueError(f"`kind` must be one of {KINDS}, got {kind!r}.")
+    check_choice(kind, "kind", KINDS)
     if not isinstance(name, str) or not name:
         raise ValueError(f"`name` must be a non-empty string, got {name!r}.")
     aliases = tuple(aliases)
-    if not isinstance(batch_risk, bool):
-        raise TypeError(f"`batch_risk` must be a bool, got {batch_risk!r}.")
+    batch_risk = check_bool(batch_risk, "batch_risk")
     if batch_risk and kind != "loss":
         raise ValueError(f"`batch_risk` applies to losses only, not to kind {kind!r}.")
 
@@ -178,8 +178,7 @@ def entry(name: str, kind: str = "loss") -> Entry:
             f"`name` must be a registered name (a string such as 'sparsemax'), got "
             f"{name!r} ({type(name).__name__})."
         )
-    if kind not in KINDS:
-        raise ValueError(f"`kind` must be one of {KINDS}, got {kind!r}.")
+    check_choice(kind, "kind", KINDS)
     load_plugins()
     canonical = _lookup.get((kind, name))
     if canonical is None:
@@ -230,8 +229,7 @@ def get(name: str, kind: str = "loss", **config: Any):
 
 def entries(kind: str | None = None) -> list[Entry]:
     """All registered entries (of one kind, or all), sorted by kind then name."""
-    if kind is not None and kind not in KINDS:
-        raise ValueError(f"`kind` must be one of {KINDS} or None, got {kind!r}.")
+    check_choice(kind, "kind", (*KINDS, None))
     load_plugins()
     with _lock:
         selected = [e for (k, _), e in _entries.items() if kind is None or k == kind]
