@@ -83,14 +83,11 @@ def check_lam(lam) -> float:
 
 
 def check_rho(rho) -> float:
-    """Return ``rho`` as a Python float; ``ValueError`` unless 0 < rho < 1 (spec 1.6 item 4)."""
-    value = check_number(rho, "rho", tensor_ok=False)
-    if not (0.0 < value < 1.0):
-        raise ValueError(
-            f"`rho` must lie in the open interval (0, 1), got {rho!r}; rho = 1 is "
-            "degenerate (alpha* = -inf) and rho > 1 makes the risk unbounded below."
-        )
-    return value
+    """Return ``rho`` as a Python float; ``ValueError`` unless 0 < rho < 1 (spec 1.6 item 4:
+    rho = 1 is degenerate, alpha* = -inf, and rho > 1 makes the risk unbounded below)."""
+    return check_number(
+        rho, "rho", low=0.0, high=1.0, low_open=True, high_open=True, tensor_ok=False
+    )
 
 
 def _poison(bad, x):
@@ -106,8 +103,7 @@ def _any(*flags):
 
 def _live_nan(l, s):
     """Scalar flag: a NaN loss with positive weight (reductions under XLA skip NaN)."""
-    nan = ops.isnan(l)
-    return ops.any(nan if s is None else nan & (s > 0))
+    return ops.any(ops.isnan(l) & (s > 0))
 
 
 # keras.ops that keep float64 on PyTorch (see losszoo._backend).
@@ -162,10 +158,6 @@ def _prepare(losses, sample_weight, ones=True):
         return l, (ops.ones_like(l) if ones else None), original, None
     s, bad = _weights_like(sample_weight, l)
     return ops.reshape(l, [-1]), ops.reshape(s, [-1]), original, bad
-
-
-def _cast_back(x, original):
-    return ops.cast(x, original) if original != dtype_name(x) else x
 
 
 # ----------------------------------------------------------------------------- safe-KL
@@ -295,7 +287,7 @@ def safe_kl_dro_risk_and_stats(losses, alpha, lam, rho, sample_weight=None, cali
     a = check_finite(_scalar_alpha(alpha, dtype_name(l)), "alpha")
     bad = _any(bad, ops.logical_not(ops.isfinite(a)))
     val, stats = _risk_and_stats(l, a, s, bad, lam, rho, calibrate)
-    return _cast_back(val, original), stats
+    return ops.cast(val, original), stats
 
 
 def safe_kl_dro_risk(losses, alpha, lam, rho, sample_weight=None, calibrate=True):
@@ -348,7 +340,7 @@ def safe_kl_dro_weights(losses, alpha, lam, rho):
     a = check_finite(_scalar_alpha(alpha, dt), "alpha")
     z = (l - a) * _const(1.0 / lam, dt) + _const(math.log(rho), dt)
     w = ops.sigmoid(z) * _const(1.0 / rho, dt)
-    return _cast_back(nan_where(ops.logical_not(ops.isfinite(a)), w), original)
+    return ops.cast(nan_where(ops.logical_not(ops.isfinite(a)), w), original)
 
 
 def safe_kl_dro_solve_alpha(losses, lam, rho, sample_weight=None, iterations=80):
@@ -463,7 +455,7 @@ def kl_dro_batch_lse(losses, lam, sample_weight=None):
 
         return val, grad
 
-    return _cast_back(core(l, s, _any(bad, _live_nan(l, s))), original)
+    return ops.cast(core(l, s, _any(bad, _live_nan(l, s))), original)
 
 
 def kl_dro_sumexp(losses, lam, sample_weight=None):
@@ -500,7 +492,7 @@ def kl_dro_sumexp(losses, lam, sample_weight=None):
 
         return val, grad
 
-    return _cast_back(core(l, s, *(() if bad is None else (bad,))), original)
+    return ops.cast(core(l, s, *(() if bad is None else (bad,))), original)
 
 
 def _cvar_tail_mass(l, s, rho):
@@ -515,24 +507,6 @@ def _cvar_tail_mass(l, s, rho):
     before = _cumsum(pi_sorted) - pi_sorted  # the mass ranked above each example
     q_sorted = _minimum(_maximum(_const(rho, dt) - before, ops.zeros_like(before)), pi_sorted)
     return ops.scatter(ops.expand_dims(order, -1), q_sorted, ops.shape(l))
-
-
-def _cvar_from_mass(l, q, rho, bad):
-    """``(1/rho) sum q_i l_i`` with the gradient ``q_i/rho`` (q fixed)."""
-    inv_rho = 1.0 / rho
-
-    @custom_gradient
-    def core(l, q, bad):
-        dt = dtype_name(l)
-        contrib = ops.where(q > 0, q * l, ops.zeros_like(l))
-        val = nan_where(bad, ops.sum(contrib) * _const(inv_rho, dt))
-
-        def grad(dv):
-            return nan_where(bad, dv * q * _const(inv_rho, dt)), None, None
-
-        return val, grad
-
-    return core(l, q, bad)
 
 
 def cvar_risk(losses, rho, sample_weight=None):
@@ -551,9 +525,19 @@ def cvar_risk(losses, rho, sample_weight=None):
     """
     rho = check_rho(rho)
     l, s, original, bad = _prepare(losses, sample_weight)
-    bad = _any(bad, _live_nan(l, s))
     q = ops.stop_gradient(_cvar_tail_mass(ops.stop_gradient(l), s, rho))
-    return _cast_back(_cvar_from_mass(l, q, rho, bad), original)
+    inv_rho = _const(1.0 / rho, dtype_name(l))
+
+    @custom_gradient
+    def core(l, q, bad):  # (1/rho) sum q_i l_i, gradient q_i/rho (q fixed)
+        val = nan_where(bad, ops.sum(ops.where(q > 0, q * l, ops.zeros_like(l))) * inv_rho)
+
+        def grad(dv):
+            return nan_where(bad, dv * q * inv_rho), None, None
+
+        return val, grad
+
+    return ops.cast(core(l, q, _any(bad, _live_nan(l, s))), original)
 
 
 # ----------------------------------------------------------------------------- streaming exact risk

@@ -34,7 +34,6 @@ from losszoo.ops._dro import (
     _batch_lse_exp,
     _batch_lse_parts,
     _batch_lse_value,
-    _cast_back,
     _cvar_tail_mass,
     _live_nan,
     _poison,
@@ -194,7 +193,7 @@ def kl_dro_batch_lse_global(losses, lam, sample_weight=None):
         val = _batch_lse_value(lam, m_safe, m_inf, tot, s_sum)
         return _poison(bad, val), _poison(bad, ops.divide_no_nan(ex, tot))
 
-    return _cast_back(_global_share(fn, l), original)
+    return ops.cast(_global_share(fn, l), original)
 
 
 def kl_dro_sumexp_global(losses, lam, sample_weight=None):
@@ -215,7 +214,7 @@ def kl_dro_sumexp_global(losses, lam, sample_weight=None):
         (val,) = replica_sum([ops.sum(pi * ex)])
         return _poison(bad, val), _poison(bad, pi * ex * inv_lam)
 
-    return _cast_back(_global_share(fn, l), original)
+    return ops.cast(_global_share(fn, l), original)
 
 
 def cvar_risk_global(losses, rho, sample_weight=None):
@@ -239,7 +238,7 @@ def cvar_risk_global(losses, rho, sample_weight=None):
         (val,) = replica_sum([ops.sum(ops.where(q > 0, q * l, ops.zeros_like(l)))])
         return _poison(bad, val * inv_rho), _poison(bad, q * inv_rho)
 
-    return _cast_back(_global_share(fn, l), original)
+    return ops.cast(_global_share(fn, l), original)
 
 
 def safe_kl_dro_risk_and_stats_global(
@@ -307,4 +306,4 @@ def safe_kl_dro_risk_and_stats_global(
             "curvature": ops.divide_no_nan(sc_glob, s_glob),
         }
         total = s_glob
-    return _cast_back(value, original), {**stats, "alpha": alpha, "total_weight": total}
+    return ops.cast(value, original), {**stats, "alpha": alpha, "total_weight": total}
