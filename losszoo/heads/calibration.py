@@ -34,8 +34,6 @@ from losszoo.contract import (
 from losszoo.ops import bcsoftmax_methods as METHODS
 from losszoo.registry import register
 
-_BOUND_FNS = ("constant", "linear")
-
 
 def _split(inputs):
     if isinstance(inputs, (list, tuple)):
@@ -81,33 +79,6 @@ class _Calibrator(keras.layers.Layer):
     def tau(self):
         return kops.exp(self.log_temperature)
 
-    def _bound(self, name, init, feat_shape):
-        """A bound's pre-activation ``(bias, kernel or None)``: a constant (``bound_fn``
-        ``"constant"``) or linear in the features, kernel initialised to 0."""
-        bias = {"shape": (), "initializer": keras.initializers.Constant(init), "dtype": "float32"}
-        if self.bound_fn == "constant":
-            return self.add_weight(name=name, **bias), None
-        if feat_shape is None or feat_shape[-1] is None:
-            raise ValueError(
-                f"{self._SHORT}-L needs [logits, features] with a static feature size."
-            )
-        kernel_shape = (int(feat_shape[-1]),)
-        w = self.add_weight(
-            name=name + "_kernel", shape=kernel_shape, initializer="zeros", dtype="float32"
-        )
-        return self.add_weight(name=name + "_bias", **bias), w
-
-    @staticmethod
-    def _eval(param, feats):
-        bias, w = param
-        if w is None:
-            return kops.convert_to_tensor(bias)
-        if feats is None:
-            raise ValueError(
-                "The linear variant needs the features: call it on [logits, features]."
-            )
-        return kops.matmul(feats, w)[:, None] + bias
-
     def compute_output_shape(self, input_shape):
         return _shapes(input_shape)[0]
 
@@ -149,13 +120,58 @@ class TemperatureScaling(_Calibrator):
         return kops.softmax(logits / self.tau(), axis=-1)
 
 
+class _Bounded(_Calibrator):
+    """A calibrator with lower and upper bounds: constants or linear in the features."""
+
+    def __init__(self, bound_fn, temperature, fit_temperature, init_lower, init_upper, **kwargs):
+        super().__init__(temperature, fit_temperature, **kwargs)
+        self.bound_fn = check_choice(bound_fn, "bound_fn", ("constant", "linear"))
+        self.init_lower = check_number(init_lower, "init_lower")
+        self.init_upper = check_number(init_upper, "init_upper")
+
+    def _bound(self, name, init, feat_shape):
+        """A bound's pre-activation ``(bias, kernel or None)``: a constant (``bound_fn``
+        ``"constant"``) or linear in the features, kernel initialised to 0."""
+        bias = {"shape": (), "initializer": keras.initializers.Constant(init), "dtype": "float32"}
+        if self.bound_fn == "constant":
+            return self.add_weight(name=name, **bias), None
+        if feat_shape is None or feat_shape[-1] is None:
+            raise ValueError(
+                f"{self._SHORT}-L needs [logits, features] with a static feature size."
+            )
+        kernel_shape = (int(feat_shape[-1]),)
+        w = self.add_weight(
+            name=name + "_kernel", shape=kernel_shape, initializer="zeros", dtype="float32"
+        )
+        return self.add_weight(name=name + "_bias", **bias), w
+
+    @staticmethod
+    def _eval(param, feats):
+        bias, w = param
+        if w is None:
+            return kops.convert_to_tensor(bias)
+        if feats is None:
+            raise ValueError(
+                "The linear variant needs the features: call it on [logits, features]."
+            )
+        return kops.matmul(feats, w)[:, None] + bias
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "bound_fn": self.bound_fn,
+            "init_lower": self.init_lower,
+            "init_upper": self.init_upper,
+        }
+
+
 @register(
     "probability_bounding",
     kind="head",
     aliases=("pb",),
     description="Probability bounding calibrator: BCSoftmax with learned uniform bounds",
 )
-class ProbabilityBounding(_Calibrator):
+class ProbabilityBounding(_Bounded):
     """Probability bounding (PB; paper eqs. 30-32).
 
     ``p = BCSoftmax_tau(logits; a(x) 1, b(x) 1)`` with ``a = sigmoid(a') / K`` in ``(0, 1/K)``
@@ -197,11 +213,8 @@ class ProbabilityBounding(_Calibrator):
         method="newton",
         **kwargs,
     ):
-        super().__init__(temperature, fit_temperature, **kwargs)
-        self.bound_fn = check_choice(bound_fn, "bound_fn", _BOUND_FNS)
+        super().__init__(bound_fn, temperature, fit_temperature, init_lower, init_upper, **kwargs)
         self.bounds = check_choice(bounds, "bounds", ("both", "lower", "upper"))
-        self.init_lower = check_number(init_lower, "init_lower")
-        self.init_upper = check_number(init_upper, "init_upper")
         self.method = check_choice(method, "method", METHODS)
 
     def build(self, input_shape):
@@ -244,14 +257,7 @@ class ProbabilityBounding(_Calibrator):
         return ops.bcsoftmax(logits, a, b, self.tau(), method=self.method)
 
     def get_config(self):
-        return {
-            **super().get_config(),
-            "bound_fn": self.bound_fn,
-            "bounds": self.bounds,
-            "init_lower": self.init_lower,
-            "init_upper": self.init_upper,
-            "method": self.method,
-        }
+        return {**super().get_config(), "bounds": self.bounds, "method": self.method}
 
 
 @register(
@@ -260,7 +266,7 @@ class ProbabilityBounding(_Calibrator):
     aliases=("lb",),
     description="Logit bounding calibrator: softmax(clip(logits, c, C) / tau)",
 )
-class LogitBounding(_Calibrator):
+class LogitBounding(_Bounded):
     """Logit bounding (LB; paper eqs. 35-38): ``p = softmax(clip(logits, c(x), C(x)) / tau)``.
 
     ``c = h1(c')`` and ``C = h1(c' + softplus(C'))`` so ``c < C``. LB-L: ``c'``, ``C'`` linear in
@@ -294,10 +300,7 @@ class LogitBounding(_Calibrator):
         init_upper=0.0,
         **kwargs,
     ):
-        super().__init__(temperature, fit_temperature, **kwargs)
-        self.bound_fn = check_choice(bound_fn, "bound_fn", _BOUND_FNS)
-        self.init_lower = check_number(init_lower, "init_lower")
-        self.init_upper = check_number(init_upper, "init_upper")
+        super().__init__(bound_fn, temperature, fit_temperature, init_lower, init_upper, **kwargs)
 
     def build(self, input_shape):
         _, feat_shape = _shapes(input_shape)
@@ -329,11 +332,3 @@ class LogitBounding(_Calibrator):
         clipped = kops.where(kops.equal(logits, -np.inf), logits, clipped)
         p = kops.softmax(clipped / self.tau(), axis=-1)
         return nan_where(LOGITS.invalid(logits)[..., None], p)
-
-    def get_config(self):
-        return {
-            **super().get_config(),
-            "bound_fn": self.bound_fn,
-            "init_lower": self.init_lower,
-            "init_upper": self.init_upper,
-        }

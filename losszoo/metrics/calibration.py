@@ -19,7 +19,6 @@ with ``losszoo.set_validation(False)``; the NaN poisoning stays. The binned metr
 from __future__ import annotations
 
 import keras
-import numpy as np
 from keras import ops
 
 from losszoo import _backend
@@ -239,14 +238,9 @@ class ClasswiseECE(keras.metrics.Metric):
     def update_state(self, y_true, y_pred, sample_weight=None):
         if sample_weight is not None:
             raise ValueError("ClasswiseECE does not support sample weights.")
-        if self.num_classes is None:
-            k = (y_pred.shape if hasattr(y_pred, "shape") else np.shape(y_pred))[-1]
-            if k is None:
-                raise ValueError(
-                    "`y_pred` must have a static number of classes (or pass `num_classes`)."
-                )
-            self._build_state(int(k))
         labels, probs, bad = _labels_probs(y_true, y_pred, self.num_classes)
+        if self.num_classes is None:
+            self._build_state(probs.shape[-1])
         probs = nan_where(bad[:, None], probs)
         k, m = self.num_classes, self.n_bins
         idx = _bin_index(probs, m) + ops.arange(k, dtype="int32")[None, :] * m  # (class, bin)
