@@ -261,25 +261,13 @@ class ClasswiseECE(keras.metrics.Metric):
         return {**super().get_config(), "num_classes": self.num_classes, "n_bins": self.n_bins}
 
 
-class _MeanOf(keras.metrics.Metric):
-    def __init__(self, name, **kwargs):
-        super().__init__(name=name, **kwargs)
-        self.total = self.add_variable(shape=(), initializer="zeros", name="total")
-        self.count = self.add_variable(shape=(), initializer="zeros", name="count")
+class _MeanOf(keras.metrics.Mean):
+    """The (weighted) mean over examples of ``_values(labels, probs)``; rows breaking the
+    rules are NaN."""
 
     def update_state(self, y_true, y_pred, sample_weight=None):
         labels, probs, bad = _labels_probs(y_true, y_pred)
-        values = nan_where(bad, self._values(labels, probs))
-        w = (
-            ops.ones_like(values)
-            if sample_weight is None
-            else ops.cast(ops.reshape(sample_weight, (-1,)), "float32")
-        )
-        self.total.assign_add(ops.cast(ops.sum(values * w), self.total.dtype))
-        self.count.assign_add(ops.cast(ops.sum(w), self.count.dtype))
-
-    def result(self):
-        return self.total / ops.maximum(self.count, 1e-12)
+        super().update_state(nan_where(bad, self._values(labels, probs)), sample_weight)
 
 
 @register(
