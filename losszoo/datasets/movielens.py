@@ -136,8 +136,7 @@ def _flagged_genres(flags) -> tuple:
 
 def _read_grouplens(folder: Path) -> MovieLens100K:
     path = folder / "u.data"
-    rows = [line.split() for line in path.read_text(errors="replace").splitlines()]
-    rows = [row for row in rows if row]
+    rows = [line.split() for line in path.read_text(errors="replace").splitlines() if line.strip()]
     if any(len(row) != 4 for row in rows):
         raise ValueError(f"{path}: expected 4 tab-separated columns.")
     ratings = _ratings(path, rows)
@@ -152,31 +151,30 @@ def _read_grouplens(folder: Path) -> MovieLens100K:
     )
 
 
-def _atomic_table(path: Path):
+def _atomic_table(path: Path, required=()) -> list:
+    """The rows of a RecBole atomic file (typed header ``name:type``) as ``{name: value}``
+    (a missing value reads as ``""``); a ValueError if a ``required`` column is missing."""
     lines = path.read_bytes().decode("utf-8", errors="replace").splitlines()
     header = [h.split(":")[0] for h in lines[0].split("\t")]
-    rows = [line.split("\t") for line in lines[1:] if line.strip()]
-    return header, rows
+    for name in required:
+        if name not in header:
+            raise ValueError(f"{path}: missing column {name!r} in header.")
+    return [dict(zip(header, line.split("\t"))) for line in lines[1:] if line.strip()]
 
 
 def _read_recbole(folder: Path) -> MovieLens100K:
     path = folder / "ml-100k.inter"
-    header, rows = _atomic_table(path)
-    col = {name: i for i, name in enumerate(header)}
-    for name in _COLUMN_RANGES:
-        if name not in col:
-            raise ValueError(f"{path}: missing column {name!r} in header.")
-    ratings = _ratings(path, [[r[col[name]] for name in _COLUMN_RANGES] for r in rows])
-    header, rows = _atomic_table(folder / "ml-100k.item")
-    col = {name: i for i, name in enumerate(header)}
-    item_ids = _integers(folder / "ml-100k.item", "item_id", [r[col["item_id"]] for r in rows])
-    titles = [r[col["movie_title"]] if "movie_title" in col else "" for r in rows]
-    genres = [
-        tuple(r[col["class"]].split()) if "class" in col and len(r) > col["class"] else ()
-        for r in rows
-    ]
+    rows = _atomic_table(path, _COLUMN_RANGES)
+    ratings = _ratings(path, [[r.get(name, "") for name in _COLUMN_RANGES] for r in rows])
+    items = _atomic_table(folder / "ml-100k.item", ("item_id",))
     return MovieLens100K(
-        **ratings, item_ids=item_ids, titles=titles, genres=genres, source=str(folder)
+        **ratings,
+        item_ids=_integers(
+            folder / "ml-100k.item", "item_id", [r.get("item_id", "") for r in items]
+        ),
+        titles=[r.get("movie_title", "") for r in items],
+        genres=[tuple(r.get("class", "").split()) for r in items],
+        source=str(folder),
     )
 
 
@@ -226,14 +224,14 @@ def cache_dir() -> Path:
     return Path(root).expanduser() / "movielens" / "ml-100k"
 
 
-def _extract_members(archive: zipfile.ZipFile, prefix: str, target: Path, names=None):
+def _extract_members(archive: zipfile.ZipFile, prefix: str, target: Path, names):
     target.mkdir(parents=True, exist_ok=True)
     count = 0
     for member in archive.namelist():
         if not member.startswith(prefix) or member.endswith("/"):
             continue
         name = member[len(prefix) :]
-        if "/" in name or (names is not None and name not in names):
+        if name not in names:
             continue
         with archive.open(member) as src, open(target / name, "wb") as dst:
             shutil.copyfileobj(src, dst)
@@ -371,12 +369,8 @@ def split_pairs(data: MovieLens100K, seed: int = 0, fractions=(0.8, 0.1, 0.1)) -
         values = np.asarray(fractions, np.float64)
     except (TypeError, ValueError):
         values = np.full(1, np.nan)
-    if (
-        values.shape != (3,)
-        or not np.all(np.isfinite(values))
-        or values.min() < 0
-        or not np.isclose(values.sum(), 1.0)
-    ):
+    # NaN fails `>= 0`, and an infinite sum is not close to 1
+    if values.shape != (3,) or not (np.all(values >= 0) and np.isclose(values.sum(), 1.0)):
         raise ValueError(
             f"`fractions` must be three non-negative numbers summing to 1, got {fractions}."
         )
@@ -401,14 +395,11 @@ def pairs_to_mask(pairs: np.ndarray, num_users: int, num_items: int) -> np.ndarr
             f"shape {pairs.shape} and dtype {pairs.dtype}."
         )
     pairs = pairs.astype(np.int64)
-    if pairs.size and (
-        pairs.min() < 0 or pairs[:, 0].max() >= num_users or pairs[:, 1].max() >= num_items
-    ):
+    if pairs.size and (pairs.min() < 0 or np.any(pairs.max(0) >= (num_users, num_items))):
         raise ValueError(
             f"`pairs` must hold 0-based indices below (num_users, num_items) = "
-            f"({num_users}, {num_items}); got users in [{pairs[:, 0].min()}, "
-            f"{pairs[:, 0].max()}], items in [{pairs[:, 1].min()}, "
-            f"{pairs[:, 1].max()}]."
+            f"({num_users}, {num_items}); got (user, item) minima {pairs.min(0).tolist()} "
+            f"and maxima {pairs.max(0).tolist()}."
         )
     mask = np.zeros((num_users, num_items), bool)
     mask[pairs[:, 0], pairs[:, 1]] = True
@@ -484,18 +475,13 @@ def ranking_metrics(scores, heldout, exclude=None, ks=(1, 5, 10, 50, 100), ap_k=
     if not users.any():
         raise ValueError("`heldout` has no user with a held-out item: nothing to average.")
     scores, heldout = scores[users], heldout[users]
-    n_items = scores.shape[1]
-    kmax = min(max(max(ks), ap_k), n_items)
-    top = np.argpartition(-scores, kmax - 1, axis=1)[:, :kmax]
-    top = np.take_along_axis(
-        top, np.argsort(-np.take_along_axis(scores, top, 1), 1, kind="stable"), 1
-    )
+    top = np.argsort(-scores, axis=1, kind="stable")[:, : max(*ks, ap_k)]  # ties: lower index
     rel = np.take_along_axis(heldout, top, 1).astype(np.float64)
     count = heldout.sum(1).astype(np.float64)
     out = {}
-    depth = min(ap_k, n_items)
-    prec = np.cumsum(rel[:, :depth], 1) / np.arange(1, depth + 1)
-    out[f"AP@{ap_k}"] = float(np.mean((rel[:, :depth] * prec).sum(1) / np.minimum(ap_k, count)))
+    hits = rel[:, :ap_k]
+    prec = np.cumsum(hits, 1) / np.arange(1, hits.shape[1] + 1)
+    out[f"AP@{ap_k}"] = float(np.mean((hits * prec).sum(1) / np.minimum(ap_k, count)))
     out["Accuracy"] = float(np.mean(rel[:, 0]))
     for k in ks:
         out[f"R@{k}"] = float(np.mean(rel[:, :k].sum(1) / count))
