@@ -67,7 +67,8 @@ class _Calibrator(keras.layers.Layer):
         self.temperature = check_number(temperature, "temperature", low=0.0, low_open=True)
         self.fit_temperature = check_bool(fit_temperature, "fit_temperature")
 
-    def _build_temperature(self):
+    def build(self, input_shape):
+        _shapes(input_shape)
         self.log_temperature = self.add_weight(
             name="log_temperature",
             shape=(),
@@ -110,10 +111,6 @@ class TemperatureScaling(_Calibrator):
       array([[0.2689, 0.7311]], dtype=float32)
     """
 
-    def build(self, input_shape):
-        _shapes(input_shape)
-        self._build_temperature()
-
     def call(self, inputs):
         logits, _ = _split(inputs)
         # NaN / +inf / all -inf rows come out NaN by themselves; -inf classes get 0.
@@ -129,12 +126,13 @@ class _Bounded(_Calibrator):
         self.init_lower = check_number(init_lower, "init_lower")
         self.init_upper = check_number(init_upper, "init_upper")
 
-    def _bound(self, name, init, feat_shape):
+    def _bound(self, name, init, input_shape):
         """A bound's pre-activation ``(bias, kernel or None)``: a constant (``bound_fn``
         ``"constant"``) or linear in the features, kernel initialised to 0."""
         bias = {"shape": (), "initializer": keras.initializers.Constant(init), "dtype": "float32"}
         if self.bound_fn == "constant":
             return self.add_weight(name=name, **bias), None
+        feat_shape = _shapes(input_shape)[1]
         if feat_shape is None or feat_shape[-1] is None:
             raise ValueError(
                 f"{self._SHORT}-L needs [logits, features] with a static feature size."
@@ -218,14 +216,12 @@ class ProbabilityBounding(_Bounded):
         self.method = check_choice(method, "method", METHODS)
 
     def build(self, input_shape):
-        logits_shape, feat_shape = _shapes(input_shape)
-        self.num_classes = int(logits_shape[-1])
-        self._build_temperature()
+        super().build(input_shape)
         self._a = self._b = None
         if self.bounds in ("both", "lower"):
-            self._a = self._bound("lower", self.init_lower, feat_shape)
+            self._a = self._bound("lower", self.init_lower, input_shape)
         if self.bounds in ("both", "upper"):
-            self._b = self._bound("upper", self.init_upper, feat_shape)
+            self._b = self._bound("upper", self.init_upper, input_shape)
 
     def bound_values(self, inputs):
         """``(a, b)``: the lower/upper probability bounds (None where absent).
@@ -303,10 +299,9 @@ class LogitBounding(_Bounded):
         super().__init__(bound_fn, temperature, fit_temperature, init_lower, init_upper, **kwargs)
 
     def build(self, input_shape):
-        _, feat_shape = _shapes(input_shape)
-        self._build_temperature()
-        self._c = self._bound("lower", self.init_lower, feat_shape)
-        self._C = self._bound("upper", self.init_upper, feat_shape)
+        super().build(input_shape)
+        self._c = self._bound("lower", self.init_lower, input_shape)
+        self._C = self._bound("upper", self.init_upper, input_shape)
 
     def bound_values(self, inputs):
         """``(c, C)``: the lower/upper logit bounds, shape ``[N, 1]`` or scalar."""
