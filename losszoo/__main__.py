@@ -52,17 +52,16 @@ def main(argv: list[str] | None = None) -> int:
 
     import losszoo
 
-    if args.command == "list":
-        rows = [
-            [
-                e.name + (f" ({', '.join(e.aliases)})" if e.aliases else ""),
-                e.kind,
-                f"{e.cls.__module__}.{e.cls.__qualname__}",
-                e.description,
-            ]
-            for e in losszoo.entries(args.kind)
+    rows = [  # args.command is "list", the only command
+        [
+            e.name + (f" ({', '.join(e.aliases)})" if e.aliases else ""),
+            e.kind,
+            f"{e.cls.__module__}.{e.cls.__qualname__}",
+            e.description,
         ]
-        print(format_table(rows, ["name", "kind", "class", "description"]))
+        for e in losszoo.entries(args.kind)
+    ]
+    print(format_table(rows, ["name", "kind", "class", "description"]))
     return 0
 
 

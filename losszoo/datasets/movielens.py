@@ -240,18 +240,18 @@ def _extract_members(archive: zipfile.ZipFile, prefix: str, target: Path, names)
         raise FileNotFoundError(f"no files under {prefix} in the archive")
 
 
-def _from_grouplens(target: Path, timeout: float = 30.0) -> None:
-    with urllib.request.urlopen(GROUPLENS_URL, timeout=timeout) as response:
+def _from_grouplens(target: Path) -> None:
+    with urllib.request.urlopen(GROUPLENS_URL, timeout=30) as response:
         payload = response.read()
     with zipfile.ZipFile(io.BytesIO(payload)) as archive:
         _extract_members(archive, "ml-100k/", target, _GROUPLENS_FILES)
 
 
-def _from_recbole_wheel(target: Path, timeout: float = 300.0) -> None:
+def _from_recbole_wheel(target: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="losszoo-recbole-") as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check"]
         cmd += ["--quiet", RECBOLE_REQUIREMENT, "-d", tmp]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         wheels = list(Path(tmp).glob("recbole-*.whl"))
         if proc.returncode != 0 or not wheels:
             # pip's last lines say why (e.g. the connection error before "No matching ...")

@@ -83,9 +83,8 @@ def _bin_index(values, n_bins):
 
 
 def _add_per_segment(variable, values, segments):
-    variable.assign_add(
-        ops.segment_sum(values, segments, num_segments=variable.shape[0], sorted=False)
-    )
+    sums = ops.segment_sum(values, segments, num_segments=variable.shape[0], sorted=False)
+    variable.assign_add(sums)
 
 
 def _top_label(labels, probs):
