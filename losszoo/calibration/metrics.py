@@ -69,10 +69,6 @@ def _class_ids(labels, name, n, k, one_hot=False):
         return CLASS_IDS.check(raw.reshape(-1), name, k).astype(np.int64)
 
 
-def _n_bins(n_bins):
-    return check_number(n_bins, "n_bins", low=1, integer=True)
-
-
 def _bin_index(values, n_bins):
     """Right-closed equal-width bins ((m-1)/M, m/M]; 0 goes to the first bin."""
     edges = np.arange(1, n_bins) / n_bins
@@ -93,7 +89,7 @@ def _binned_gap(values, hits, n_bins):
 
 def ece(probs, labels, n_bins: int = 15) -> float:
     """Top-label expected calibration error with ``n_bins`` equal-width bins (paper eq. 28)."""
-    n_bins = _n_bins(n_bins)
+    n_bins = check_number(n_bins, "n_bins", low=1, integer=True)
     conf, correct = _top_label(*_prep(probs, labels))
     return float(_binned_gap(conf, correct, n_bins))
 
@@ -101,7 +97,7 @@ def ece(probs, labels, n_bins: int = 15) -> float:
 def classwise_ece(probs, labels, n_bins: int = 15) -> float:
     """Classwise ECE: the mean over classes ``k`` of the binned calibration error of ``p_k``
     against ``[y = k]`` (Kull et al., 2019), equal-width right-closed bins."""
-    n_bins = _n_bins(n_bins)
+    n_bins = check_number(n_bins, "n_bins", low=1, integer=True)
     probs, labels = _prep(probs, labels)
     onehot = np.eye(probs.shape[1])[labels]
     return float(np.mean([_binned_gap(p, y, n_bins) for p, y in zip(probs.T, onehot.T)]))
@@ -110,7 +106,7 @@ def classwise_ece(probs, labels, n_bins: int = 15) -> float:
 def adaptive_ece(probs, labels, n_bins: int = 15) -> float:
     """Top-label ECE with equal-mass bins: samples sorted by confidence, split into ``n_bins``
     groups of (nearly) equal size (``np.array_split``)."""
-    n_bins = _n_bins(n_bins)
+    n_bins = check_number(n_bins, "n_bins", low=1, integer=True)
     conf, correct = _top_label(*_prep(probs, labels))
     gaps = correct - conf
     chunks = np.array_split(np.argsort(conf, kind="stable"), n_bins)

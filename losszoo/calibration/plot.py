@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from losszoo.calibration.metrics import _bin_index, _n_bins, _prep, _top_label, ece
+from losszoo.calibration.metrics import _bin_index, _prep, _top_label, ece
+from losszoo.contract import check_number
 
 _ACCURACY = "accuracy (up to the mean confidence)"
 #: the bars from accuracy up to the mean confidence, and from the mean confidence up to accuracy
@@ -39,7 +40,7 @@ def reliability_curve(probs, labels, n_bins: int = 15):
       >>> print(conf[1].round(3), acc[1])
       0.75 0.75
     """
-    n_bins = _n_bins(n_bins)
+    n_bins = check_number(n_bins, "n_bins", low=1, integer=True)
     conf, correct = _top_label(*_prep(probs, labels))
     idx = _bin_index(conf, n_bins)
     count = np.bincount(idx, minlength=n_bins).astype(np.float64)
@@ -81,7 +82,7 @@ def reliability_diagram(
       >>> fig.axes[0].get_title()
       'model: ECE 0.3000'
     """
-    n_bins = _n_bins(n_bins)
+    n_bins = check_number(n_bins, "n_bins", low=1, integer=True)
     try:
         import matplotlib
     except ImportError as err:  # ModuleNotFoundError included

@@ -166,12 +166,11 @@ def _read_recbole(folder: Path) -> MovieLens100K:
     path = folder / "ml-100k.inter"
     rows = _atomic_table(path, _COLUMN_RANGES)
     ratings = _ratings(path, [[r.get(name, "") for name in _COLUMN_RANGES] for r in rows])
-    items = _atomic_table(folder / "ml-100k.item", ("item_id",))
+    item_path = folder / "ml-100k.item"
+    items = _atomic_table(item_path, ("item_id",))
     return MovieLens100K(
         **ratings,
-        item_ids=_integers(
-            folder / "ml-100k.item", "item_id", [r.get("item_id", "") for r in items]
-        ),
+        item_ids=_integers(item_path, "item_id", [r.get("item_id", "") for r in items]),
         titles=[r.get("movie_title", "") for r in items],
         genres=[tuple(r.get("class", "").split()) for r in items],
         source=str(folder),

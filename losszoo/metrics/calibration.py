@@ -29,6 +29,7 @@ from losszoo.contract import (
     check_number,
     check_real,
     nan_where,
+    shapes_compatible,
     static_rank,
 )
 from losszoo.registry import register
@@ -65,14 +66,11 @@ def _labels_probs(y_true, y_pred, num_classes=None):
         true_bad = CLASS_IDS.invalid(flat, k)
         labels = ops.cast(ops.where(true_bad, ops.zeros_like(flat), flat), "int32")
     y_pred = PROBABILITIES.check(y_pred, "y_pred")
-    rows_true, rows_pred = labels.shape[0], y_pred.shape[0]
     message = "`y_true` and `y_pred` must have as many rows"
-    if rows_true is not None and rows_pred is not None:
-        if rows_true != rows_pred:
-            raise ValueError(f"{message}; got {rows_true} and {rows_pred}.")
-    else:
-        same = ops.equal(ops.shape(labels)[0], ops.shape(y_pred)[0])
-        y_pred = _backend.assert_all(same, message + ".", y_pred)
+    if not shapes_compatible(labels.shape, y_pred.shape[:1]):
+        raise ValueError(f"{message}; got {labels.shape[0]} and {y_pred.shape[0]}.")
+    same = ops.equal(ops.shape(labels)[0], ops.shape(y_pred)[0])  # sizes known only when run
+    y_pred = _backend.assert_all(same, message + ".", y_pred)
     return labels, y_pred, true_bad | PROBABILITIES.invalid(y_pred)
 
 
