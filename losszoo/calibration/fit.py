@@ -91,7 +91,7 @@ def _trainer(cls, config, shapes, learning_rate, epsilon):
     """A twin of a calibrator (class ``cls``, JSON ``config``) in a compiled Keras model on
     inputs of ``shapes``, with its optimiser: ``(layer, model, state, initial state)``.
 
-    Cached per configuration and reset to its initial state before each fit (:func:`_train`),
+    Cached per configuration and reset to its initial state before each fit,
     so calling :func:`fit_calibrator` again reuses the compiled training step (a new one per
     call would retrace every time, and TensorFlow warns about it). The step is Keras' own
     (``train_on_batch``), so it runs on every backend: compiled by XLA on JAX, a
@@ -106,36 +106,6 @@ def _trainer(cls, config, shapes, learning_rate, epsilon):
     optimizer.build(model.trainable_variables)
     state = [*model.weights, *optimizer.variables]
     return layer, model, state, [np.array(v.numpy()) for v in state]
-
-
-def _train(
-    calibrator, logits, feats, labels, epochs, batch_size, learning_rate, epsilon, seed, verbose
-):
-    """Fit ``calibrator`` (built here) on the cached logits; returns the per-epoch NLL."""
-    sample = [logits[:2], feats[:2]] if feats is not None else logits[:2]
-    config = {k: v for k, v in calibrator.get_config().items() if k != "name"}
-    shapes = tuple(np.shape(t)[1:] for t in keras.tree.flatten(sample))
-    layer, model, state, initial = _trainer(
-        type(calibrator), json.dumps(config, sort_keys=True), shapes, learning_rate, epsilon
-    )
-    for variable, value in zip(state, initial):
-        variable.assign(value)
-    rng = np.random.default_rng(seed)
-    n = len(labels)
-    history = []
-    for epoch in range(epochs):
-        order = rng.permutation(n)
-        total = 0.0
-        for start in range(0, n, batch_size):
-            sel = order[start : start + batch_size]
-            x = logits[sel] if feats is None else [logits[sel], feats[sel]]
-            total += float(model.train_on_batch(x, labels[sel])) * len(sel)
-        history.append(total / n)
-        if verbose and (epoch + 1) % max(1, epochs // 10) == 0:
-            print(f"  calibration epoch {epoch + 1}/{epochs}: NLL {history[-1]:.4f}")
-    calibrator(sample)  # build
-    calibrator.set_weights(layer.get_weights())
-    return history
 
 
 # Logits (and features) extractors per base model, so that fitting several calibrators on one
@@ -263,9 +233,30 @@ def fit_calibrator(
         feats = feats.reshape(len(logits), -1)
         with validation(True):  # host data, checked before fitting whatever the switch says
             check_finite(feats, "x_val")
-    history = _train(
-        calibrator, logits, feats, labels, epochs, batch_size, learning_rate, epsilon, seed, verbose
+    # Train a compiled twin of the calibrator by Adam on minibatches, then copy its weights.
+    sample = [logits[:2], feats[:2]] if feats is not None else logits[:2]
+    config = {k: v for k, v in calibrator.get_config().items() if k != "name"}
+    shapes = tuple(np.shape(t)[1:] for t in keras.tree.flatten(sample))
+    twin, twin_model, state, initial = _trainer(
+        type(calibrator), json.dumps(config, sort_keys=True), shapes, learning_rate, epsilon
     )
+    for variable, value in zip(state, initial):
+        variable.assign(value)
+    rng = np.random.default_rng(seed)
+    n = len(labels)
+    history = []
+    for epoch in range(epochs):
+        order = rng.permutation(n)
+        total = 0.0
+        for start in range(0, n, batch_size):
+            sel = order[start : start + batch_size]
+            x = logits[sel] if feats is None else [logits[sel], feats[sel]]
+            total += float(twin_model.train_on_batch(x, labels[sel])) * len(sel)
+        history.append(total / n)
+        if verbose and (epoch + 1) % max(1, epochs // 10) == 0:
+            print(f"  calibration epoch {epoch + 1}/{epochs}: NLL {history[-1]:.4f}")
+    calibrator(sample)  # build
+    calibrator.set_weights(twin.get_weights())
 
     if base is not None:
         base.trainable = False
