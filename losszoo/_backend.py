@@ -176,41 +176,50 @@ def custom_gradient(f):
 def static_value(x):
     """``x`` as a numpy array when its value is known without running a graph, else None.
 
-    Python numbers, numpy arrays, eager TensorFlow tensors, concrete JAX arrays and PyTorch
-    tensors are known (reading them syncs with the device); TensorFlow graph tensors, JAX
-    tracers, variables and Keras symbolic tensors are not.
+    Python numbers, numpy arrays and the tensors :func:`is_concrete` accepts are known (reading
+    them syncs with the device); so are TensorFlow graph constants. Graph tensors, JAX tracers,
+    variables and Keras symbolic tensors are not.
     """
     if isinstance(x, (int, float, np.ndarray, np.generic, list, tuple)):
         return np.asarray(x)
-    if isinstance(x, (keras.KerasTensor, keras.Variable)):
-        return None
-    if NAME == "tensorflow":
+    if is_concrete(x):
+        return keras.ops.convert_to_numpy(x)
+    if NAME == "tensorflow" and not isinstance(x, (keras.KerasTensor, keras.Variable)):
         import tensorflow as tf
 
-        if isinstance(x, tf.Tensor) and not tf.is_symbolic_tensor(x):
-            return x.numpy()
         if isinstance(x, tf.Variable):
             return None
         try:
             return tf.get_static_value(x)
         except (TypeError, ValueError):
             return None
+    return None
+
+
+def is_concrete(x) -> bool:
+    """Whether ``x`` is a backend tensor holding values: an eager TensorFlow tensor, a JAX
+    array that is not a tracer, a PyTorch tensor outside ``torch.compile`` and Keras' shape
+    inference. No copy is made."""
+    if isinstance(x, (keras.KerasTensor, keras.Variable)):
+        return False
+    if NAME == "tensorflow":
+        import tensorflow as tf
+
+        return isinstance(x, tf.Tensor) and not tf.is_symbolic_tensor(x)
     if NAME == "jax":
         import jax
 
-        if isinstance(x, jax.core.Tracer):
-            return None
-        return np.asarray(x)
-    if NAME == "torch":
-        import torch
+        return isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
+    import torch
 
-        if isinstance(x, torch.Tensor):
-            # Keras infers shapes on torch with placeholder tensors ("meta" device, or ones
-            # inside its symbolic scope): those are not values.
-            if _torch_compiling() or x.device.type == "meta" or _in_symbolic_scope():
-                return None
-            return x.detach().cpu().numpy()
-    return None
+    # Keras infers shapes on torch with placeholder tensors ("meta" device, or ones inside its
+    # symbolic scope): those are not values.
+    return (
+        isinstance(x, torch.Tensor)
+        and not _torch_compiling()
+        and x.device.type != "meta"
+        and not _in_symbolic_scope()
+    )
 
 
 def _in_symbolic_scope() -> bool:
@@ -261,7 +270,9 @@ def assert_all(condition, message: str, x):
         return x
     import tensorflow as tf
 
-    check = tf.debugging.Assert(tf.reduce_all(condition), [message])
+    if condition.shape.rank != 0:
+        condition = tf.reduce_all(condition)
+    check = tf.debugging.Assert(condition, [message])
     with tf.control_dependencies([check]):
         return tf.identity(x)
 

@@ -164,6 +164,16 @@ class Rule:
         )
 
 
+def rules_enforced(*tensors) -> bool:
+    """Whether :meth:`Rule.check` stops bad values of these tensors here: validation is on and
+    either their values are known (it raises) or a TensorFlow graph without XLA runs (it
+    asserts). Where this holds a kernel can skip its NaN mask of bad rows (the half of the
+    contract for traced code): valid input leaves that mask empty."""
+    if not validation_enabled():
+        return False
+    return _backend.in_graph_without_xla() or all(map(_backend.is_concrete, tensors))
+
+
 def _logits_mask(xp, z):
     """Rows holding NaN or +inf, or only -inf (``[...]``, the class axis reduced): the row max
     is +inf or -inf there (or NaN); NaN is also tested on its own, as XLA's max may skip it.
@@ -223,20 +233,23 @@ def _bounds_mask(xp, bound, other, tol, num_classes, is_lower):
     """
     if len(bound.shape) == 0:
         bound = xp.reshape(bound, (1,))
-    size = bound.shape[-1]
-    scale = 1 if size in (None, num_classes) else num_classes / size
     if is_lower:
         clamped = xp.maximum(bound, xp.zeros_like(bound))
-        total = xp.sum(clamped, axis=-1)
-        ok = (total * scale if scale != 1 else total) <= 1.0 + tol
         cap = other if isinstance(other, float) else xp.minimum(other, xp.ones_like(other))
         entry = (bound < -BOUND_RANGE_TOL) | xp.greater(clamped, cap)
     else:
-        total = xp.sum(xp.minimum(bound, xp.ones_like(bound)), axis=-1)
-        ok = (total * scale if scale != 1 else total) >= 1.0 - tol
+        clamped = xp.minimum(bound, xp.ones_like(bound))
         entry = bound > 1.0 + BOUND_RANGE_TOL
-    # NaN: explicitly (TensorFlow's CPU minimum/maximum need not propagate it into the sums)
-    return xp.logical_not(ok) | xp.any(entry | xp.isnan(bound), axis=-1)
+    # A bad entry (NaN included: TensorFlow's CPU minimum/maximum need not propagate it) makes
+    # the sum NaN, which fails the sum test: one reduction per bound.
+    masked = xp.where(entry | xp.isnan(bound), np.nan, clamped)
+    size = masked.shape[-1]
+    total = xp.sum(masked, axis=-1)
+    if size not in (None, num_classes):
+        total = total * (num_classes / size)
+    # NaN tested on its own: TensorFlow's graph optimizer rewrites not(t <= c) as t > c
+    off = total > 1.0 + tol if is_lower else total < 1.0 - tol
+    return off | xp.isnan(total)
 
 
 PROBABILITY_BOUNDS = Rule(

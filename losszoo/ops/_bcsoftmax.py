@@ -78,8 +78,8 @@ Fail-loud contract (README, "Bad input"), rules ``contract.LOGITS`` (``logits``)
 :data:`POSITIVE` (``temperature``) and :data:`PROBABILITY_BOUNDS` (``lower`` and ``upper``):
 ``ValueError`` naming the argument when the values are known, a graph assertion in a TensorFlow
 graph; skipped with ``losszoo.set_validation(False)``. Under XLA / ``jax.jit``, and with
-validation off, the affected rows come back NaN (the test is folded into the kernel and always
-runs). A ``-inf`` logit masks its class: ``y_k = max(lower_k, 0)``.
+validation off, the affected rows come back NaN (the test is folded into the kernel, which
+skips it where the checks ran). A ``-inf`` logit masks its class: ``y_k = max(lower_k, 0)``.
 """
 
 from __future__ import annotations
@@ -101,6 +101,7 @@ from losszoo.contract import (
     dtype_name,
     move_axis_last,
     nan_where,
+    rules_enforced,
     static_rank,
     to_compute_dtype,
 )
@@ -567,18 +568,21 @@ def _repair(xs, ac, bc, y, state):
 # --------------------------------------------------------------------------------------------
 
 
-def _bad_rows(xs, m_raw, t2, a2, b2, tol):
+def _bad_rows(xs, m_raw, t2, a2, b2, tol, checked):
     """[N, 1] mask of the rows the kernel cannot solve; they come back NaN (the XLA half of the
     fail-loud contract: assertions vanish there).
 
     The logits part is folded into the forward pass (the row max and one sum): scaled logits
     holding NaN or +inf, or all -inf; then the rules :data:`POSITIVE` (temperature) and
-    :data:`PROBABILITY_BOUNDS` (each given bound).
+    :data:`PROBABILITY_BOUNDS` (each given bound). Where the rules were ``checked`` before the
+    kernel, only ``x / tau`` overflowing to +inf is left to find (the row max).
     """
     k = xs.shape[-1]
     # m_raw: +inf (a +inf logit, or tau <= 0 flipping a -inf one), -inf (every class masked),
     # NaN; after the shift a NaN anywhere makes the row sum NaN (the rest is <= 0 or -inf).
     bad = ops.logical_not(ops.isfinite(m_raw))
+    if checked:
+        return bad
     bad = ops.logical_or(bad, ops.isnan(ops.sum(xs, -1, keepdims=True)))
     bad = ops.logical_or(bad, POSITIVE.invalid(t2))
     if a2 is not None:
@@ -606,6 +610,8 @@ def _kernel(x, a, b, tau, method: str, clip: bool, solver=None):
     k = x.shape[-1]
     solver = solver or _SOLVERS[method]
     eps = float(_info(x).eps)
+    # whether bad input was stopped before the kernel (an error or a graph assertion)
+    checked = rules_enforced(*[t for t in (x, a, b, tau) if t is not None])
 
     def forward(x, a, b, tau):
         shape = ops.shape(x)
@@ -629,7 +635,7 @@ def _kernel(x, a, b, tau, method: str, clip: bool, solver=None):
                 y = maximum(y, ac)
             if bc is not None:
                 y = minimum(y, bc)
-        y = nan_where(_bad_rows(xs, m_raw, t2, a2, b2, 10.0 * eps * k), y)
+        y = nan_where(_bad_rows(xs, m_raw, t2, a2, b2, 10.0 * eps * k, checked), y)
         return ops.reshape(y, shape), (shape, y, state, xs, t2, a2, b2)
 
     def make_grad(saved, a, b, tau):
