@@ -80,16 +80,13 @@ def class_ids_and_invalid(y_true, y_pred, name: str = "y_true"):
     return ops.cast(ops.where(bad, ops.zeros_like(y_true), y_true), "int32"), bad
 
 
-def _one_hot(ids, y_pred):
-    """One-hot rows in ``y_pred``'s dtype; works for a dynamic class count under XLA."""
-    classes = ops.arange(num_classes(y_pred), dtype=ids.dtype)
-    return ops.cast(ops.equal(ids[..., None], classes), y_pred.dtype)
-
-
 def one_hot_targets(y_true, y_pred, name: str = "y_true"):
-    """One-hot rows for class ids; rows of invalid ids are all NaN (the XLA contract)."""
+    """One-hot rows in ``y_pred``'s dtype for class ids (a dynamic class count works under
+    XLA); rows of invalid ids are all NaN (the XLA contract)."""
     ids, invalid = class_ids_and_invalid(y_true, y_pred, name)
-    return nan_where(invalid[..., None], _one_hot(ids, y_pred))
+    classes = ops.arange(num_classes(y_pred), dtype=ids.dtype)
+    one_hot = ops.cast(ops.equal(ids[..., None], classes), y_pred.dtype)
+    return nan_where(invalid[..., None], one_hot)
 
 
 def target_distribution(y_true, y_pred, normalize: bool = True, name: str = "y_true"):
@@ -112,9 +109,8 @@ def target_distribution(y_true, y_pred, normalize: bool = True, name: str = "y_t
     """
     y_true = ops.convert_to_tensor(y_true)
     if is_sparse(y_true, y_pred):
-        ids, invalid = class_ids_and_invalid(y_true, y_pred, name)
-        q = nan_where(invalid[..., None], _one_hot(ids, y_pred))
-        return q, nan_where(invalid, ops.ones_like(ids, dtype=y_pred.dtype))
+        q = one_hot_targets(y_true, y_pred, name)
+        return q, ops.sum(q, axis=-1)  # 1, or NaN for an invalid id
     check_real(y_true, name)
     if not shapes_compatible(tuple(y_true.shape), tuple(y_pred.shape)):
         raise ValueError(

@@ -27,20 +27,18 @@ def check_shape(x, shape, name: str, what: str = ""):
         raise ValueError(
             f"`{name}` must have rank {len(expected)}{what}; got shape {tuple(x.shape)}."
         )
+    static = [None if w is None else host_value(w) for w in expected]
     dynamic = []
-    for axis, (got, want) in enumerate(zip(x.shape, expected)):
+    for axis, (got, want, size) in enumerate(zip(x.shape, expected, static)):
         if want is None:
             continue
-        static = host_value(want)
-        if got is not None and static is not None:
-            if int(got) != int(static):
-                shown = tuple(host_value(w) if w is not None else None for w in expected)
-                shown = tuple(None if s is None else int(s) for s in shown)
-                raise ValueError(
-                    f"`{name}` must have shape {shown}{what} (None: any); got {tuple(x.shape)}."
-                )
-        else:
+        if got is None or size is None:
             dynamic.append((axis, want))
+        elif int(got) != int(size):
+            shown = tuple(None if s is None else int(s) for s in static)
+            raise ValueError(
+                f"`{name}` must have shape {shown}{what} (None: any); got {tuple(x.shape)}."
+            )
     if dynamic and validation_enabled():
         sizes = ops.shape(x)
         ok = ops.all(ops.stack([ops.equal(sizes[a], ops.cast(w, "int32")) for a, w in dynamic]))

@@ -242,17 +242,14 @@ class Retrieval(keras.layers.Layer):
         rows = ops.arange(num_q, dtype="int32")
         if self.in_batch_negatives:
             logits = ops.matmul(q, ops.transpose(c)) * ops.cast(scale, dtype)
-            column_bad = None
             if candidate_sampling_probability is not None:
                 p = ops.cast(ops.convert_to_tensor(candidate_sampling_probability), dtype)
                 p = check_shape(p, (num_c,), "candidate_sampling_probability", " ([C])")
                 p = _SAMPLING_PROBABILITY.check(p, "candidate_sampling_probability")
-                column_bad = _SAMPLING_PROBABILITY.invalid(p)
-                logits = logits - ops.log(ops.where(column_bad, 1.0, p))[None, :]
+                bad_p = _SAMPLING_PROBABILITY.invalid(p)
+                logits = nan_where(bad_p[None, :], logits - ops.log(ops.where(bad_p, 1.0, p)))
             if bad_ids is not None:
-                column_bad = bad_ids if column_bad is None else ops.logical_or(column_bad, bad_ids)
-            if column_bad is not None:
-                logits = nan_where(column_bad[None, :], logits)
+                logits = nan_where(bad_ids[None, :], logits)
             if self.remove_accidental_hits:
                 hit = ops.equal(ids[None, :], ids[:num_q, None])
                 own = ops.equal(ops.arange(num_c, dtype="int32")[None, :], rows[:, None])
