@@ -65,11 +65,6 @@ def sanitize(pi):
     return minimum(pi, _1), valid
 
 
-def take_rows(x, order):
-    """``x[b, order[b, i]]`` (a gather along the last axis of ``[B, K]``)."""
-    return _backend.take_along_axis(x, order, axis=-1)
-
-
 def constraints_2d(pi, eps_cap, tie_tol, support_mode, floor, gap_policy):
     """:class:`PossibilityConstraints` of ``pi`` [B, K] float64."""
     pi, valid = sanitize(pi)
@@ -77,7 +72,7 @@ def constraints_2d(pi, eps_cap, tie_tol, support_mode, floor, gap_policy):
         pi = maximum(pi, ops.cast(floor, F64))
     k = pi.shape[-1]
     order = ops.cast(ops.argsort(-pi, axis=-1), "int32")
-    pt = take_rows(pi, order)
+    pt = _backend.take_along_axis(pi, order)
     n_support = ops.sum(ops.cast(pt > 0.0, "int32"), axis=-1)
     r1 = ops.arange(1, max(k - 1, 0) + 1, dtype="int32")  # 1-indexed r
     diff = pt[:, :-1] - pt[:, 1:]
@@ -183,10 +178,10 @@ def _antipignistic_2d(floor_value):
         unit = clean / safe_top
         h_in = ops.where(valid, maximum(unit, floor_value), ops.ones_like(pi))
         order = ops.cast(ops.argsort(-h_in, axis=-1), "int32")
-        out = unsort(antipignistic_sorted(take_rows(h_in, order)), order)
+        out = unsort(antipignistic_sorted(_backend.take_along_axis(h_in, order)), order)
 
         def grad(upstream):
-            u = take_rows(ops.cast(upstream, F64), order)
+            u = _backend.take_along_axis(ops.cast(upstream, F64), order)
             # d/d(gap_j) = sum_{r<=j} u_r; gap_j = (h_j - h_{j+1}) / j.
             big_g = cumsum(u, -1) / _ranks(u)
             prev = ops.concatenate([ops.zeros_like(big_g[:, :1]), big_g[:, :-1]], axis=-1)

@@ -19,7 +19,6 @@ from losszoo.ops.possibilistic._certificates import (
     _rcumsum,
     _violation_and_gap,
 )
-from losszoo.ops.possibilistic._config import F64
 
 
 def _sweep(kind, x, lam_old, cst):
@@ -83,50 +82,29 @@ def _sweep(kind, x, lam_old, cst):
     return ops.while_loop(lambda r, *_: r < m1, body, start + tuple(init))[1]
 
 
-def _project_core(
-    lq,
-    pt_next,
-    ratio,
-    lo,
-    up,
-    act,
-    active,
-    tol,
-    gap_tol,
-    max_cycles,
-    stopping,
-    lam_init=None,
-    *,
-    compact=True,
+def dykstra_core(
+    lq, cst, active, tol, gap_tol, max_cycles, stopping, lam_init=None, *, compact=True
 ):
     """Dual-form Dykstra in sorted, time-major coordinates.
 
-    Args: lq [K, B] sorted log q (normalised, -inf outside the support); pt_next, ratio,
-    lo, up [m1, B] float; act [m1, B] bool; active [B] bool (rows to iterate).
+    Args: lq [K, B] sorted log q (normalised, -inf outside the support); ``cst`` the
+    constraint data ``pt_next``, ``ratio``, ``lo``, ``up`` [m1, B] float and ``act`` [m1, B]
+    bool; active [B] bool (rows to iterate).
     tol, gap_tol (float64), max_cycles and stopping (int32: 0 paper, 1 certified, 2 fixed)
     are tensors, so changing them does not recompile. ``lam_init``: starting multipliers
     (3 tensors [m1, B]; zeros by default). ``compact``: straggler compaction (off for the
     interior point's finish, whose few rows gain little from it, while its second compiled
     cycle adds seconds to the first step's compile).
-    Returns: x [K, B] (log projection, normalised), lam [3, m1, B], cycles [B] int32,
-    V [B], gap [B].
+    Returns: x [K, B] (log projection, normalised), lam [3, m1, B], cycles [B] int32.
     """
-    cst = {"pt_next": pt_next, "ratio": ratio, "lo": lo, "up": up, "neg_up": -up, "act": act}
-    zeros = ops.zeros_like(pt_next)
-    batch = ops.shape(active)[0]
+    cst = {**cst, "neg_up": -cst["up"]}
+    zeros = ops.zeros_like(cst["pt_next"])
     lam0 = (zeros, zeros, zeros) if lam_init is None else tuple(lam_init)
-    init = (
-        ops.convert_to_tensor(0, "int32"),
-        *lam0,
-        active,
-        ops.zeros([batch], "int32"),
-        ops.zeros([batch], F64),
-        ops.zeros([batch], F64),
-    )
+    init = (ops.convert_to_tensor(0, "int32"), *lam0, active, ops.zeros_like(active, "int32"))
 
     def loop(data, state, nxt):
         data = dict(data)
-        body = _rolled_body(data.pop("lq"), data, tol=tol, gap_tol=gap_tol, stopping=stopping)
+        body = _cycle_body(data.pop("lq"), data, tol=tol, gap_tol=gap_tol, stopping=stopping)
 
         def cond(k, lp, ll, lu, active, *_):
             count = ops.sum(ops.cast(active, "int32"))
@@ -134,14 +112,13 @@ def _project_core(
 
         return ops.while_loop(cond, body, state)
 
-    sizes = _stage_sizes(active, _COMPACT_MIN_BATCH, _COMPACT_FACTOR) if compact else [None]
-    _, lp, ll, lu, _, cycles, _, _ = run_in_stages(loop, {"lq": lq, **cst}, init, sizes)
+    size = _compacted_size(active, _COMPACT_MIN_BATCH, _COMPACT_FACTOR) if compact else None
+    _, lp, ll, lu, _, cycles = run_in_stages(loop, {"lq": lq, **cst}, init, size)
     x = _normalize_log(lq + _at_lambda(lp, ll, lu))
-    v, gap = _violation_and_gap(x, lp, ll, lu, cst)
-    return x, ops.stack([lp, ll, lu], axis=0), cycles, v, gap
+    return x, ops.stack([lp, ll, lu], axis=0), cycles
 
 
-def _rolled_body(lq, cst, *, tol, gap_tol, stopping):
+def _cycle_body(lq, cst, *, tol, gap_tol, stopping):
     """While-loop body of one cycle on ``lq`` [K, b], ``cst`` [m1, b]."""
 
     def cycle(lp, ll, lu):
@@ -150,7 +127,7 @@ def _rolled_body(lq, cst, *, tol, gap_tol, stopping):
         lu = _sweep("up", lq + _at_lambda(lp, ll, lu), lu, cst)
         return lp, ll, lu
 
-    def body(k, lp, ll, lu, active, cycles, v, gap):
+    def body(k, lp, ll, lu, active, cycles):
         nlp, nll, nlu = cycle(lp, ll, lu)
         nv, ngap = _violation_and_gap(lq + _at_lambda(nlp, nll, nlu), nlp, nll, nlu, cst)
         feasible = nv <= tol
@@ -163,10 +140,8 @@ def _rolled_body(lq, cst, *, tol, gap_tol, stopping):
         lp = ops.where(sel, nlp, lp)
         ll = ops.where(sel, nll, ll)
         lu = ops.where(sel, nlu, lu)
-        v = ops.where(active, nv, v)
-        gap = ops.where(active, ngap, gap)
         cycles = cycles + ops.cast(active, "int32")
-        return k + 1, lp, ll, lu, active & ~done, cycles, v, gap
+        return k + 1, lp, ll, lu, active & ~done, cycles
 
     return body
 
@@ -181,59 +156,47 @@ _COMPACT_MIN_BATCH = 16
 _COMPACT_FACTOR = 8
 
 
-def _stage_sizes(active, min_batch, factor):
-    """Batch sizes of the loop stages: ``[B]``, or ``[B, max(1, B // factor)]`` (straggler
-    compaction) when ``B >= min_batch``.
+def _compacted_size(active, min_batch, factor):
+    """Batch of the compacted loop stage (straggler compaction), ``max(1, B // factor)``, or
+    None (no compaction) when ``B < min_batch``.
 
     With ``B`` unknown at trace time (``None``: a Keras dataset with a partial last batch,
-    TensorFlow) both sizes are scalar tensors and the compacted stage is always used
-    (results are the same either way; under XLA, which compiles per batch size, they are
-    constants).
+    TensorFlow) it is a scalar tensor and the compacted stage is always used (results are
+    the same either way; under XLA, which compiles per batch size, it is a constant).
     """
     batch = active.shape[0]
     if batch is None:
-        batch = ops.shape(active)[0]
-        return [batch, maximum(batch // factor, 1)]
-    return [batch] if batch < min_batch else [batch, max(1, batch // factor)]
+        return maximum(ops.shape(active)[0] // factor, 1)
+    return None if batch < min_batch else max(1, batch // factor)
 
 
 def _put_last(full, part, idx):
     """``full`` with the slices ``idx`` of its last axis replaced by ``part``."""
-    rank = len(full.shape)
-    if rank == 1:
-        return ops.scatter_update(full, idx[:, None], part)
-    perm = [rank - 1, *range(rank - 1)]
-    out = ops.scatter_update(ops.transpose(full, perm), idx[:, None], ops.transpose(part, perm))
-    return ops.transpose(out, [*range(1, rank), 0])
+    first = ops.moveaxis(full, -1, 0)
+    out = ops.scatter_update(first, idx[:, None], ops.moveaxis(part, -1, 0))
+    return ops.moveaxis(out, 0, -1)
 
 
-def run_in_stages(loop, data, state, sizes):
+def run_in_stages(loop, data, state, size):
     """Straggler compaction of a while loop over a batch (the batch on every last axis).
 
     ``loop(data, state, nxt)`` iterates until at most ``nxt`` rows are active (``nxt = 0``:
     to its end); ``state`` is the iteration count followed by tensors, ``state[4]`` the
-    active rows. With a second size in ``sizes`` (:func:`_stage_sizes`) the loop goes on
-    with the data and state of a subset of ``sizes[1]`` rows (the active ones first,
+    active rows. With a ``size`` (:func:`_compacted_size`; None: no compaction) the loop
+    goes on with the data and state of a subset of ``size`` rows (the active ones first,
     stable in index order, padded with frozen ones), scattered back at the end.
     """
-    nxt = sizes[1] if len(sizes) > 1 else 0
-    state = loop(data, state, nxt)
-    if len(sizes) == 1:
-        return state
-    _, idx = ops.top_k(ops.cast(state[4], "int32"), nxt, sorted=True)
+    if size is None:
+        return loop(data, state, 0)
+    state = loop(data, state, size)
+    _, idx = ops.top_k(ops.cast(state[4], "int32"), size, sorted=True)
 
     def take(t):
         return _backend.take(t, idx, axis=len(t.shape) - 1)
 
     sub_data = {key: take(val) for key, val in data.items()}
-    sub = run_in_stages(loop, sub_data, (state[0], *map(take, state[1:])), sizes[1:])
+    sub = loop(sub_data, (state[0], *map(take, state[1:])), 0)
     return (sub[0], *(_put_last(full, part, idx) for full, part in zip(state[1:], sub[1:])))
 
 
-_CORE_JIT = compiled(_project_core, static_argnames=("compact",))
-
-
-def run_core(*args, jit=True, **kwargs):
-    """:func:`_project_core`, compiled by XLA (cached) unless ``jit=False``."""
-    fn = _CORE_JIT if jit else _project_core
-    return fn(*args, **kwargs)
+DYKSTRA_JIT = compiled(dykstra_core, static_argnames=("compact",))

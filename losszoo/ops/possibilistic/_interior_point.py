@@ -21,8 +21,8 @@ from losszoo.ops.possibilistic._certificates import (
     _rcumsum,
 )
 from losszoo.ops.possibilistic._config import F64, _0, _1
-from losszoo.ops.possibilistic._constraints import antipignistic_sorted, take_rows
-from losszoo.ops.possibilistic._dykstra import _stage_sizes, run_in_stages
+from losszoo.ops.possibilistic._constraints import antipignistic_sorted
+from losszoo.ops.possibilistic._dykstra import _compacted_size, run_in_stages
 
 _IPM_STEP = 0.99  # fraction to the boundary
 _IPM_MASS_STEP = 0.9  # masses shrink at most 10x per iteration
@@ -51,8 +51,8 @@ def _block_starts(strict, in_support):
     return ops.concatenate([ops.ones_like(strict[:, :1]), strict], axis=1) & in_support
 
 
-def _reduce_ties(lq, pt, strict, lo, up, in_support, pdot, size):
-    """Pool tied classes into blocks (batch-major [B, K] sorted inputs).
+def _reduce_ties(lq, cons, in_support, size):
+    """Pool tied classes into blocks (batch-major [B, K] sorted log q and constraints).
 
     ``size`` (static, >= the largest block count of the batch) is the length of the block
     axis. Returns time-major block data: ``w`` block sizes [size, B] (1 on padding), ``g``
@@ -61,6 +61,7 @@ def _reduce_ties(lq, pt, strict, lo, up, in_support, pdot, size):
     consecutive blocks [size-1, B], ``real`` [size, B] / ``var`` [size-1, B] masks, ``bid``
     [B, K] block id of each sorted class.
     """
+    pt, strict = cons.sorted_possibility, cons.strict
     batch = ops.shape(pt)[0]
     start = _block_starts(strict, in_support)
     bid = _cumsum_rows(ops.cast(start, "int32")) - 1
@@ -75,9 +76,9 @@ def _reduce_ties(lq, pt, strict, lo, up, in_support, pdot, size):
         ops.cast(in_support, F64),
         ops.where(in_support, lq, 0.0),
         ops.where(start, pt, 0.0),
-        ops.where(ends, ops.concatenate([lo, pad0], 1), 0.0),
-        ops.where(ends, ops.concatenate([up, pad0], 1), 0.0),
-        ops.where(in_support, pdot, 0.0),
+        ops.where(ends, ops.concatenate([cons.gap_lower, pad0], 1), 0.0),
+        ops.where(ends, ops.concatenate([cons.gap_upper, pad0], 1), 0.0),
+        ops.where(in_support, antipignistic_sorted(pt), 0.0),
     ]
     sums = ops.segment_sum(
         ops.reshape(ops.stack(columns, -1), (-1, len(columns))),
@@ -295,7 +296,7 @@ _IPM_COMPACT_MIN_BATCH = 32
 _IPM_COMPACT_FACTOR = 4
 
 
-def _ipm_core(red, m0, active, tol, gap_tol, max_iter):
+def _ipm_core(red, m0, active, tol, gap_tol):
     """The interior point from block masses ``m0`` [J, B] for the ``active`` rows [B].
 
     Returns the best iterate by the certificate score: ``U`` [J-1, B],
@@ -305,7 +306,7 @@ def _ipm_core(red, m0, active, tol, gap_tol, max_iter):
     chain = {key: red[key] for key in _IPM_CHAIN}
     body, start = _ipm_body(chain, tol, gap_tol)
     u0, s0, l0 = start(m0)
-    sizes = _stage_sizes(active, _IPM_COMPACT_MIN_BATCH, _IPM_COMPACT_FACTOR)
+    size = _compacted_size(active, _IPM_COMPACT_MIN_BATCH, _IPM_COMPACT_FACTOR)
     state = (
         ops.convert_to_tensor(0, "int32"),
         u0,
@@ -320,13 +321,13 @@ def _ipm_core(red, m0, active, tol, gap_tol, max_iter):
 
     def loop(data, state, nxt):
         def cond(it, u, s, lam, active, *_):
-            return (it < max_iter) & (ops.sum(ops.cast(active, "int32")) > nxt)
+            return (it < _IPM_MAX_ITER) & (ops.sum(ops.cast(active, "int32")) > nxt)
 
         # The first stage runs the body built for ``start``; a compacted one builds its own.
         step = body if data is chain else _ipm_body(data, tol, gap_tol)[0]
         return ops.while_loop(cond, step, state)
 
-    state = run_in_stages(loop, chain, state, sizes)
+    state = run_in_stages(loop, chain, state, size)
     return state[7], tuple(ops.unstack(state[8])), state[5]
 
 
@@ -364,8 +365,9 @@ def _two_block(red):
 _IPM_SMALL_CHAIN = 128
 
 
-def _ipm_solve(lq, pt, strict, lo, up, in_support, run, tol, gap_tol, max_iter):
-    """Interior-point projection in sorted coordinates (batch-major ``[B, K]`` inputs).
+def _ipm_solve(lq, cons, run, tol, gap_tol):
+    """Interior-point projection in sorted coordinates: batch-major ``[B, K]`` sorted log q
+    and :class:`PossibilityConstraints` ``cons``, for the rows ``run`` [B].
 
     Returns ``x_primal``, ``x_dual`` ([K, B] normalised log projections: the primal
     iterate and the dual point of ``lam``, for the caller to certify), ``lam`` [3, m1, B]
@@ -376,11 +378,12 @@ def _ipm_solve(lq, pt, strict, lo, up, in_support, run, tol, gap_tol, max_iter):
     all have at most ``_IPM_SMALL_CHAIN`` distinct possibility levels (graded labels, ratings)
     is solved on a chain of that length whatever K is (a ``cond``, both compiled).
     """
-    args = (lq, pt, strict, lo, up, in_support, run, tol, gap_tol, max_iter)
-    k = pt.shape[-1]
+    args = (lq, cons, run, tol, gap_tol)
+    k = lq.shape[-1]
     if k <= _IPM_SMALL_CHAIN:
         return _ipm_solve_blocks(*args, size=k)
-    n_blocks = ops.sum(ops.cast(_block_starts(strict, in_support), "int32"), axis=1)
+    in_support = cons.sorted_possibility > 0.0
+    n_blocks = ops.sum(ops.cast(_block_starts(cons.strict, in_support), "int32"), axis=1)
     return ops.cond(
         ops.max(n_blocks) <= _IPM_SMALL_CHAIN,
         lambda: _ipm_solve_blocks(*args, size=_IPM_SMALL_CHAIN),
@@ -388,15 +391,16 @@ def _ipm_solve(lq, pt, strict, lo, up, in_support, run, tol, gap_tol, max_iter):
     )
 
 
-def _ipm_solve_blocks(lq, pt, strict, lo, up, in_support, run, tol, gap_tol, max_iter, size):
+def _ipm_solve_blocks(lq, cons, run, tol, gap_tol, size):
     """:func:`_ipm_solve` on a block axis of static length ``size``."""
-    pdot = antipignistic_sorted(pt)
-    red = _reduce_ties(lq, pt, strict, lo, up, in_support, pdot, size)
+    pt, strict = cons.sorted_possibility, cons.strict
+    in_support = pt > 0.0
+    red = _reduce_ties(lq, cons, in_support, size)
     qm = ops.exp(_normalize_log(ops.where(red["real"], red["g"], -np.inf)))
     mdot = red["mdot"] / ops.sum(red["mdot"], axis=0, keepdims=True)
     m0 = ops.where(red["real"], 0.5 * qm + 0.5 * mdot, 0.0)
     two = red["n_blocks"] == 2
-    u, (lam1, lam2, lam3), iters = _ipm_core(red, m0, run & ~two, tol, gap_tol, max_iter)
+    u, (lam1, lam2, lam3), iters = _ipm_core(red, m0, run & ~two, tol, gap_tol)
     u2, lams2 = _two_block(red)
     sel = two[None, :]
     u = ops.where(sel, u2, u)
@@ -433,7 +437,7 @@ def _ipm_solve_blocks(lq, pt, strict, lo, up, in_support, run, tol, gap_tol, max
         in_support, mean_lq - ops.where(in_support, lq, 0.0) + (nu - nu_prev) / w_cls, 0.0
     )
     csum = _cumsum_rows(step)
-    base = take_rows(csum - step, ops.cast(first, "int32"))  # before the block
+    base = _backend.take_along_axis(csum - step, ops.cast(first, "int32"))  # before the block
     mu = ops.where(strict, nu[:, :-1], (nu_prev + csum - base)[:, :-1])
     mu = ops.where(in_support[:, 1:], mu, 0.0)
     lp = ops.where(strict, l1c[:, :-1], 0.0)

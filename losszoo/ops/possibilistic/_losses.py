@@ -96,7 +96,7 @@ def possibilistic_projection_loss(
     z64, pi64, restore, dtype = prepare(
         "possibilistic_projection", logits, labels, labels_name, POSSIBILITY
     )
-    p, info, zm, _ = projection_from_z(z64, pi64, cfg, jit)
+    p, info, zm = projection_from_z(z64, pi64, cfg, jit)
     loss = ops.cast(restore(_kl_from_logits(p, zm)), dtype)
     return (loss, finish_info(info, restore)) if return_info else loss
 

@@ -30,12 +30,11 @@ from losszoo.ops.possibilistic._constraints import (
     PossibilityConstraints,
     constraints_2d,
     sanitize,
-    take_rows,
     unsort,
 )
-from losszoo.ops.possibilistic._dykstra import run_core
+from losszoo.ops.possibilistic._dykstra import DYKSTRA_JIT, dykstra_core
 from losszoo.ops.possibilistic._inputs import prepare
-from losszoo.ops.possibilistic._interior_point import _IPM_MAX_ITER, IPM_JIT, _ipm_solve
+from losszoo.ops.possibilistic._interior_point import IPM_JIT, _ipm_solve
 
 
 def _warn_uncertified(info: ProjectionInfo):
@@ -69,7 +68,9 @@ def _project_2d(lq_full, cons: PossibilityConstraints, cfg: ProjectionConfig, ji
     order = cons.order
     pt = cons.sorted_possibility
     in_support = pt > 0.0
-    lq = ops.where(in_support, maximum(take_rows(lq_full, order), np.log(cfg.q_clip)), -np.inf)
+    lq = ops.where(
+        in_support, maximum(_backend.take_along_axis(lq_full, order), np.log(cfg.q_clip)), -np.inf
+    )
     m = ops.max(lq, axis=-1, keepdims=True)
     lq = lq - (m + ops.log(ops.sum(ops.exp(lq - m), axis=-1, keepdims=True)))
     n = cons.num_support
@@ -84,6 +85,7 @@ def _project_2d(lq_full, cons: PossibilityConstraints, cfg: ProjectionConfig, ji
     tm = ops.transpose
     cst = {
         "pt_next": tm(pt_next),
+        "ratio": tm(ratio),
         "lo": tm(cons.gap_lower),
         "up": tm(cons.gap_upper),
         "act": tm(cons.active),
@@ -93,31 +95,21 @@ def _project_2d(lq_full, cons: PossibilityConstraints, cfg: ProjectionConfig, ji
 
     def dykstra(rows, stopping_code, lam_init=None, compact=True):
         """Certified / paper / fixed Dykstra on ``rows``: ``(x, lam, cycles)``."""
-        x, lam, cycles, _, _ = run_core(
-            *(tm(t) for t in (lq, pt_next, ratio, cons.gap_lower, cons.gap_upper, cons.active)),
+        return (DYKSTRA_JIT if jit else dykstra_core)(
+            tm(lq),
+            cst,
             rows,
             tol,
             gap_tol,
             ops.convert_to_tensor(cfg.max_cycles, "int32"),
             ops.convert_to_tensor(stopping_code, "int32"),
             lam_init,
-            jit=jit,
             compact=compact,
         )
-        return x, lam, cycles
 
     if cfg.solver == "interior_point":
         x_primal, x_dual, lam, iterations = (IPM_JIT if jit else _ipm_solve)(
-            lq,
-            pt,
-            cons.strict,
-            cons.gap_lower,
-            cons.gap_upper,
-            in_support,
-            run,
-            tol,
-            gap_tol,
-            ops.convert_to_tensor(_IPM_MAX_ITER, "int32"),
+            lq, cons, run, tol, gap_tol
         )
         # The dual point when it certifies (exact on degenerate rows, where the primal
         # converges like sqrt(mu)), else the primal iterate when it does.
@@ -177,10 +169,10 @@ def _project_2d(lq_full, cons: PossibilityConstraints, cfg: ProjectionConfig, ji
 
 
 def projection_from_z(z64, pi64, cfg, jit):
-    """z64 [B, K] float64 logits (may carry a gradient) -> (p*, info, masked z, invalid).
+    """z64 [B, K] float64 logits (may carry a gradient) -> (p*, info, masked z).
 
-    In 'restrict' mode ``z`` is masked to the support; ``invalid`` [B] flags rows breaking
-    the rules (and, in 'restrict' mode, rows whose whole support is masked by -inf).
+    In 'restrict' mode ``z`` is masked to the support. Rows breaking the rules (and, in
+    'restrict' mode, rows whose whole support is masked by -inf) are NaN and not valid.
     """
     zm = z64
     if cfg.support_mode == "restrict":
@@ -193,7 +185,7 @@ def projection_from_z(z64, pi64, cfg, jit):
     p, info = _project_2d(ops.stop_gradient(lq), cons, cfg, jit)
     invalid = POSSIBILITY.invalid(pi64) | LOGITS.invalid(z64) | row_has_nan(lq)
     info = info._replace(valid=info.valid & ~invalid, converged=info.converged & ~invalid)
-    return nan_where(invalid[:, None], p), info, zm, invalid
+    return nan_where(invalid[:, None], p), info, zm
 
 
 def finish_info(info: ProjectionInfo, restore) -> ProjectionInfo:
@@ -264,5 +256,5 @@ def possibilistic_projection(
     z64, pi64, restore, dtype = prepare(
         "possibilistic_projection", logits, possibility, "possibility", POSSIBILITY
     )
-    p, info, _, _ = projection_from_z(ops.stop_gradient(z64), pi64, cfg, jit)
+    p, info, _ = projection_from_z(ops.stop_gradient(z64), pi64, cfg, jit)
     return ops.cast(restore(p), dtype), finish_info(info, restore)
