@@ -166,19 +166,13 @@ class AdaptiveECE(_BinnedTopLabel):
 
     def result(self):
         n = ops.sum(self.counts)
-        before = ops.cumsum(self.counts) - self.counts  # exclusive cumulative count
-        # the group of rank r under np.array_split(range(n), n_bins): the first n % M groups
-        # hold q + 1 samples, the others q
-        m = float(self.n_bins)
-        q = ops.floor(n / m)
-        rem = n - q * m
-        big = (q + 1.0) * rem
-        group = ops.where(
-            before < big,
-            ops.floor(before / (q + 1.0)),
-            rem + ops.floor((before - big) / ops.maximum(q, 1.0)),
-        )
-        group = ops.clip(ops.cast(group, "int32"), 0, self.n_bins - 1)
+        before = ops.cumsum(self.counts) - self.counts  # rank of each fine bin's first sample
+        # np.array_split(range(n), n_bins): the first n % M groups hold q + 1 samples, the
+        # others q, so group j starts at rank j q + min(j, n % M)
+        q = ops.floor(n / self.n_bins)
+        j = ops.arange(self.n_bins, dtype="float32")
+        starts = j * q + ops.minimum(j, n - q * self.n_bins)
+        group = ops.searchsorted(starts, before, side="right") - 1
         corr = ops.segment_sum(self.correct_sum, group, num_segments=self.n_bins)
         conf = ops.segment_sum(self.conf_sum, group, num_segments=self.n_bins)
         return ops.sum(ops.abs(corr - conf)) / ops.maximum(n, 1.0)
