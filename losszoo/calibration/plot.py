@@ -111,9 +111,7 @@ def reliability_diagram(
         for part, style in ((c > a, _OVERCONFIDENT), (a > c, _UNDERCONFIDENT)):
             ax.bar(x[part], np.abs(c - a)[part], width, bottom=low[part], lw=0.5, **style)
         ax.plot([0, 1], [0, 1], "k--", lw=1, label="perfect calibration")
-        ax.set_xlim(0, 1)
-        ax.set_ylim(0, 1)
-        ax.set_xlabel("confidence (top-label probability)")
+        ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="confidence (top-label probability)")
         ax.set_ylabel("accuracy")
         ax.set_title(f"{name}: ECE {ece(probs, labels, n_bins):.4f}", fontsize=10)
     for ax in list(axes.flat)[n:]:
