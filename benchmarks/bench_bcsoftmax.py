@@ -5,7 +5,8 @@ Rows: K in {32, 128, 1024, 32768}, both bounds (the paper's runtime-study recipe
 softmax of the same shape (targets, issue 23: <= 2x at K = 1024, <= 2.5x at K = 32768), to
 the floor (the same kernel with the root ``nu`` given: computed beforehand, so the row's
 pattern, the closed form, the checks and the backward pass are left) and to the exact
-sort-based Algorithm A;
+sort-based Algorithm A, and to ``clip(exp(x - nu), a, b)`` with ``nu`` given and autodiff
+gradients (the cost of writing ``y`` and three gradients at all);
 on TensorFlow also to the paper's Algorithm 5 implemented in TF (O(K^2) memory: K <= 128
 only), plus forward-only rows against scipy SLSQP per row through ``tf.numpy_function``
 (generic solver, small K; target >= 100x faster; 8 rows at K = 128, where SLSQP takes about a
@@ -68,12 +69,28 @@ def floor(x, a, b):
     def solver(xs, a, b):
         e = kops.exp(xs)
         bounds = kernel._comparison_bounds(xs, a, b)
-        _, _, s, r = kernel._masses_at(e, a, b, *bounds, kops.exp(nu))
+        _, _, s, r = kernel._masses_at(e, *bounds, kops.exp(nu))
         return kernel._solution_at(e, a, b, *bounds, nu, s, r)
 
     def fn(x, a, b):
         one = kops.ones([], x.dtype)
         return kernel._kernel(x, a, b, one, "newton", True, solver=solver) * _sin_k(x)
+
+    return fn
+
+
+def clip_autodiff(x, a, b):
+    """``clip(exp(x - max x - nu), a, b)`` with ``nu`` given and autodiff gradients to x, a, b:
+    what producing ``y`` and its three gradients costs at all, without the pattern's sums, the
+    checks or the pinned-row rule (not a correct BCSoftmax gradient: it has no sum
+    constraint)."""
+    xs = x - x.max(-1, keepdims=True)
+    nu = kernel._newton_root(*(kops.convert_to_tensor(t) for t in (xs, a, b)))[0]
+    nu = kops.convert_to_tensor(kops.convert_to_numpy(nu))
+
+    def fn(x, a, b):
+        shifted = x - kops.stop_gradient(kops.max(x, -1, keepdims=True))
+        return kops.minimum(kops.maximum(kops.exp(shifted - nu), a), b) * _sin_k(x)
 
     return fn
 
@@ -160,7 +177,11 @@ def cases(quick=False):
     rep = 3 if quick else 10
     out = []
     for k in (32, 128, 1024, 32768):
-        anchors = {"softmax": softmax, "floor (nu given)": floor(*_problem(128, k))}
+        anchors = {
+            "softmax": softmax,
+            "floor (nu given)": floor(*_problem(128, k)),
+            "clip autodiff (nu given)": clip_autodiff(*_problem(128, k)),
+        }
         if k <= 128 and TENSORFLOW:
             anchors["paper_alg5"] = paper_alg5
         if k <= 1024:

@@ -227,19 +227,19 @@ def _bounds_mask(xp, bound, other, tol, num_classes, is_lower):
     """Rows (class axis last, reduced) where ``bound`` breaks its half of the box rule.
 
     ``is_lower``: ``bound`` is ``lower`` (range ``>= 0``, ``sum <= 1 + tol``, and
-    ``max(lower, 0) <= min(other, 1)`` with ``other`` the upper bound); else ``upper`` (range
-    ``<= 1``, ``sum >= 1 - tol``). A class axis of size 1 stands for ``num_classes`` equal
-    entries. NaN breaks the rule.
+    ``max(lower, 0) <= clip(other, 0, 1)`` with ``other`` the upper bound); else ``upper``
+    (range ``[0, 1]``, ``sum >= 1 - tol``). Range tests allow :data:`BOUND_RANGE_TOL`.
+    A class axis of size 1 stands for ``num_classes`` equal entries. NaN breaks the rule.
     """
     if len(bound.shape) == 0:
         bound = xp.reshape(bound, (1,))
     if is_lower:
         clamped = xp.maximum(bound, xp.zeros_like(bound))
-        cap = other if isinstance(other, float) else xp.minimum(other, xp.ones_like(other))
+        cap = other if isinstance(other, float) else xp.clip(other, 0.0, 1.0)
         entry = (bound < -BOUND_RANGE_TOL) | xp.greater(clamped, cap)
     else:
-        clamped = xp.minimum(bound, xp.ones_like(bound))
-        entry = bound > 1.0 + BOUND_RANGE_TOL
+        clamped = xp.clip(bound, 0.0, 1.0)
+        entry = (bound < -BOUND_RANGE_TOL) | (bound > 1.0 + BOUND_RANGE_TOL)
     # A bad entry (NaN included: TensorFlow's CPU minimum/maximum need not propagate it) makes
     # the sum NaN, which fails the sum test: one reduction per bound.
     masked = xp.where(entry | xp.isnan(bound), np.nan, clamped)

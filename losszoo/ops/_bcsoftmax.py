@@ -69,7 +69,7 @@ coordinate lies within ``4 * eps * K`` of one of its bounds.
 
 Numerics (spec section 4): logits are divided by ``tau`` and shifted by the row max; the
 patterns are read from ``exp(x - nu)`` compared with the bounds, which overflows to ``+inf``
-(state U) or underflows to 0 (state L) harmlessly. ``lower < 0`` / ``upper > 1`` within 1e-5
+(state U) or underflows to 0 (state L) harmlessly. Bounds outside ``[0, 1]`` by at most 1e-5
 are clamped (their gradient is then 0); the output is clipped into ``[a, b]`` at the end, so
 the box holds exactly and the sum is 1 up to about ``K * eps``. A ``-inf`` logit forces
 ``y_k = a_k``; ``a_k = b_k = 0`` masks class ``k``. Half precision is computed in float32.
@@ -340,15 +340,15 @@ def _pattern_at(e, a_cmp, b_cmp, c):
     return up, low
 
 
-def _masses_at(e, a, b, a_cmp, b_cmp, c):
+def _masses_at(e, a_cmp, b_cmp, c):
     """The clamp pattern at ``c = exp(nu)`` ([N, 1]) and its two sums: ``s = 1 -`` bound mass
     and the free mass ``E = sum_F exp(x)`` (both [N, 1]); a mask is None where its bound is
-    not given."""
+    not given. It reads three arrays: ``max(t_cmp, 0)`` is the bound ``t`` itself."""
     zero = ops.zeros_like(e)
     up, low = _pattern_at(e, a_cmp, b_cmp, c)
-    bound = zero if up is None else ops.where(up, b, zero)
+    bound = zero if up is None else ops.where(up, maximum(b_cmp, 0.0), zero)
     if low is not None:
-        bound = ops.where(low, a, bound)
+        bound = ops.where(low, maximum(a_cmp, 0.0), bound)
     free = _free_mask(e, up, low)
     s = 1.0 - ops.sum(bound, -1, keepdims=True)
     return up, low, s, ops.sum(ops.where(free, e, zero), -1, keepdims=True)
@@ -383,7 +383,7 @@ def _newton_root(x, a, b):
         one = ops.ones_like(s)
         return ok, ops.log(ops.where(ok, big_e, one)) - ops.log(ops.where(ok, s, one))
 
-    up, low, s, big_e = _masses_at(e, a, b, a_cmp, b_cmp, ops.exp(nu0))
+    up, low, s, big_e = _masses_at(e, a_cmp, b_cmp, ops.exp(nu0))
     # nu0 is the exact root when nothing is clamped (the softmax satisfies the box)
     clamped = up if low is None else low if up is None else ops.logical_or(up, low)
     clamped = ops.any(clamped, -1, keepdims=True)
@@ -410,7 +410,7 @@ def _newton_root(x, a, b):
         mid = 0.5 * lo + 0.5 * hi  # no overflow near the float range
         stalled = ops.logical_and(ops.logical_not(newton), ops.logical_or(mid <= lo, mid >= hi))
         new_nu = ops.where(done, nu, ops.where(newton, cand, mid))
-        _, _, s2, e2 = _masses_at(e, a, b, a_cmp, b_cmp, ops.exp(new_nu))
+        _, _, s2, e2 = _masses_at(e, a_cmp, b_cmp, ops.exp(new_nu))
         # The pattern at new_nu is the one that produced it iff its sums are the same, i.e.
         # its own Newton candidate is new_nu again: then new_nu is the exact root.
         ok2, cand2 = newton_candidate(s2, e2)
@@ -626,7 +626,7 @@ def _kernel(x, a, b, tau, method: str, clip: bool, solver=None):
 
         a2, b2 = flat(a), flat(b)
         ac = None if a2 is None else maximum(a2, 0.0)
-        bc = None if b2 is None else minimum(b2, 1.0)
+        bc = None if b2 is None else ops.clip(b2, 0.0, 1.0)
         y, state = solver(xs, ac, bc)
         if method != "newton":
             y, state = _repair(xs, ac, bc, y, state)
@@ -659,7 +659,7 @@ def _kernel(x, a, b, tau, method: str, clip: bool, solver=None):
             # reduction in the same pass as the sums above.
             pin_tol = _PIN_TOL * eps * k
             dist_a = None if a2 is None else y - maximum(a2, 0.0)
-            dist_b = None if b2 is None else minimum(b2, 1.0) - y
+            dist_b = None if b2 is None else ops.clip(b2, 0.0, 1.0) - y
             if dist_a is not None or dist_b is not None:
                 if dist_a is None or dist_b is None:
                     dist = dist_b if dist_a is None else dist_a
@@ -688,7 +688,8 @@ def _kernel(x, a, b, tau, method: str, clip: bool, solver=None):
                 ga = ops.where(ops.logical_and(at_lower, a2 >= 0), w, zero)
                 grads.append(_reduce_to(ops.reshape(ga, shape), a))
             if b is not None:
-                gb = ops.where(ops.logical_and(at_upper, b2 <= 1), w, zero)
+                inside = ops.logical_and(b2 >= 0, b2 <= 1)  # clamped entries: gradient 0
+                gb = ops.where(ops.logical_and(at_upper, inside), w, zero)
                 grads.append(_reduce_to(ops.reshape(gb, shape), b))
             gt = -ops.sum(ops.where(free, xs, zero) * qw, -1, keepdims=True) / t2  # [N, 1]
             grads.append(_reduce_to(ops.reshape(gt, tuple(shape[:-1]) + (1,)), tau))
@@ -852,6 +853,6 @@ def bcsoftmax_with_state(logits, lower=None, upper=None, temperature=1.0, *, met
 
     a, b = flat(lower), flat(upper)
     y, state = _SOLVERS[method](
-        xs, None if a is None else maximum(a, 0.0), None if b is None else minimum(b, 1.0)
+        xs, None if a is None else maximum(a, 0.0), None if b is None else ops.clip(b, 0.0, 1.0)
     )
     return ops.reshape(y, shape), ops.reshape(state, shape)

@@ -308,3 +308,21 @@ def test_bounds_of_a_wrong_shape_are_rejected_naming_them(name, shape):
     bounds[name] = np.full(shape, 0.1 if name == "lower" else 0.9, np.float32)
     runner = Modes(lambda x, a, b: bcsoftmax(x, a, b))
     assert_rejects(runner, x, bounds["lower"], bounds["upper"], name=name, rows=(), suite=SUITE)
+
+
+_UPPER_ONLY = Modes(lambda x, b: bcsoftmax(x, upper=b))
+
+
+def test_negative_upper_without_lower_is_rejected_and_tolerance_clamps():
+    # Without `lower` (a = 0), an upper bound below 0 was taken as it was: the row came back
+    # with a negative "probability" (-0.1). Now it breaks PROBABILITY_BOUNDS and names `upper`.
+    x = np.array([[0.5, 1.0, -0.3], [0.0, 0.2, 0.1]], np.float32)
+    b = np.array([[-0.1, 0.6, 0.6], [0.5, 0.5, 0.5]], np.float32)
+    assert_rejects(_UPPER_ONLY, x, b, name="upper", rows=[0], suite=SUITE)
+    # within BOUND_RANGE_TOL of 0 the entry is clamped to 0, like an upper bound above 1 to 1
+    b[0, 0] = -1e-6
+    zero = b.copy()
+    zero[0, 0] = 0.0
+    expected = _oracle(x, np.zeros_like(x), zero)
+    y = assert_modes_agree(_UPPER_ONLY, x, b, reference=expected, atol=1e-6, suite=SUITE)
+    assert y[0, 0] == 0.0
