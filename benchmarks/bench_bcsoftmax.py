@@ -69,7 +69,7 @@ def floor(x, a, b):
     def solver(xs, a, b):
         e = kops.exp(xs)
         bounds = kernel._comparison_bounds(xs, a, b)
-        _, _, s, r = kernel._masses_at(e, *bounds, kops.exp(nu))
+        _, _, s, r = kernel._masses_at(e, a, b, *bounds, kops.exp(nu))
         return kernel._solution_at(e, a, b, *bounds, nu, s, r)
 
     def fn(x, a, b):

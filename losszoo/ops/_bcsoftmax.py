@@ -340,15 +340,15 @@ def _pattern_at(e, a_cmp, b_cmp, c):
     return up, low
 
 
-def _masses_at(e, a_cmp, b_cmp, c):
+def _masses_at(e, a, b, a_cmp, b_cmp, c):
     """The clamp pattern at ``c = exp(nu)`` ([N, 1]) and its two sums: ``s = 1 -`` bound mass
     and the free mass ``E = sum_F exp(x)`` (both [N, 1]); a mask is None where its bound is
-    not given. It reads three arrays: ``max(t_cmp, 0)`` is the bound ``t`` itself."""
+    not given."""
     zero = ops.zeros_like(e)
     up, low = _pattern_at(e, a_cmp, b_cmp, c)
-    bound = zero if up is None else ops.where(up, maximum(b_cmp, 0.0), zero)
+    bound = zero if up is None else ops.where(up, b, zero)
     if low is not None:
-        bound = ops.where(low, maximum(a_cmp, 0.0), bound)
+        bound = ops.where(low, a, bound)
     free = _free_mask(e, up, low)
     s = 1.0 - ops.sum(bound, -1, keepdims=True)
     return up, low, s, ops.sum(ops.where(free, e, zero), -1, keepdims=True)
@@ -383,7 +383,7 @@ def _newton_root(x, a, b):
         one = ops.ones_like(s)
         return ok, ops.log(ops.where(ok, big_e, one)) - ops.log(ops.where(ok, s, one))
 
-    up, low, s, big_e = _masses_at(e, a_cmp, b_cmp, ops.exp(nu0))
+    up, low, s, big_e = _masses_at(e, a, b, a_cmp, b_cmp, ops.exp(nu0))
     # nu0 is the exact root when nothing is clamped (the softmax satisfies the box)
     clamped = up if low is None else low if up is None else ops.logical_or(up, low)
     clamped = ops.any(clamped, -1, keepdims=True)
@@ -410,7 +410,7 @@ def _newton_root(x, a, b):
         mid = 0.5 * lo + 0.5 * hi  # no overflow near the float range
         stalled = ops.logical_and(ops.logical_not(newton), ops.logical_or(mid <= lo, mid >= hi))
         new_nu = ops.where(done, nu, ops.where(newton, cand, mid))
-        _, _, s2, e2 = _masses_at(e, a_cmp, b_cmp, ops.exp(new_nu))
+        _, _, s2, e2 = _masses_at(e, a, b, a_cmp, b_cmp, ops.exp(new_nu))
         # The pattern at new_nu is the one that produced it iff its sums are the same, i.e.
         # its own Newton candidate is new_nu again: then new_nu is the exact root.
         ok2, cand2 = newton_candidate(s2, e2)
