@@ -117,13 +117,8 @@ class ProjectionConfig:
         return _resolve_method(self.method, self.stopping)
 
 
-def resolve_config(config, options, compute_dtype="float64") -> ProjectionConfig:
-    """``config``, or a :class:`ProjectionConfig` built from the keyword ``options``.
-
-    Also checks ``compute_dtype``: ``"float64"``, or ``"float32"`` with ``tol`` and
-    ``eps_cap`` >= 1e-5 (the kernels run in float64 either way; the argument documents the
-    weaker regime).
-    """
+def resolve_config(config, options) -> ProjectionConfig:
+    """``config``, or a :class:`ProjectionConfig` built from the keyword ``options``."""
     if config is None:
         config = ProjectionConfig(**options)
     elif options:
@@ -133,13 +128,6 @@ def resolve_config(config, options, compute_dtype="float64") -> ProjectionConfig
         )
     elif not isinstance(config, ProjectionConfig):
         raise TypeError(f"`config` must be a ProjectionConfig, got {type(config).__name__}.")
-    check_choice(compute_dtype, "compute_dtype", ("float64", "float32"))
-    if compute_dtype == "float32" and (config.tol < 1e-5 or config.eps_cap < 1e-5):
-        raise ValueError(
-            "compute_dtype='float32' needs `tol` >= 1e-5 and `eps_cap` >= 1e-5 (eps=1e-9 and "
-            f"tol=1e-8 are below float32 resolution); got tol={config.tol!r}, "
-            f"eps_cap={config.eps_cap!r}. Use the default compute_dtype='float64'."
-        )
     return config
 
 

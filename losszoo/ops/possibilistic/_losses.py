@@ -58,7 +58,6 @@ def possibilistic_projection_loss(
     *,
     return_info: bool = False,
     labels_name: str = "labels",
-    compute_dtype: str = "float64",
     jit: bool = True,
     **options,
 ):
@@ -77,7 +76,7 @@ def possibilistic_projection_loss(
       config: a :class:`ProjectionConfig`; default ``ProjectionConfig()``.
       return_info: also return the projection's :class:`ProjectionInfo` (no extra work).
       labels_name: the name ``labels`` goes by in error messages (``"y_true"`` in a loss).
-      compute_dtype, jit: as :func:`possibilistic_projection`.
+      jit: as :func:`possibilistic_projection`.
       **options: instead of ``config``, its fields as keywords.
 
     Returns:
@@ -92,7 +91,7 @@ def possibilistic_projection_loss(
     Example:
       >>> loss = possibilistic_projection_loss([[0.3, 1.0, 0.2]], [[2.0, 0.0, -1.0]])
     """
-    cfg = resolve_config(config, options, compute_dtype)
+    cfg = resolve_config(config, options)
     z64, pi64, restore, dtype = prepare(
         "possibilistic_projection", logits, labels, labels_name, POSSIBILITY
     )

@@ -201,7 +201,6 @@ def possibilistic_projection(
     possibility,
     config: ProjectionConfig | None = None,
     *,
-    compute_dtype: str = "float64",
     jit: bool = True,
     **options,
 ):
@@ -228,8 +227,6 @@ def possibilistic_projection(
         ``contract.POSSIBILITY`` (values in ``[0, 1]``, maximum 1).
       config: a :class:`ProjectionConfig` (tolerances, stopping rule, constraint options,
         solver); default ``ProjectionConfig()``.
-      compute_dtype: must stay ``"float64"`` unless ``tol`` and ``eps_cap`` are >= 1e-5
-        (the kernel then still runs in float64; the argument documents the weaker regime).
       jit: run the iterations in a cached XLA function (TensorFlow ``jit_compile``,
         ``jax.jit``; PyTorch runs them eagerly).
       **options: instead of ``config``, its fields as keywords (``tol=1e-6, eps_cap=0.05``).
@@ -252,7 +249,7 @@ def possibilistic_projection(
       >>> keras.ops.convert_to_numpy(p).round(6)
       array([[0.49    , 0.255981, 0.254019]])
     """
-    cfg = resolve_config(config, options, compute_dtype)
+    cfg = resolve_config(config, options)
     z64, pi64, restore, dtype = prepare(
         "possibilistic_projection", logits, possibility, "possibility", POSSIBILITY
     )
