@@ -46,7 +46,8 @@ def extract(rev: str) -> pathlib.Path:
     for path in [*(root / "losszoo_old").rglob("*.py"), *(root / "benchmarks").glob("*.py")]:
         text = re.sub(r"\b(from|import) losszoo\b", r"\1 losszoo_old", path.read_text())
         text = re.sub(r"\blosszoo\.", "losszoo_old.", text)
-        text = re.sub(r"\b(from|import) (harness|bench_\w+)\b", r"\1 \2_old", text)
+        text = re.sub(r"\bfrom (harness|bench_\w+)\b", r"from \1_old", text)
+        text = re.sub(r"^import (harness|bench_\w+)$", r"import \1_old as \1", text, flags=re.M)
         if path.parent.name == "benchmarks":
             path.unlink()
             path = root / f"{path.stem}_old.py"
