@@ -233,23 +233,21 @@ def _bounds_mask(xp, bound, other, tol, num_classes, is_lower):
     """
     if len(bound.shape) == 0:
         bound = xp.reshape(bound, (1,))
+    size = bound.shape[-1]
+    scale = 1 if size in (None, num_classes) else num_classes / size
     if is_lower:
         clamped = xp.maximum(bound, xp.zeros_like(bound))
+        total = xp.sum(clamped, axis=-1)
+        ok = (total * scale if scale != 1 else total) <= 1.0 + tol
         cap = other if isinstance(other, float) else xp.clip(other, 0.0, 1.0)
         entry = (bound < -BOUND_RANGE_TOL) | xp.greater(clamped, cap)
     else:
-        clamped = xp.clip(bound, 0.0, 1.0)
+        total = xp.sum(xp.clip(bound, 0.0, 1.0), axis=-1)
+        ok = (total * scale if scale != 1 else total) >= 1.0 - tol
         entry = (bound < -BOUND_RANGE_TOL) | (bound > 1.0 + BOUND_RANGE_TOL)
-    # A bad entry (NaN included: TensorFlow's CPU minimum/maximum need not propagate it) makes
-    # the sum NaN, which fails the sum test: one reduction per bound.
-    masked = xp.where(entry | xp.isnan(bound), np.nan, clamped)
-    size = masked.shape[-1]
-    total = xp.sum(masked, axis=-1)
-    if size not in (None, num_classes):
-        total = total * (num_classes / size)
-    # NaN tested on its own: TensorFlow's graph optimizer rewrites not(t <= c) as t > c
-    off = total > 1.0 + tol if is_lower else total < 1.0 - tol
-    return off | xp.isnan(total)
+    # NaN: explicitly (TensorFlow's CPU minimum/maximum need not propagate it into the sums,
+    # and its graph optimizer rewrites not(t <= c) as t > c)
+    return xp.logical_not(ok) | xp.any(entry | xp.isnan(bound), axis=-1)
 
 
 PROBABILITY_BOUNDS = Rule(
