@@ -11,7 +11,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from losszoo import _backend
+from losszoo.losses import _dro_trainer
 
 #: ``alpha_optimizer`` values: damped Newton, the model optimiser's family, SGD, Adam.
 RULES = ("newton", "auto", "sgd", "adam")
@@ -38,24 +38,13 @@ def step_size(alpha_learning_rate, multiplier, optimizer):
     """``multiplier`` times ``alpha_learning_rate``, or (``None``) the model optimiser's
     current learning rate (schedules included; 1e-3 without an optimiser), float32.
 
-    On JAX the trainer's step is one pure function that does not pass the optimiser's
-    variables to the loss, so the learning rate is read when the step is traced: a fixed
-    rate works, a schedule raises ``NotImplementedError`` (give ``alpha_learning_rate`` or
-    use the ``"newton"`` rule).
+    On JAX the trainer's step passes the optimiser's variables in explicitly (their stored
+    values are released during ``fit``): the rate is read from those
+    (:func:`~losszoo.losses._dro_trainer.optimizer_scope`).
     """
     if alpha_learning_rate is None and optimizer is not None:
-        schedule = getattr(optimizer, "_learning_rate", None)
-        if _backend.NAME == "jax" and isinstance(
-            schedule, keras.optimizers.schedules.LearningRateSchedule
-        ):
-            raise NotImplementedError(
-                "SafeKLDRORisk: alpha_optimizer='auto'/'sgd'/'adam' without "
-                "`alpha_learning_rate` cannot follow a learning-rate schedule on the JAX "
-                "backend (the loss does not see the optimiser's step count inside the "
-                "compiled step). Pass `alpha_learning_rate=...` or use "
-                "alpha_optimizer='newton'."
-            )
-        lr = ops.cast(ops.convert_to_tensor(optimizer.learning_rate), "float32")
+        with _dro_trainer.optimizer_scope(optimizer):
+            lr = ops.cast(ops.convert_to_tensor(optimizer.learning_rate), "float32")
     else:
         rate = 1e-3 if alpha_learning_rate is None else alpha_learning_rate
         lr = ops.convert_to_tensor(rate, "float32")

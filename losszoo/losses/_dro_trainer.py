@@ -83,6 +83,40 @@ def install_trainer_hook():
     _compute_loss.__wrapped__ = original
     _compute_loss.__doc__ = original.__doc__
     cls._compute_loss = _compute_loss
+    if _backend.NAME == "jax":
+        _publish_optimizer_variables()
+
+
+def _publish_optimizer_variables():
+    """Wrap the JAX trainer's ``compute_loss_and_updates`` to publish the optimiser variables'
+    values of the step (the only place they exist while ``fit`` runs)."""
+    from keras.src.backend.jax.trainer import JAXTrainer
+
+    original = JAXTrainer.__dict__["compute_loss_and_updates"]
+    if getattr(original, "_losszoo_dro_hook", False):
+        return
+
+    def compute_loss_and_updates(self, *args, optimizer_variables=None, **kwargs):
+        _stack("optimizer").append((self.optimizer, optimizer_variables))
+        try:
+            return original(self, *args, optimizer_variables=optimizer_variables, **kwargs)
+        finally:
+            _stack("optimizer").pop()
+
+    compute_loss_and_updates._losszoo_dro_hook = True
+    compute_loss_and_updates.__wrapped__ = original
+    JAXTrainer.compute_loss_and_updates = compute_loss_and_updates
+
+
+def optimizer_scope(optimizer):
+    """A ``keras.StatelessScope`` holding ``optimizer``'s variables as the JAX train step
+    passed them (reading ``optimizer.learning_rate`` then works, schedules included); a
+    no-op elsewhere."""
+    published = _stack("optimizer")
+    if published and published[-1][0] is optimizer and published[-1][1] is not None:
+        mapping = list(zip(optimizer.variables, published[-1][1]))
+        return keras.StatelessScope(state_mapping=mapping)
+    return contextlib.nullcontext()
 
 
 _HOOK = {"warned": False}

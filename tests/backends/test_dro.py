@@ -204,3 +204,34 @@ def test_safe_kl_dro_by_name_trains_alpha_and_evaluates_at_it(jit_compile):
     np.testing.assert_allclose(value, R.safe_risk(ce, alpha, 1.0, 0.1)[0], rtol=1e-4)
     assert float(numpy(loss.alpha)) == alpha
     assert loss.get_config()["alpha_init"] == pytest.approx(alpha)
+
+
+def _alpha_after_fit(loss, learning_rate, jit_compile):
+    r = np.random.default_rng(7)
+    x = r.normal(size=(12, 4)).astype(np.float32)
+    y = r.integers(0, 3, size=12)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+    model.compile(
+        optimizer=keras.optimizers.Adam(learning_rate), loss=loss, jit_compile=jit_compile
+    )
+    model.fit(x, y, batch_size=4, epochs=2, verbose=0)
+    return float(numpy(loss.alpha))
+
+
+@pytest.mark.parametrize("jit_compile", JIT)
+def test_gradient_rule_reads_the_model_optimizers_learning_rate(jit_compile):
+    # alpha_optimizer="adam" without alpha_learning_rate takes the model optimiser's rate: the
+    # same alpha as the rate given explicitly, also through a (constant) schedule. On JAX the
+    # rate is read from the step's optimiser variables (fit releases the stored values).
+    def loss(**kw):
+        return losszoo.losses.SafeKLDRORisk(alpha_optimizer="adam", **kw)
+
+    explicit = _alpha_after_fit(loss(alpha_learning_rate=0.05), 0.05, jit_compile)
+    implicit = _alpha_after_fit(loss(), 0.05, jit_compile)
+    constant = keras.optimizers.schedules.ExponentialDecay(0.05, decay_steps=1, decay_rate=1.0)
+    scheduled = _alpha_after_fit(loss(), constant, jit_compile)
+    default_rate = _alpha_after_fit(loss(alpha_learning_rate=1e-3), 0.05, jit_compile)
+    assert implicit == pytest.approx(explicit, rel=1e-6)
+    assert scheduled == pytest.approx(explicit, rel=1e-6)
+    assert abs(explicit - default_rate) > 1e-4  # the rate matters: the test can fail
