@@ -71,6 +71,7 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rounds", type=int, default=3, help="alternations (median of each)")
     parser.add_argument("--programs", action="store_true", help="compare compiled programs")
+    parser.add_argument("--match", default="", help="only cases whose 'op shape' contains this")
     args = parser.parse_args(argv)
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -87,6 +88,8 @@ def main(argv=None) -> int:
     print("|---|---|---|---|---|---|")
     for name in args.only:
         for new, old in paired_cases(name, args.quick):
+            if args.match not in f"{new.op} {new.shape}":
+                continue
             new.anchors, old.anchors = {}, {}
             times = {"new": {}, "old": {}}
             for _ in range(args.rounds):

@@ -246,6 +246,13 @@ def in_graph_without_xla() -> bool:
     return not tf.executing_eagerly() and not in_xla_context()
 
 
+def max_propagates_nan() -> bool:
+    """Whether ``keras.ops.max`` / ``maximum`` return NaN for a NaN input here: TensorFlow's
+    own kernels (``Max`` and ``Maximum`` use Eigen's ``PropagateNaN`` on CPU and GPU), eager
+    or in a graph. Not relied on under XLA, on JAX or on PyTorch."""
+    return TENSORFLOW and not in_xla_context()
+
+
 def in_xla_context() -> bool:
     """Whether TensorFlow is tracing code that XLA will compile (``jit_compile=True``).
 

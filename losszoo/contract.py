@@ -176,10 +176,12 @@ def rules_enforced(*tensors) -> bool:
 
 def _logits_mask(xp, z):
     """Rows holding NaN or +inf, or only -inf (``[...]``, the class axis reduced): the row max
-    is +inf or -inf there (or NaN); NaN is also tested on its own, as XLA's max may skip it.
-    Two reductions that read ``z`` directly (no [N, K] temporary in a TensorFlow graph)."""
-    top = xp.max(z, axis=-1, initial=-np.inf)
-    return xp.logical_not(xp.isfinite(top)) | xp.any(xp.isnan(z), axis=-1)
+    is NaN, +inf or -inf there. NumPy's and TensorFlow's max propagate NaN, so one reduction
+    that reads ``z`` directly; elsewhere (XLA's max may skip NaN) NaN is tested on its own."""
+    bad = xp.logical_not(xp.isfinite(xp.max(z, axis=-1, initial=-np.inf)))
+    if xp is np or _backend.max_propagates_nan():
+        return bad
+    return bad | xp.any(xp.isnan(z), axis=-1)
 
 
 LOGITS = Rule(
