@@ -12,6 +12,7 @@ on every backend: Keras' TensorFlow, JAX and PyTorch trainers all compute the lo
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import warnings
 
@@ -49,16 +50,15 @@ def install_trainer_hook():
     untouched for users who do not use a DRO loss. Idempotent. The wrapper only pushes
     ``(model, training)`` to a thread-local stack around the original call. If this Keras
     has no such method, the loss falls back to the tape rule (alpha moves when a
-    ``GradientTape`` records) and warns once.
+    ``GradientTape`` records) and warns once. On JAX the trainer's
+    ``compute_loss_and_updates`` also publishes the optimiser variables' values of the step
+    (the only place they exist while ``fit`` runs, see :func:`optimizer_scope`).
     """
     try:
-        from keras.src.trainers import trainer as trainer_module
-
-        cls = trainer_module.Trainer
-    except (ImportError, AttributeError):  # pragma: no cover - Keras layout changed
-        cls = None
-    original = None if cls is None else cls.__dict__.get("_compute_loss")
-    if original is None:  # pragma: no cover - Keras layout changed
+        from keras.src.trainers.trainer import Trainer
+    except ImportError:  # pragma: no cover - Keras layout changed
+        Trainer = None
+    if not hasattr(Trainer, "_compute_loss"):  # pragma: no cover - Keras layout changed
         if not _HOOK["warned"]:
             _HOOK["warned"] = True
             warnings.warn(
@@ -69,43 +69,40 @@ def install_trainer_hook():
                 stacklevel=3,
             )
         return
-    if getattr(original, "_losszoo_dro_hook", False):
-        return
-
-    def _compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
-        _stack("trainer").append((self, bool(training)))
-        try:
-            return original(self, x, y, y_pred, sample_weight=sample_weight, training=training)
-        finally:
-            _stack("trainer").pop()
-
-    _compute_loss._losszoo_dro_hook = True
-    _compute_loss.__wrapped__ = original
-    _compute_loss.__doc__ = original.__doc__
-    cls._compute_loss = _compute_loss
+    _publish_during_call(Trainer, "_compute_loss", "trainer", _model_and_training)
     if _backend.NAME == "jax":
-        _publish_optimizer_variables()
+        from keras.src.backend.jax.trainer import JAXTrainer
+
+        _publish_during_call(
+            JAXTrainer, "compute_loss_and_updates", "optimizer", _optimizer_and_variables
+        )
 
 
-def _publish_optimizer_variables():
-    """Wrap the JAX trainer's ``compute_loss_and_updates`` to publish the optimiser variables'
-    values of the step (the only place they exist while ``fit`` runs)."""
-    from keras.src.backend.jax.trainer import JAXTrainer
+def _model_and_training(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+    return self, bool(training)
 
-    original = JAXTrainer.__dict__["compute_loss_and_updates"]
+
+def _optimizer_and_variables(self, *args, optimizer_variables=None, **kwargs):
+    return self.optimizer, optimizer_variables
+
+
+def _publish_during_call(cls, name, stack, entry):
+    """Wrap the method ``cls.<name>`` (once) so that ``entry(self, *args, **kwargs)`` of each
+    call is on the thread-local ``stack`` while the call runs."""
+    original = getattr(cls, name)
     if getattr(original, "_losszoo_dro_hook", False):
         return
 
-    def compute_loss_and_updates(self, *args, optimizer_variables=None, **kwargs):
-        _stack("optimizer").append((self.optimizer, optimizer_variables))
+    @functools.wraps(original)
+    def wrapper(self, *args, **kwargs):
+        _stack(stack).append(entry(self, *args, **kwargs))
         try:
-            return original(self, *args, optimizer_variables=optimizer_variables, **kwargs)
+            return original(self, *args, **kwargs)
         finally:
-            _stack("optimizer").pop()
+            _stack(stack).pop()
 
-    compute_loss_and_updates._losszoo_dro_hook = True
-    compute_loss_and_updates.__wrapped__ = original
-    JAXTrainer.compute_loss_and_updates = compute_loss_and_updates
+    wrapper._losszoo_dro_hook = True
+    setattr(cls, name, wrapper)
 
 
 def optimizer_scope(optimizer):

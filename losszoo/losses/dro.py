@@ -130,13 +130,7 @@ from losszoo.losses import _dro_alpha, _dro_trainer
 from losszoo.losses._base_loss import per_example, resolve_base_loss
 from losszoo.losses._dro_trainer import alpha_updates
 from losszoo.losses._targets import SampleWeightCheck
-from losszoo.ops import (
-    cvar_risk_global,
-    distribute,
-    kl_dro_batch_lse_global,
-    kl_dro_sumexp_global,
-)
-from losszoo.ops.distribute import check_lam, check_rho
+from losszoo.ops import distribute
 from losszoo.registry import register
 
 __all__ = [
@@ -343,8 +337,8 @@ class SafeKLDRORisk(_BatchRiskLoss):
         dtype=None,
     ):
         super().__init__(base_loss=base_loss, name=name, reduction=reduction, dtype=dtype)
-        self.lam = check_lam(lam)
-        self.rho = check_rho(rho)
+        self.lam = distribute.check_lam(lam)
+        self.rho = distribute.check_rho(rho)
         self.alpha_init = contract.check_number(alpha_init, "alpha_init", tensor_ok=False)
         self.init_alpha_from_batch = contract.check_bool(
             init_alpha_from_batch, "init_alpha_from_batch"
@@ -433,15 +427,14 @@ class SafeKLDRORisk(_BatchRiskLoss):
         value, stats = distribute.safe_kl_dro_risk_and_stats_global(
             l, state[0], self.lam, self.rho, s, self.calibrate, solve_alpha=solve
         )
-        alpha_used = stats["alpha"]
-        mean_w, sat, curv = (
-            ops.cast(stats[k], "float32") for k in ("mean_w", "saturation", "curvature")
+        alpha, mean_w, sat, curv = (
+            ops.cast(stats[k], "float32") for k in ("alpha", "mean_w", "saturation", "curvature")
         )
         # Stateful updates: run in program order (TensorFlow's automatic control
         # dependencies; Keras' stateless scope on JAX; eagerly on PyTorch).
-        self._diagnostics.update_state(alpha_used, mean_w, sat)
+        self._diagnostics.update_state(alpha, mean_w, sat)
         if training:
-            alpha, opt = ops.cast(alpha_used, "float32"), getattr(trainer, "optimizer", None)
+            opt = getattr(trainer, "optimizer", None)
             nonempty = stats["total_weight"] > 0
             new_state = _dro_alpha.next_state(state, alpha, mean_w, curv, nonempty, self, opt)
             self._state.assign(new_state)
@@ -487,7 +480,7 @@ class _TemperedBatchRiskLoss(_BatchRiskLoss):
 
     def __init__(self, base_loss, lam, name, reduction, dtype):
         super().__init__(base_loss=base_loss, name=name, reduction=reduction, dtype=dtype)
-        self.lam = check_lam(lam)
+        self.lam = distribute.check_lam(lam)
 
     def _risk(self, l, s):
         return self._op(l, self.lam, s)
@@ -521,7 +514,7 @@ class KLDROBatchLSE(_TemperedBatchRiskLoss):
       >>> model.compile("sgd", loss=losszoo.losses.KLDROBatchLSE("mse", lam=2.0))
     """
 
-    _op = staticmethod(kl_dro_batch_lse_global)
+    _op = staticmethod(distribute.kl_dro_batch_lse_global)
 
     def __init__(
         self,
@@ -556,7 +549,7 @@ class KLDROSumExp(_TemperedBatchRiskLoss):
       >>> model.compile("sgd", loss=losszoo.losses.KLDROSumExp(lam=1.0))
     """
 
-    _op = staticmethod(kl_dro_sumexp_global)
+    _op = staticmethod(distribute.kl_dro_sumexp_global)
 
     def __init__(
         self,
@@ -602,10 +595,10 @@ class CVaRLoss(_BatchRiskLoss):
         dtype=None,
     ):
         super().__init__(base_loss=base_loss, name=name, reduction=reduction, dtype=dtype)
-        self.rho = check_rho(rho)
+        self.rho = distribute.check_rho(rho)
 
     def _risk(self, l, s):
-        return cvar_risk_global(l, self.rho, s)
+        return distribute.cvar_risk_global(l, self.rho, s)
 
     def get_config(self):
         return {**super().get_config(), "rho": self.rho}

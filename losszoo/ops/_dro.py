@@ -61,7 +61,9 @@ import numpy as np
 from keras import ops
 
 from losszoo import _backend
-from losszoo._backend import custom_gradient
+
+# maximum, minimum, cumsum and divide_no_nan: the keras.ops that keep float64 on PyTorch.
+from losszoo._backend import cumsum, custom_gradient, divide_no_nan, maximum, minimum
 from losszoo.contract import (
     NON_NEGATIVE,
     NON_NEGATIVE_OR_NAN,
@@ -104,11 +106,6 @@ def _any(*flags):
 def _live_nan(l, s):
     """Scalar flag: a NaN loss with positive weight (reductions under XLA skip NaN)."""
     return ops.any(ops.isnan(l) & (s > 0))
-
-
-# keras.ops that keep float64 on PyTorch (see losszoo._backend).
-_maximum, _minimum, _cumsum = _backend.maximum, _backend.minimum, _backend.cumsum
-_divide_no_nan = _backend.divide_no_nan
 
 
 def _const(x, dtype):
@@ -170,7 +167,7 @@ def _safe_kl_core(lam: float, rho: float, calibrate: bool):
         z = (l - alpha) * _const(inv_lam, dt) + _const(log_rho, dt)
         e = ops.exp(-ops.abs(z))
         zeros = ops.zeros_like(l)
-        sp = _maximum(z, zeros) + ops.log1p(e)
+        sp = maximum(z, zeros) + ops.log1p(e)
         sig = ops.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
         live = s > 0
         s_sum = ops.sum(s)
@@ -178,24 +175,23 @@ def _safe_kl_core(lam: float, rho: float, calibrate: bool):
         sw = ops.where(live, s * sig, zeros) * _const(inv_rho, dt)  # s_i w_i
         sw_sum = ops.sum(sw)
         nonempty = s_sum > 0
-        val = alpha + _const(lam / rho, dt) * _divide_no_nan(num, s_sum)
+        val = alpha + _const(lam / rho, dt) * divide_no_nan(num, s_sum)
         if calibrate:
             val = val - _const(lam, dt)
         val = nan_where(bad, ops.where(nonempty, val, ops.zeros_like(val)))
-        mean_w = _divide_no_nan(sw_sum, s_sum)
+        mean_w = divide_no_nan(sw_sum, s_sum)
         # saturation rho * max_i w_i = max_i sigmoid(z_i) over live entries (0 if empty)
         sat = ops.max(ops.concatenate([ops.where(live, sig, zeros), ops.zeros([1], dt)], 0))
         sat = nan_where(ops.isnan(sw_sum), sat)  # XLA's max drops NaN; the sum keeps it
         grad_alpha = ops.where(nonempty, 1.0 - mean_w, ops.zeros_like(mean_w))
         # lam * d^2V/dalpha^2 = sum pi w (1 - rho w)   (spec 3.1; w (1 - rho w) = sw (1 - sig))
-        curv = _divide_no_nan(ops.sum(sw * (1.0 - sig)), s_sum)
+        curv = divide_no_nan(ops.sum(sw * (1.0 - sig)), s_sum)
         mean_w, sat, grad_alpha, curv = (nan_where(bad, x) for x in (mean_w, sat, grad_alpha, curv))
 
-        def grad(dv, d_mean_w, d_sat, d_galpha, d_curv):
+        def grad(dv, *_):
             # Only the value is differentiable; the statistics are diagnostics
-            # (stop-gradient semantics, documented).
-            del d_mean_w, d_sat, d_galpha, d_curv
-            g_l = nan_where(bad, dv * _divide_no_nan(sw, s_sum))
+            # (stop-gradient semantics, documented): their upstream gradients are ignored.
+            g_l = nan_where(bad, dv * divide_no_nan(sw, s_sum))
             return g_l, dv * grad_alpha, ops.zeros_like(s), None
 
         return (val, mean_w, sat, grad_alpha, curv), grad
@@ -216,7 +212,7 @@ def _safe_kl_core_unweighted(lam: float, rho: float, calibrate: bool):
     def core(l, alpha):
         dt = dtype_name(l)
         n = ops.cast(ops.size(l), dt)
-        inv_n = _divide_no_nan(ops.ones([], dt), n)
+        inv_n = divide_no_nan(ops.ones([], dt), n)
         z = (l - alpha) * _const(inv_lam, dt) + _const(log_rho, dt)
         sig = ops.sigmoid(z)
         val = alpha + _const(lam / rho, dt) * (ops.sum(ops.softplus(z)) * inv_n)
@@ -229,8 +225,7 @@ def _safe_kl_core_unweighted(lam: float, rho: float, calibrate: bool):
         grad_alpha = ops.where(n > 0, 1.0 - mean_w, ops.zeros_like(mean_w))
         curv = ops.sum(sig * (1.0 - sig)) * (inv_n * _const(inv_rho, dt))
 
-        def grad(dv, d_mean_w, d_sat, d_galpha, d_curv):
-            del d_mean_w, d_sat, d_galpha, d_curv
+        def grad(dv, *_):  # the statistics get no gradient, as above
             return dv * (sig * (inv_n * _const(inv_rho, dt))), dv * grad_alpha
 
         return (val, mean_w, sat, grad_alpha, curv), grad
@@ -253,15 +248,12 @@ def _scalar_alpha(alpha, dtype):
 
 def _risk_and_stats(l, a, s, bad, lam, rho, calibrate):
     """The safe-KL value and statistics of flat losses ``l`` (compute dtype), scalar ``a``,
-    flat weights ``s`` (``None``: all 1) and the invalid-input flag ``bad`` (``None``: valid);
-    ``lam``, ``rho`` and ``calibrate`` already checked. The statistics carry no gradient."""
+    flat weights ``s`` (``None``: all 1) and the invalid-input flag ``bad`` (``None``: valid;
+    always a flag with weights); ``lam``, ``rho`` and ``calibrate`` already checked. The
+    statistics carry no gradient."""
     if s is None:
-        outs = _safe_kl_core_unweighted(lam, rho, calibrate)(l, a)
-        if bad is not None:
-            outs = tuple(nan_where(bad, x) for x in outs)
+        outs = [_poison(bad, x) for x in _safe_kl_core_unweighted(lam, rho, calibrate)(l, a)]
     else:
-        if bad is None:
-            bad = ops.convert_to_tensor(False)
         outs = _safe_kl_core(lam, rho, calibrate)(l, a, s, bad)
     val, *rest = outs
     keys = ("mean_w", "saturation", "grad_alpha", "curvature")
@@ -376,7 +368,7 @@ def _bisect_loop(l, s, lo, hi, c, iterations):
 
     def h(a):  # sum pi w - 1, strictly decreasing in a
         w = ops.sigmoid((l - a) * inv_lam + log_rho) * inv_rho
-        return _divide_no_nan(ops.sum(ops.where(live, s * w, zeros)), s_sum) - 1.0
+        return divide_no_nan(ops.sum(ops.where(live, s * w, zeros)), s_sum) - 1.0
 
     def body(i, lo, hi):
         mid = 0.5 * (lo + hi)
@@ -451,7 +443,7 @@ def kl_dro_batch_lse(losses, lam, sample_weight=None):
         val = nan_where(bad, _batch_lse_value(lam, m_safe, m_inf, tot, ops.sum(s)))
 
         def grad(dv):
-            return nan_where(bad, dv * _divide_no_nan(ex, tot)), ops.zeros_like(s), None
+            return nan_where(bad, dv * divide_no_nan(ex, tot)), ops.zeros_like(s), None
 
         return val, grad
 
@@ -481,7 +473,7 @@ def kl_dro_sumexp(losses, lam, sample_weight=None):
     def core(l, s, *bad):
         dt = dtype_name(l)
         live = s > 0
-        pi = ops.where(live, _divide_no_nan(s, ops.sum(s)), ops.zeros_like(s))
+        pi = ops.where(live, divide_no_nan(s, ops.sum(s)), ops.zeros_like(s))
         ex = ops.where(live, ops.exp(l * _const(inv_lam, dt)), ops.zeros_like(l))
         val = _poison(bad[0] if bad else None, ops.sum(pi * ex))
         unusable = ops.logical_not(ops.isfinite(val))  # overflow, +inf or NaN: no gradient
@@ -500,12 +492,12 @@ def _cvar_tail_mass(l, s, rho):
     ties in index order)."""
     dt = dtype_name(l)
     live = s > 0
-    pi = ops.where(live, _divide_no_nan(s, ops.sum(s)), ops.zeros_like(s))
+    pi = ops.where(live, divide_no_nan(s, ops.sum(s)), ops.zeros_like(s))
     key = ops.where(live, -l, ops.full_like(l, np.inf))  # ascending in -l: descending in l
     order = ops.argsort(key)
     pi_sorted = ops.take(pi, order)
-    before = _cumsum(pi_sorted) - pi_sorted  # the mass ranked above each example
-    q_sorted = _minimum(_maximum(_const(rho, dt) - before, ops.zeros_like(before)), pi_sorted)
+    before = cumsum(pi_sorted) - pi_sorted  # the mass ranked above each example
+    q_sorted = minimum(maximum(_const(rho, dt) - before, ops.zeros_like(before)), pi_sorted)
     return ops.scatter(ops.expand_dims(order, -1), q_sorted, ops.shape(l))
 
 
@@ -576,7 +568,7 @@ def kl_dro_exact_state_update(m, acc, n, losses, lam, sample_weight=None, batch_
     live = s > 0
     if batch_max is None:
         batch_max = _max_or_minus_inf(a)
-    m_new = _maximum(m, ops.cast(batch_max, dt))
+    m_new = maximum(m, ops.cast(batch_max, dt))
     m_safe = ops.where(ops.isfinite(m_new), m_new, ops.zeros_like(m_new))
     scale = ops.where(ops.isinf(m) & (m < 0), ops.zeros_like(m), ops.exp(m - m_safe))
     acc_new = ops.cast(acc, dt) * scale + ops.sum(

@@ -79,6 +79,7 @@ from losszoo.contract import (
     dtype_name,
     is_floating,
     nan_where,
+    row_has_nan,
     shapes_compatible,
     static_rank,
     to_compute_dtype,
@@ -168,12 +169,10 @@ def _ids_to_positives(labels, z, n, name):
     rows NaN (a gather would clamp the id silently).
     """
     rank, zrank = static_rank(labels), static_rank(z)
+    multi = rank == zrank
     if rank == zrank - 1:
-        multi = False
         labels = labels[..., None]
-    elif rank == zrank:
-        multi = True
-    else:
+    elif not multi:
         raise ValueError(
             f"`{name}` as ids must have the logits' shape without the last axis "
             f"{list(z.shape[:-1])} (one positive per row) or with a last axis of M positives "
@@ -287,15 +286,14 @@ def _top_k(x, k):
 
 
 def _row_index(ids):
-    """[N, P] -> [N, P, 2] (row, id) index tuples for scatter."""
+    """[N, P] -> [N * P, 2] (row, id) index pairs for scatter."""
     rows = ops.arange(ops.shape(ids)[0], dtype=dtype_name(ids))[:, None]
-    return ops.stack([ops.broadcast_to(rows, ops.shape(ids)), ids], axis=-1)
+    return ops.reshape(ops.stack([ops.broadcast_to(rows, ops.shape(ids)), ids], axis=-1), (-1, 2))
 
 
 def _scatter_add(base, ids, updates):
     """base [N, n] += updates [N, P] at columns ids [N, P]."""
-    index = ops.reshape(_row_index(ids), (-1, 2))
-    return ops.scatter_update(base, index, ops.reshape(updates, (-1,)), reduction="add")
+    return ops.scatter_update(base, _row_index(ids), ops.reshape(updates, (-1,)), reduction="add")
 
 
 def _anchor(zy, top_v, k):
@@ -371,17 +369,18 @@ def _add_topk_terms(g, top_i, cap, gk, k):
 # --------------------------------------------------------------------------- ids path
 
 
-def _positives_forward(z, w, zy, k, eta, consistent=None):
-    """Loss per row for P positives per row with scores ``zy`` [N, P] and weights ``w`` [N, P].
+def _positives_forward(z, w, ids, k, eta, consistent=None):
+    """Loss per row for the P positives ``ids`` [N, P] of each row, weighted by ``w`` [N, P].
 
-    Returns ``(loss [N], saved)``; ``saved`` holds the small per-positive quantities (O(N P)
-    or O(N k)) that :func:`_positives_backward` needs, so the backward pass re-forms the
-    differences without storing an [N, P, n] tensor.
+    Returns ``(loss [N], D [N, P], grad)``: ``grad(upstream [N])`` is d loss / d z (spec 3.3).
+    It keeps only the small per-positive quantities (O(N P) or O(N k)) and re-forms the
+    differences, so no [N, P, n] tensor is stored for the backward pass.
 
     ``consistent`` (optional, boolean [N, n], built inline so XLA fuses it into the D pass):
-    where it is False the summand of ``D`` is NaN, so ``D`` (and ``saved["D"]``) is NaN
-    exactly for the rows that contain such an entry (a NaN survives any summation order).
+    where it is False the summand of ``D`` is NaN, so ``D`` is NaN exactly for the rows that
+    contain such an entry (a NaN survives any summation order).
     """
+    zy = take_along_axis(z, ids, axis=-1)
     masked = zy == -np.inf  # a positive masked by -inf: loss +inf
     zy = ops.where(masked, 0.0, zy)
     top_v, top_i = (None, None) if k == 1 else _top_k(z, k)
@@ -395,35 +394,20 @@ def _positives_forward(z, w, zy, k, eta, consistent=None):
     gap, ts, Rs, terms = _positive_terms(zy, m, D, top_v, masked, k, eta)
     # w != 0 (not w > 0): a NaN weight (invalid dense labels, see below) must reach the loss.
     loss = ops.sum(ops.where(w != 0, w * terms, 0.0), axis=1)
-    saved = {
-        "masked": masked,
-        "m": m,
-        "s": s,
-        "gap": gap,
-        "Rs": Rs,
-        "terms": terms,
-        "ts": ts,
-        "case_b": case_b,
-        "top_i": top_i,
-        "D": D,
-    }
-    return loss, saved
 
+    def grad(upstream):
+        has = (w > 0) & ~masked
+        # NaN terms are kept, so NaN logits give NaN gradients too (isnan spelt out: Grappler
+        # rewrites ~(t <= 0) into t > 0, which drops them).
+        live = (terms > 0) | ops.isnan(terms)
+        v = ops.where(has & live, w * upstream[:, None], 0.0)
+        a, cap, gy, gk = _grad_coefficients(v, gap, s, k, ts, Rs, case_b)
+        inside = (z[:, None, :] - m[:, :, None]) + eta > 0
+        g = ops.sum(ops.where(inside, a[:, :, None], 0.0), axis=1)
+        g = _scatter_add(g, ids, gy)
+        return _add_topk_terms(g, top_i, cap, gk, k)
 
-def _positives_backward(z, w, ids, k, eta, saved, upstream):
-    """Gradient of :func:`_positives_forward`'s loss w.r.t. z (spec 3.3)."""
-    has = (w > 0) & ~saved["masked"]
-    # NaN terms are kept, so NaN logits give NaN gradients too (isnan spelt out: Grappler
-    # rewrites ~(t <= 0) into t > 0, which drops them).
-    live = (saved["terms"] > 0) | ops.isnan(saved["terms"])
-    v = ops.where(has & live, w * upstream[:, None], 0.0)
-    a, cap, gy, gk = _grad_coefficients(
-        v, saved["gap"], saved["s"], k, saved["ts"], saved["Rs"], saved["case_b"]
-    )
-    inside = (z[:, None, :] - saved["m"][:, :, None]) + eta > 0
-    g = ops.sum(ops.where(inside, a[:, :, None], 0.0), axis=1)
-    g = _scatter_add(g, ids, gy)
-    return _add_topk_terms(g, saved["top_i"], cap, gk, k)
+    return loss, D, grad
 
 
 def _rankmax_loss_ids(z, ids, w, k, eta):
@@ -431,12 +415,8 @@ def _rankmax_loss_ids(z, ids, w, k, eta):
 
     @custom_gradient
     def f(z, ids, w):
-        loss, saved = _positives_forward(z, w, take_along_axis(z, ids, axis=-1), k, eta)
-
-        def grad(upstream):
-            return _positives_backward(z, w, ids, k, eta, saved, upstream), None, None
-
-        return loss, grad
+        loss, _, grad = _positives_forward(z, w, ids, k, eta)
+        return loss, lambda upstream: (grad(upstream), None, None)
 
     return f(z, ids, w)
 
@@ -492,9 +472,8 @@ def _rankmax_loss_one_hot_or_dense(z, w, k, eta):
     def f(z, w, ids, weight):
         at_y = ops.arange(ops.shape(z)[-1])[None, :] == ids
         consistent = ops.where(at_y, (w >= 0) & (w < np.inf), w == 0)
-        zy = take_along_axis(z, ids, axis=-1)
-        fast, saved = _positives_forward(z, weight, zy, k, eta, consistent)
-        fits = ~ops.any(ops.isnan(saved["D"]))
+        fast, D, fast_grad = _positives_forward(z, weight, ids, k, eta, consistent)
+        fits = ~ops.any(ops.isnan(D))
 
         def slow():
             bad = ops.any(NON_NEGATIVE.invalid(w), axis=-1)
@@ -503,13 +482,10 @@ def _rankmax_loss_one_hot_or_dense(z, w, k, eta):
         loss = ops.cond(fits, lambda: fast, slow)
 
         def grad(upstream):
-            def fast_grad():
-                return _positives_backward(z, weight, ids, k, eta, saved, upstream)
-
             def dense_grad():
                 return _dense_forward(z, w, k, eta)[1](upstream)
 
-            return ops.cond(fits, fast_grad, dense_grad), None, None, None
+            return ops.cond(fits, lambda: fast_grad(upstream), dense_grad), None, None, None
 
         return loss, grad
 
@@ -522,7 +498,7 @@ def _rankmax_loss_one_hot_or_dense(z, w, k, eta):
 def _unsort(sorted_vals, perm):
     """Inverse of gathering by perm: out[b, perm[b, r]] = sorted_vals[b, r] (extra trailing
     axes of sorted_vals are carried along)."""
-    index = ops.reshape(_row_index(perm), (-1, 2))
+    index = _row_index(perm)
     updates = ops.reshape(sorted_vals, (-1, *ops.shape(sorted_vals)[2:]))
     return ops.scatter_update(ops.zeros_like(sorted_vals), index, updates, reduction="add")
 
@@ -797,8 +773,7 @@ def rankmax(logits, labels, k: int = 1, margin: float = 1.0, label_format: str =
     z2 = ops.reshape(z, (-1, n))
     p = _rankmax_projection_ids(z2, ids, w, k, eta)
     zy = take_along_axis(z2, ids, axis=-1)
-    bad = invalid[:, None] | ((w > 0) & (zy == -np.inf))  # [N, P]
-    bad = bad | ops.any(ops.isnan(z2), axis=-1, keepdims=True)
+    bad = invalid[:, None] | ((w > 0) & (zy == -np.inf)) | row_has_nan(z2, keepdims=True)
     if _static(n) is None:
         bad = bad | (k >= n)
     p = nan_where(bad[:, :, None], p)

@@ -269,15 +269,12 @@ def safe_kl_dro_risk_and_stats_global(
     calibrate = check_bool(calibrate, "calibrate")
     l, s, original, bad = _prepare(losses, sample_weight, ones=False)
     dt = dtype_name(l)
-    multi = num_replicas() > 1
     alpha = ops.convert_to_tensor(alpha) if is_tensor(alpha) else _scalar_alpha(alpha, dt)
     if solve_alpha is not None:
         # No cross-replica synchronisation is allowed inside the cond, so the global batch
         # is all-gathered before it (every replica then solves the same global problem).
-        l_all, s_all = ops.stop_gradient(l), s
-        if multi:
-            l_all = replica_gather(l_all)
-            s_all = None if s is None else replica_gather(s)
+        l_all = replica_gather(ops.stop_gradient(l))
+        s_all = None if s is None else replica_gather(s)
         a_dt = dtype_name(alpha)
         with _no_gradient_recording():
             solved = ops.cond(
@@ -288,7 +285,7 @@ def safe_kl_dro_risk_and_stats_global(
         alpha = ops.where(solve_alpha, solved, alpha)
     value, stats = _risk_and_stats(l, _scalar_alpha(alpha, dt), s, bad, lam, rho, calibrate)
     total = ops.cast(ops.size(l), dt) if s is None else ops.sum(s)
-    if multi:
+    if num_replicas() > 1:
         mean_w, curv = stats["mean_w"], stats["curvature"]
         sw_glob, s_glob, sc_glob, v_glob = replica_sum(
             [mean_w * total, total, curv * total, ops.where(total > 0, value * total, 0.0)]
