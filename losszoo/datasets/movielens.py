@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -224,19 +223,15 @@ def cache_dir() -> Path:
 
 
 def _extract_members(archive: zipfile.ZipFile, prefix: str, target: Path, names):
+    """Copy the archive's ``prefix + name`` members (those of ``names`` it holds) to
+    ``target / name``."""
     target.mkdir(parents=True, exist_ok=True)
-    count = 0
-    for member in archive.namelist():
-        if not member.startswith(prefix) or member.endswith("/"):
-            continue
-        name = member[len(prefix) :]
-        if name not in names:
-            continue
-        with archive.open(member) as src, open(target / name, "wb") as dst:
-            shutil.copyfileobj(src, dst)
-        count += 1
-    if count == 0:
+    members = set(archive.namelist())
+    found = [name for name in names if prefix + name in members]
+    if not found:
         raise FileNotFoundError(f"no files under {prefix} in the archive")
+    for name in found:
+        (target / name).write_bytes(archive.read(prefix + name))
 
 
 def _from_grouplens(target: Path) -> None:
@@ -356,14 +351,20 @@ class Split:
     num_items: int
 
 
+def _integer(value, name: str, what: str = "hold positive integers", low: int = 1) -> int:
+    """``value`` as an int; a ValueError "`name` must <what>" unless it is an integer >= ``low``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ValueError(f"`{name}` must {what}, got {value!r}.")
+    return int(value)
+
+
 def split_pairs(data: MovieLens100K, seed: int = 0, fractions=(0.8, 0.1, 0.1)) -> Split:
     """The Rankmax paper's protocol: a random 80/10/10 split of the distinct (user, item) pairs.
 
     Every rating counts as an implicit positive. The split is over pairs (not users), so a
     user's items are spread over the three parts.
     """
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"`seed` must be a non-negative integer, got {seed!r}.")
+    seed = _integer(seed, "seed", "be a non-negative integer", low=0)
     try:
         values = np.asarray(fractions, np.float64)
     except (TypeError, ValueError):
@@ -383,9 +384,8 @@ def split_pairs(data: MovieLens100K, seed: int = 0, fractions=(0.8, 0.1, 0.1)) -
 
 def pairs_to_mask(pairs: np.ndarray, num_users: int, num_items: int) -> np.ndarray:
     """``[num_users, num_items]`` bool mask, True at the 0-based ``(user, item)`` ``pairs``."""
-    for arg, value in (("num_users", num_users), ("num_items", num_items)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"`{arg}` must be a positive integer, got {value!r}.")
+    num_users = _integer(num_users, "num_users", "be a positive integer")
+    num_items = _integer(num_items, "num_items", "be a positive integer")
     pairs = np.asarray(pairs)
     integer = pairs.size == 0 or np.issubdtype(pairs.dtype, np.integer)  # [] is float
     if pairs.ndim != 2 or pairs.shape[1] != 2 or not integer:
@@ -417,12 +417,6 @@ def _mask_argument(value, name, shape):
             )
         mask = mask.astype(bool)
     return mask
-
-
-def _cutoff(value, name):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"`{name}` must hold positive integers, got {value!r}.")
-    return int(value)
 
 
 def ranking_metrics(scores, heldout, exclude=None, ks=(1, 5, 10, 50, 100), ap_k=10):
@@ -466,10 +460,10 @@ def ranking_metrics(scores, heldout, exclude=None, ks=(1, 5, 10, 50, 100), ap_k=
                 "removed from the ranking."
             )
         scores = np.where(exclude, -np.inf, scores)
-    ks = tuple(_cutoff(k, "ks") for k in np.atleast_1d(np.asarray(ks, dtype=object)))
+    ks = tuple(_integer(k, "ks") for k in np.atleast_1d(np.asarray(ks, dtype=object)))
     if not ks:
         raise ValueError("`ks` must hold at least one cut-off.")
-    ap_k = _cutoff(ap_k, "ap_k")
+    ap_k = _integer(ap_k, "ap_k")
     users = heldout.sum(1) > 0
     if not users.any():
         raise ValueError("`heldout` has no user with a held-out item: nothing to average.")

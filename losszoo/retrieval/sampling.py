@@ -44,10 +44,8 @@ def quantize(p) -> np.ndarray:
     short = TOTAL - int(w.sum())
     if short > 0:  # the largest remainders get one more
         w[np.argsort(w - exact, kind="stable")[:short]] += 1
-    while short < 0:  # only when tiny entries were raised to 1: take from the largest
-        order = np.argsort(-w, kind="stable")[:-short]
-        w[order] -= 1
-        short = TOTAL - int(w.sum())
+    elif short < 0:  # only when tiny entries were raised to 1: take from the largest
+        w[np.argsort(-w, kind="stable")[:-short]] -= 1
     return w
 
 

@@ -157,9 +157,11 @@ class Retrieval(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(name=name, **kwargs)
-        check_bool(remove_accidental_hits, "remove_accidental_hits")
-        check_bool(in_batch_negatives, "in_batch_negatives")
-        check_bool(sampled_logq_correction, "sampled_logq_correction")
+        self.remove_accidental_hits = check_bool(remove_accidental_hits, "remove_accidental_hits")
+        self.in_batch_negatives = check_bool(in_batch_negatives, "in_batch_negatives")
+        self.sampled_logq_correction = check_bool(
+            sampled_logq_correction, "sampled_logq_correction"
+        )
         self.loss_spec = loss if isinstance(loss, str) else None
         self.loss_config = dict(loss_config or {})
         self.reduction = reduction
@@ -167,7 +169,6 @@ class Retrieval(keras.layers.Layer):
         self.temperature = check_number(
             temperature, "temperature", low=0, low_open=True, allow_none=True
         )
-        self.remove_accidental_hits = remove_accidental_hits
         self.num_hard_negatives = check_number(
             num_hard_negatives, "num_hard_negatives", low=1, integer=True, allow_none=True
         )
@@ -187,8 +188,6 @@ class Retrieval(keras.layers.Layer):
             )
         if not in_batch_negatives and sampler is None:
             raise ValueError("`in_batch_negatives=False` needs a `sampler` (sampled softmax).")
-        self.in_batch_negatives = in_batch_negatives
-        self.sampled_logq_correction = sampled_logq_correction
         if metrics is None:
             metrics = []
         self.task_metrics = list(metrics) if isinstance(metrics, (list, tuple)) else [metrics]
@@ -367,7 +366,6 @@ class Retrieval(keras.layers.Layer):
         return ()
 
     def get_config(self):
-        sampler = self.sampler
         return {
             **super().get_config(),
             "loss": self.loss_spec or keras.losses.serialize(self.loss),
@@ -375,7 +373,7 @@ class Retrieval(keras.layers.Layer):
             "temperature": self.temperature,
             "remove_accidental_hits": self.remove_accidental_hits,
             "num_hard_negatives": self.num_hard_negatives,
-            "sampler": None if sampler is None else keras.saving.serialize_keras_object(sampler),
+            "sampler": keras.saving.serialize_keras_object(self.sampler),
             "num_sampled_negatives": self.num_sampled_negatives,
             "in_batch_negatives": self.in_batch_negatives,
             "sampled_logq_correction": self.sampled_logq_correction,
