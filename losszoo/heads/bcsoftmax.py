@@ -170,6 +170,4 @@ def _to_config(v, name):
         ) from err
     if arr.ndim > 1:
         raise ValueError(f"`{name}` must be a scalar or a per-class list, got shape {arr.shape}.")
-    if not np.all(np.isfinite(arr)):
-        raise ValueError(f"`{name}` must be finite, got {v!r}.")
     return float(arr) if arr.ndim == 0 else [float(t) for t in arr.reshape(-1)]

@@ -118,9 +118,18 @@ class TemperatureScaling(_Calibrator):
 
 
 class _Bounded(_Calibrator):
-    """A calibrator with lower and upper bounds: constants or linear in the features."""
+    """A calibrator with lower and upper bounds: constants or linear in the features (the
+    defaults are :class:`LogitBounding`'s)."""
 
-    def __init__(self, bound_fn, temperature, fit_temperature, init_lower, init_upper, **kwargs):
+    def __init__(
+        self,
+        bound_fn="constant",
+        temperature=1.5,
+        fit_temperature=True,
+        init_lower=0.0,
+        init_upper=0.0,
+        **kwargs,
+    ):
         super().__init__(temperature, fit_temperature, **kwargs)
         self.bound_fn = check_choice(bound_fn, "bound_fn", ("constant", "linear"))
         self.init_lower = check_number(init_lower, "init_lower")
@@ -286,17 +295,6 @@ class LogitBounding(_Bounded):
     """
 
     _SHORT = "LB"
-
-    def __init__(
-        self,
-        bound_fn="constant",
-        temperature=1.5,
-        fit_temperature=True,
-        init_lower=0.0,
-        init_upper=0.0,
-        **kwargs,
-    ):
-        super().__init__(bound_fn, temperature, fit_temperature, init_lower, init_upper, **kwargs)
 
     def build(self, input_shape):
         super().build(input_shape)

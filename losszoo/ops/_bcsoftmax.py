@@ -89,7 +89,6 @@ from keras import ops
 
 from losszoo._backend import custom_gradient, divide_no_nan, maximum, minimum, take_along_axis
 from losszoo.contract import (
-    BOUND_RANGE_TOL,
     LOGITS,
     POSITIVE,
     PROBABILITY_BOUNDS,
@@ -107,7 +106,6 @@ from losszoo.contract import (
 )
 
 FREE, LOWER, UPPER = 0, 1, 2
-_RANGE_TOL = BOUND_RANGE_TOL  # entries this far outside [0, 1] are clamped, not rejected
 METHODS = ("newton", "sort", "bisect")
 # Backward pass: in a row where every free coordinate lies within this many eps * K of one of
 # its bounds, those coordinates count as at the bound (see the gradient notes in the docstring).
@@ -116,10 +114,6 @@ _PIN_TOL = 4.0
 
 def _info(x):
     return np.finfo(dtype_name(x))
-
-
-def _int8_where(mask, code, state):
-    return ops.where(mask, ops.cast(code, "int8"), state)
 
 
 # --------------------------------------------------------------------------------------------
@@ -181,10 +175,10 @@ def _assemble(z, a, b, upper, lower, s, r):
     state = ops.zeros_like(z, dtype="int8")
     if upper is not None:
         y = ops.where(upper, b, y)
-        state = _int8_where(upper, UPPER, state)
+        state = ops.where(upper, ops.cast(UPPER, "int8"), state)
     if lower is not None:
         y = ops.where(lower, a, y)
-        state = _int8_where(lower, LOWER, state)
+        state = ops.where(lower, ops.cast(LOWER, "int8"), state)
     return y, state
 
 
@@ -207,6 +201,39 @@ def _closed_form(x, a, b, upper, lower):
     return _assemble(z, a, b, upper, lower, s, ops.ones_like(s))
 
 
+def _bracket(x, a, b, nu0):
+    """``(lo, hi)`` with ``phi(lo) >= 1 >= phi(hi)`` around the root (module docstring);
+    ``nu0`` is the softmax normaliser ``logsumexp(x)``."""
+    lo = hi = nu0
+    if b is not None:
+        lo = _finite_min(x - ops.log(b))
+        lo = ops.where(ops.isfinite(lo), lo, nu0)
+    if a is not None:
+        rest = maximum(1.0 - ops.sum(a, -1, keepdims=True), float(_info(x).tiny))
+        hi = nu0 - ops.log(rest)
+    return minimum(lo, hi), hi
+
+
+def _safeguarded_step(i, nu, lo, hi, active, phi_ge, ok, cand):
+    """Step ``i`` of the safeguarded Newton iteration for the ``active`` rows at ``nu``.
+
+    The bracket ``[lo, hi]`` moves its end to ``nu`` on the side ``phi_ge`` (``phi(nu) >= 1``)
+    gives. The next ``nu`` is the Newton candidate ``cand`` (the closed-form root of the
+    current pattern; usable where ``ok``) if it is strictly inside the bracket (every bracket
+    end is a visited point, so no pattern comes back) or equal to ``nu`` (converged), else the
+    bracket midpoint; every 4th step is a bisection step, so the bracket shrinks
+    geometrically whatever the Newton steps do. Returns ``(lo, hi, new_nu, took, stalled)``:
+    where the candidate was taken, and where the bracket is two adjacent floats.
+    """
+    lo = ops.where(ops.logical_and(active, phi_ge), maximum(lo, nu), lo)
+    hi = ops.where(ops.logical_and(active, ops.logical_not(phi_ge)), minimum(hi, nu), hi)
+    inside = ops.logical_and(ops.logical_and(cand > lo, cand < hi), ops.not_equal(i % 4, 3))
+    took = ops.logical_and(ok, ops.logical_or(inside, ops.equal(cand, nu)))
+    mid = 0.5 * lo + 0.5 * hi  # no overflow near the float range
+    stalled = ops.logical_and(ops.logical_not(took), ops.logical_or(mid <= lo, mid >= hi))
+    return lo, hi, ops.where(active, ops.where(took, cand, mid), nu), took, stalled
+
+
 def _solve_newton_robust(x, a, b):
     """Safeguarded Newton classifying from ``exp(x - nu)`` at every step (see the module
     docstring); rows that stall or hit the cap use the bracket fallback."""
@@ -216,29 +243,11 @@ def _solve_newton_robust(x, a, b):
     max_iter = 100 if dtype_name(x) == "float32" else 200
 
     nu0 = ops.logsumexp(x, -1, keepdims=True)  # >= 0 since max x = 0
-    if b is None:
-        lo = nu0
-    else:
-        safe_b = ops.where(b > 0, b, ops.ones_like(b))
-        u = ops.where(b > 0, x - ops.log(safe_b), np.inf)
-        lo = _finite_min(u)
-        lo = ops.where(ops.isfinite(lo), lo, nu0)
-    if a is None:
-        hi = nu0
-    else:
-        rest = maximum(1.0 - ops.sum(a, -1, keepdims=True), float(info.tiny))
-        hi = nu0 - ops.log(rest)
-    lo = minimum(lo, hi)
-
+    lo, hi = _bracket(x, a, b, nu0)
     z, upper, lower = _pattern(x, a, b, nu0)
     s, r, no_free = _masses(z, a, b, upper, lower)
     # nu0 is the closed-form root of the all-free pattern.
-    none_clamped = ops.ones_like(s, dtype="bool")
-    for mask in (upper, lower):
-        if mask is not None:
-            none_clamped = ops.logical_and(
-                none_clamped, ops.logical_not(ops.any(mask, -1, keepdims=True))
-            )
+    none_clamped = ops.all(_free_mask(z, upper, lower), -1, keepdims=True)
     done = ops.logical_or(ops.logical_and(no_free, ops.abs(s) <= tol), none_clamped)
     dummy = ops.zeros_like(x, dtype="bool")
     masks = (upper if upper is not None else dummy, lower if lower is not None else dummy)
@@ -251,22 +260,11 @@ def _solve_newton_robust(x, a, b):
         lower = m_lo if a is not None else None
         phi_ge = (1.0 - s + r) >= 1.0
         active = ops.logical_not(done)
-        lo = ops.where(ops.logical_and(active, phi_ge), maximum(lo, nu), lo)
-        hi = ops.where(ops.logical_and(active, ops.logical_not(phi_ge)), minimum(hi, nu), hi)
         ok = ops.logical_and(r > 0, s > 0)
         safe_r = ops.where(ok, r, ops.ones_like(r))
         safe_s = ops.where(ok, s, ops.ones_like(s))
         cand = nu + ops.log(safe_r) - ops.log(safe_s)
-        # Take the closed-form root of the current pattern only if it is strictly inside the
-        # bracket (every bracket end is an already-visited point, so no pattern is revisited)
-        # or equal to nu (converged); every 4th step is a plain bisection step, so the bracket
-        # shrinks geometrically whatever the Newton steps do.
-        inside = ops.logical_and(cand > lo, cand < hi)
-        inside = ops.logical_and(inside, ops.not_equal(i % 4, 3))
-        ok = ops.logical_and(ok, ops.logical_or(inside, ops.equal(cand, nu)))
-        mid = 0.5 * lo + 0.5 * hi  # no overflow near the float range
-        stalled = ops.logical_and(ops.logical_not(ok), ops.logical_or(mid <= lo, mid >= hi))
-        new_nu = ops.where(done, nu, ops.where(ok, cand, mid))
+        lo, hi, new_nu, ok, stalled = _safeguarded_step(i, nu, lo, hi, active, phi_ge, ok, cand)
         z2, up2, lo2 = _pattern(x, a, b, new_nu)
         s2, r2, no_free2 = _masses(z2, a, b, up2, lo2)
         same = ok
@@ -275,7 +273,7 @@ def _solve_newton_robust(x, a, b):
         if lo2 is not None:
             same = ops.logical_and(same, _same(lo2, lower))
         conv = ops.logical_or(same, ops.logical_and(no_free2, ops.abs(s2) <= tol))
-        conv = ops.logical_and(conv, ops.logical_not(done))
+        conv = ops.logical_and(conv, active)
         return (
             i + 1,
             new_nu,
@@ -305,12 +303,7 @@ def _solve_newton_robust(x, a, b):
         # Exact when no breakpoint lies inside the bracket.
         _, up_hi, _ = _pattern(x, a, b, hi)
         _, _, lo_lo = _pattern(x, a, None, lo)
-        lower = (
-            lo_lo
-            if (lo_lo is None or up_hi is None)
-            else ops.logical_and(lo_lo, ops.logical_not(up_hi))
-        )
-        y_f, state_f = _closed_form(x, a, b, up_hi, lower)
+        y_f, state_f = _closed_form(x, a, b, *_clamp_sets(up_hi, lo_lo))
         return ops.where(converged, y, y_f), ops.where(converged, state, state_f)
 
     return ops.cond(ops.all(converged), lambda: (y, state), fallback)
@@ -369,14 +362,7 @@ def _newton_root(x, a, b):
     e = ops.exp(x)  # row max 0, so e <= 1 and sum e >= 1
     a_cmp, b_cmp = _comparison_bounds(x, a, b)
     nu0 = ops.log(ops.sum(e, -1, keepdims=True))
-    lo = nu0 if b is None else _finite_min(x - ops.log(b))
-    lo = ops.where(ops.isfinite(lo), lo, nu0)
-    if a is None:
-        hi = nu0
-    else:
-        rest = maximum(1.0 - ops.sum(a, -1, keepdims=True), float(info.tiny))
-        hi = nu0 - ops.log(rest)
-    lo = minimum(lo, hi)
+    lo, hi = _bracket(x, a, b, nu0)
 
     def newton_candidate(s, big_e):
         ok = ops.logical_and(big_e > 0, s > 0)
@@ -385,10 +371,9 @@ def _newton_root(x, a, b):
 
     up, low, s, big_e = _masses_at(e, a, b, a_cmp, b_cmp, ops.exp(nu0))
     # nu0 is the exact root when nothing is clamped (the softmax satisfies the box)
-    clamped = up if low is None else low if up is None else ops.logical_or(up, low)
-    clamped = ops.any(clamped, -1, keepdims=True)
+    none_clamped = ops.all(_free_mask(e, up, low), -1, keepdims=True)
     pinned = ops.logical_and(ops.equal(big_e, 0.0), ops.abs(s) <= tol)
-    done = ops.logical_or(ops.logical_not(clamped), pinned)
+    done = ops.logical_or(none_clamped, pinned)
 
     def cond(i, nu, lo, hi, s, big_e, done, conv):
         return ops.logical_not(ops.all(done))
@@ -398,18 +383,11 @@ def _newton_root(x, a, b):
         # phi(nu) = 1 - s + E exp(-nu) >= 1  <=>  s <= 0, or E > 0 and cand >= nu
         phi_ge = ops.logical_or(s <= 0, ops.logical_and(ok, cand >= nu))
         active = ops.logical_not(done)
-        lo = ops.where(ops.logical_and(active, phi_ge), maximum(lo, nu), lo)
-        hi = ops.where(ops.logical_and(active, ops.logical_not(phi_ge)), minimum(hi, nu), hi)
-        # The closed-form root of the current pattern if strictly inside the bracket (every
-        # bracket end is a visited point, so no pattern comes back), every 4th step a
-        # bisection step; the mid-point when the free mass is too small for an exact step.
-        inside = ops.logical_and(ops.logical_and(cand > lo, cand < hi), ops.not_equal(i % 4, 3))
-        newton = ops.logical_and(
-            ops.logical_and(ok, big_e >= e_min), ops.logical_or(inside, ops.equal(cand, nu))
+        # no Newton step when the free mass is too small for an exact one: the mid-point
+        usable = ops.logical_and(ok, big_e >= e_min)
+        lo, hi, new_nu, newton, stalled = _safeguarded_step(
+            i, nu, lo, hi, active, phi_ge, usable, cand
         )
-        mid = 0.5 * lo + 0.5 * hi  # no overflow near the float range
-        stalled = ops.logical_and(ops.logical_not(newton), ops.logical_or(mid <= lo, mid >= hi))
-        new_nu = ops.where(done, nu, ops.where(newton, cand, mid))
         _, _, s2, e2 = _masses_at(e, a, b, a_cmp, b_cmp, ops.exp(new_nu))
         # The pattern at new_nu is the one that produced it iff its sums are the same, i.e.
         # its own Newton candidate is new_nu again: then new_nu is the exact root.
@@ -465,13 +443,17 @@ def _finalize_at(x, a, b, u, lk, e_lo):
     return _closed_form(x, a, b, upper, lower)
 
 
-def _phi(x, a, b, nu):
-    z = ops.exp(x - nu)
+def _clip(y, a, b):
+    """``y`` clipped into ``[a, b]`` (None: no bound on that side)."""
     if a is not None:
-        z = maximum(z, a)
+        y = maximum(y, a)
     if b is not None:
-        z = minimum(z, b)
-    return ops.sum(z, -1, keepdims=True)
+        y = minimum(y, b)
+    return y
+
+
+def _phi(x, a, b, nu):
+    return ops.sum(_clip(ops.exp(x - nu), a, b), -1, keepdims=True)
 
 
 def _solve_sort(x, a, b):
@@ -543,12 +525,7 @@ def _repair(xs, ac, bc, y, state):
     k = xs.shape[-1]
     eps = float(_info(xs).eps)
     tol = 16.0 * eps * np.sqrt(k) + 4.0 * eps
-    yc = y
-    if ac is not None:
-        yc = maximum(yc, ac)
-    if bc is not None:
-        yc = minimum(yc, bc)
-    off = ops.abs(ops.sum(yc, -1, keepdims=True) - 1.0) > tol
+    off = ops.abs(ops.sum(_clip(y, ac, bc), -1, keepdims=True) - 1.0) > tol
     feasible = ops.ones_like(off)
     if ac is not None:
         feasible = ops.sum(ac, -1, keepdims=True) <= 1.0
@@ -613,7 +590,13 @@ def _kernel(x, a, b, tau, method: str, clip: bool, solver=None):
     # whether bad input was stopped before the kernel (an error or a graph assertion)
     checked = rules_enforced(*[t for t in (x, a, b, tau) if t is not None])
 
-    def forward(x, a, b, tau):
+    has_a, has_b = a is not None, b is not None
+
+    @custom_gradient
+    def f(x, *rest):  # rest: the bounds given, then the temperature
+        a = rest[0] if has_a else None
+        b = rest[int(has_a)] if has_b else None
+        tau = rest[-1]
         shape = ops.shape(x)
         x2 = ops.reshape(x, (-1, k))
         t2 = ops.reshape(ops.broadcast_to(tau, tuple(shape[:-1]) + (1,)), (-1, 1))
@@ -631,15 +614,8 @@ def _kernel(x, a, b, tau, method: str, clip: bool, solver=None):
         if method != "newton":
             y, state = _repair(xs, ac, bc, y, state)
         if clip:
-            if ac is not None:
-                y = maximum(y, ac)
-            if bc is not None:
-                y = minimum(y, bc)
+            y = _clip(y, ac, bc)
         y = nan_where(_bad_rows(xs, m_raw, t2, a2, b2, 10.0 * eps * k, checked), y)
-        return ops.reshape(y, shape), (shape, y, state, xs, t2, a2, b2)
-
-    def make_grad(saved, a, b, tau):
-        shape, y, state, xs, t2, a2, b2 = saved
 
         def grad(v):
             v2 = ops.reshape(ops.cast(v, y.dtype), (-1, k))
@@ -695,32 +671,14 @@ def _kernel(x, a, b, tau, method: str, clip: bool, solver=None):
             grads.append(_reduce_to(ops.reshape(gt, tuple(shape[:-1]) + (1,)), tau))
             return grads
 
-        return grad
-
-    has_a, has_b = a is not None, b is not None
-
-    @custom_gradient
-    def f(x, *rest):  # rest: the bounds given, then the temperature
-        a = rest[0] if has_a else None
-        b = rest[int(has_a)] if has_b else None
-        out, saved = forward(x, a, b, rest[-1])
-        return out, make_grad(saved, a, b, rest[-1])
+        return ops.reshape(y, shape), grad
 
     return f(x, *[t for t in (a, b) if t is not None], tau)
 
 
-def _broadcasts_to(t, x) -> bool:
-    """Whether ``t``'s static shape broadcasts to ``x``'s (unknown sizes pass)."""
-    if static_rank(t) is None or static_rank(x) is None:
-        return True
-    shape, target = tuple(t.shape), tuple(x.shape)
-    if len(shape) > len(target):
-        return False
-    return all(d is None or s is None or d in (1, s) for d, s in zip(shape[::-1], target[::-1]))
-
-
 def _convert(t, name: str, x, rank: int):
-    """A bound or temperature as a tensor of ``x``'s dtype that broadcasts to ``x``."""
+    """A bound or temperature as a tensor of ``x``'s dtype that broadcasts to ``x`` (of rank
+    ``rank``; unknown sizes pass)."""
     if t is None:
         return None
     if isinstance(t, (int, float, list, tuple, np.ndarray, np.generic)):
@@ -731,11 +689,14 @@ def _convert(t, name: str, x, rank: int):
     check_real(t, name, bool_ok=False)
     t = ops.cast(t, x.dtype)
     t_rank = static_rank(t)
-    if t_rank is not None and t_rank > rank:
+    if t_rank is None:
+        return t
+    if t_rank > rank:
         raise ValueError(
             f"`{name}` (rank {t_rank}) must not have a higher rank than `logits` ({rank})."
         )
-    if not _broadcasts_to(t, x):
+    pairs = zip(tuple(t.shape)[::-1], tuple(x.shape)[::-1])
+    if not all(d is None or s is None or d in (1, s) for d, s in pairs):
         raise ValueError(
             f"`{name}` with shape {tuple(t.shape)} does not broadcast to `logits` "
             f"{tuple(x.shape)} (each axis must have the logits' size or 1)."
@@ -834,25 +795,3 @@ def bcsoftmax(
     if b is not None:
         b = PROBABILITY_BOUNDS.check(b, "upper", 0.0 if a is None else a, tol, k, False)
     return ops.cast(undo(_kernel(x, a, b, tau, method, clip)), dtype)
-
-
-def bcsoftmax_with_state(logits, lower=None, upper=None, temperature=1.0, *, method="newton"):
-    """Forward only, last axis, compute dtype: returns ``(y, state)`` with state codes
-    0 free, 1 at lower, 2 at upper (for tests and diagnostics; no gradient, no checks)."""
-    x, _ = to_compute_dtype(logits, "logits")
-    k = x.shape[-1]
-    shape = ops.shape(x)
-    tau = ops.broadcast_to(ops.cast(temperature, x.dtype), tuple(shape[:-1]) + (1,))
-    xs = ops.reshape(x, (-1, k)) / ops.reshape(tau, (-1, 1))
-    xs = xs - ops.max(xs, -1, keepdims=True)
-
-    def flat(t):
-        if t is None:
-            return None
-        return ops.reshape(ops.broadcast_to(ops.cast(t, x.dtype), shape), (-1, k))
-
-    a, b = flat(lower), flat(upper)
-    y, state = _SOLVERS[method](
-        xs, None if a is None else maximum(a, 0.0), None if b is None else ops.clip(b, 0.0, 1.0)
-    )
-    return ops.reshape(y, shape), ops.reshape(state, shape)

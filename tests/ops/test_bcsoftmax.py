@@ -7,7 +7,7 @@ import tensorflow as tf
 from scipy.optimize import minimize
 from scipy.special import softmax as np_softmax
 
-from losszoo.ops._bcsoftmax import bcsoftmax, bcsoftmax_with_state
+from losszoo.ops._bcsoftmax import _SOLVERS, bcsoftmax
 from tests.helpers import (
     assert_grad_matches_fd,
     assert_grad_matches_reference,
@@ -21,6 +21,22 @@ METHODS = ("newton", "sort", "bisect")
 
 def _f64(*arrays):
     return [tf.constant(np.asarray(a, np.float64)) for a in arrays]
+
+
+def bcsoftmax_with_state(x, lower=None, upper=None, temperature=1.0, *, method="newton"):
+    """Forward only, rows ``[N, K]`` and a scalar temperature: the kernel's solver on the input
+    as the kernel prepares it (``x / tau`` shifted by the row max, bounds clamped into
+    ``[0, 1]``). Returns ``(y, state)``, state codes 0 free, 1 at lower, 2 at upper."""
+    x = tf.convert_to_tensor(x)
+    xs = x / tf.cast(temperature, x.dtype)
+    xs = xs - tf.reduce_max(xs, -1, keepdims=True)
+
+    def bound(t, high):
+        if t is None:
+            return None
+        return tf.clip_by_value(tf.broadcast_to(tf.cast(t, x.dtype), tf.shape(x)), 0.0, high)
+
+    return _SOLVERS[method](xs, bound(lower, np.inf), bound(upper, 1.0))
 
 
 # ---------------------------------------------------------------- golden vectors (spec 7.11)
