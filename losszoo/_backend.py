@@ -31,11 +31,9 @@ TENSORFLOW = NAME == "tensorflow"
 def _keras_json_backend():
     """``(path, backend)`` of the ``keras.json`` Keras reads (``$KERAS_HOME`` or ``~/.keras``);
     ``backend`` is None when the file is missing, unreadable or has no ``"backend"`` key."""
-    home = os.environ.get("KERAS_HOME")  # the lookup of keras/src/backend/config.py
-    if home is None:
-        base = os.path.expanduser("~")
-        home = os.path.join(base if os.access(base, os.W_OK) else "/tmp", ".keras")
-    path = os.path.expanduser(os.path.join(home, "keras.json"))
+    from keras.src.backend.config import keras_home  # no public name
+
+    path = os.path.expanduser(os.path.join(keras_home(), "keras.json"))
     try:
         with open(path) as f:
             return path, json.load(f).get("backend")
@@ -93,16 +91,13 @@ def _jax_custom_gradient(f):
 
     @functools.wraps(f)
     def wrapper(*args):
-        args = tuple(jnp.asarray(a) for a in args)
-
         @jax.custom_gradient
         def g(*a):
             outputs, grad = f(*a)
             several = isinstance(outputs, (tuple, list))
 
             def vjp(cotangent):
-                upstream = tuple(cotangent) if several else (cotangent,)
-                grads = _as_tuple(grad(*upstream))
+                grads = _as_tuple(grad(*_as_tuple(cotangent)))
                 return tuple(
                     _jax_zero_cotangent(x) if gx is None else jnp.asarray(gx, x.dtype)
                     for x, gx in zip(a, grads)
@@ -110,7 +105,7 @@ def _jax_custom_gradient(f):
 
             return (tuple(outputs) if several else outputs), vjp
 
-        return g(*args)
+        return g(*map(jnp.asarray, args))
 
     return wrapper
 
@@ -132,7 +127,7 @@ def _torch_custom_gradient(f):
         def forward(ctx, *args):
             outputs, grad = f(*args)
             ctx.grad = grad
-            ctx.input_meta = [(a.dtype, a.shape) for a in args]
+            ctx.dtypes = [a.dtype for a in args]
             return outputs
 
         @staticmethod
@@ -140,13 +135,12 @@ def _torch_custom_gradient(f):
             grads = _as_tuple(ctx.grad(*upstream))
             return tuple(
                 None if g is None or not dtype.is_floating_point else g.to(dtype)
-                for g, (dtype, _) in zip(grads, ctx.input_meta)
+                for g, dtype in zip(grads, ctx.dtypes)
             )
 
     @functools.wraps(f)
     def wrapper(*args):
-        args = tuple(keras.ops.convert_to_tensor(a) for a in args)
-        return _Function.apply(*args)
+        return _Function.apply(*map(keras.ops.convert_to_tensor, args))
 
     return wrapper
 
@@ -184,13 +178,11 @@ def static_value(x):
         return np.asarray(x)
     if is_concrete(x):
         return keras.ops.convert_to_numpy(x)
-    if NAME == "tensorflow" and not isinstance(x, (keras.KerasTensor, keras.Variable)):
+    if TENSORFLOW and not isinstance(x, (keras.KerasTensor, keras.Variable)):
         import tensorflow as tf
 
-        if isinstance(x, tf.Variable):
-            return None
         try:
-            return tf.get_static_value(x)
+            return tf.get_static_value(x)  # None for variables
         except (TypeError, ValueError):
             return None
     return None
@@ -211,29 +203,16 @@ def is_concrete(x) -> bool:
 
         return isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
     import torch
+    from keras.src.backend.common.symbolic_scope import in_symbolic_scope  # no public name
 
     # Keras infers shapes on torch with placeholder tensors ("meta" device, or ones inside its
     # symbolic scope): those are not values.
     return (
         isinstance(x, torch.Tensor)
-        and not _torch_compiling()
+        and not torch.compiler.is_compiling()
         and x.device.type != "meta"
-        and not _in_symbolic_scope()
+        and not in_symbolic_scope()
     )
-
-
-def _in_symbolic_scope() -> bool:
-    """Whether Keras is inferring output shapes (``compute_output_spec``)."""
-    from keras.src.backend.common.symbolic_scope import in_symbolic_scope  # no public name
-
-    return in_symbolic_scope()
-
-
-def _torch_compiling() -> bool:
-    import torch
-
-    compiler = getattr(torch, "compiler", None)
-    return bool(compiler is not None and compiler.is_compiling())
 
 
 def in_graph_without_xla() -> bool:
@@ -284,16 +263,6 @@ def assert_all(condition, message: str, x):
         return tf.identity(x)
 
 
-def assert_finite(x, message: str):
-    """``x`` checked for NaN and Inf inside a TensorFlow graph without XLA (one
-    ``CheckNumerics`` op); elsewhere, and for non-float ``x``, ``x`` unchanged."""
-    if not in_graph_without_xla() or not keras.backend.is_float_dtype(x.dtype):
-        return x
-    import tensorflow as tf
-
-    return tf.debugging.assert_all_finite(x, message)
-
-
 # --------------------------------------------------------------------------------------------
 # Float64
 
@@ -340,20 +309,6 @@ def require_float64(feature: str) -> None:
 # that compute in float64 (or accept float64 input) use them.
 
 
-def _torch_operands(*xs):
-    import torch
-
-    tensors = [x for x in xs if isinstance(x, torch.Tensor)]
-    dtype = tensors[0].dtype
-    for t in tensors[1:]:
-        dtype = torch.promote_types(dtype, t.dtype)
-    device = tensors[0].device
-    return [
-        x.to(dtype) if isinstance(x, torch.Tensor) else torch.tensor(x, dtype=dtype, device=device)
-        for x in xs
-    ]
-
-
 def _dtype_preserving(name, torch_fn=None, operands=2):
     """``keras.ops.<name>``, except on PyTorch: ``torch_fn`` (default ``torch.<name>``) on
     the first ``operands`` arguments promoted to one dtype (the rest, e.g. ``axis``, passed
@@ -365,15 +320,17 @@ def _dtype_preserving(name, torch_fn=None, operands=2):
 
     torch_fn = torch_fn or getattr(torch, name)
 
+    @functools.wraps(keras_fn)
     def fn(*args, **kwargs):
-        tensors = [
+        xs = [
             a if isinstance(a, (int, float)) else keras.ops.convert_to_tensor(a)
             for a in args[:operands]
         ]
-        return torch_fn(*_torch_operands(*tensors), *args[operands:], **kwargs)
+        tensors = [x for x in xs if isinstance(x, torch.Tensor)]
+        dtype = functools.reduce(torch.promote_types, [t.dtype for t in tensors])
+        xs = [torch.as_tensor(x, dtype=dtype, device=tensors[0].device) for x in xs]
+        return torch_fn(*xs, *args[operands:], **kwargs)
 
-    fn.__name__ = name
-    fn.__doc__ = f"``keras.ops.{name}`` keeping float64 on PyTorch."
     return fn
 
 

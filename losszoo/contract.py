@@ -363,35 +363,25 @@ def check_finite(x, name: str):
     Returns ``x`` (with a dependency on the check inside graphs), so callers write
     ``x = check_finite(x, "labels")``.
     """
-    text = "contains NaN or Inf values"
-    if _check_all(x, name, text, lambda xp, v: xp.isfinite(v)):
-        return _backend.assert_finite(x, f"`{name}` {text}.")
-    return x
+    return _check_all(x, name, "contains NaN or Inf values", lambda xp, v: xp.isfinite(v))
 
 
 def check_not_nan(x, name: str):
     """Like :func:`check_finite` but allows +-Inf (e.g. -inf logits used as masks)."""
-    text = "contains NaN values"
-
-    def ok(xp, v):
-        return xp.logical_not(xp.isnan(v))
-
-    if _check_all(x, name, text, ok):
-        return _backend.assert_all(ok(ops, x), f"`{name}` {text}.", x)
-    return x
+    return _check_all(x, name, "contains NaN values", lambda xp, v: xp.logical_not(xp.isnan(v)))
 
 
-def _check_all(x, name, text, ok) -> bool:
-    """Raise if ``x``'s value is known and breaks ``ok``; True when it is unknown (a graph
-    must check it) and validation is on."""
+def _check_all(x, name, text, ok):
+    """``x``, checked to keep ``ok`` everywhere: raises if its value is known and breaks it,
+    else asserts it (TensorFlow graphs); a no-op when validation is off."""
     if not validation_enabled():
-        return False
+        return x
     value = static_value(x)
     if value is None:
-        return True
+        return _backend.assert_all(ok(ops, x), f"`{name}` {text}.", x)
     if value.size and not np.all(ok(np, value)):
         raise ValueError(f"`{name}` {text}.")
-    return False
+    return x
 
 
 # --------------------------------------------------------------------------------------------

@@ -32,8 +32,12 @@ def resolve_base_loss(base_loss):
     if base_loss is None:
         base_loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     obj = keras.losses.get(base_loss) if isinstance(base_loss, (str, dict)) else base_loss
+    if not callable(obj):
+        raise TypeError(
+            f"`base_loss` must be a Keras loss name, instance or callable, got {base_loss!r}."
+        )
+    config = base_loss if isinstance(base_loss, str) else keras.losses.serialize(obj)
     if isinstance(obj, keras.losses.Loss):
-        config = base_loss if isinstance(base_loss, str) else keras.losses.serialize(obj)
         cfg = obj.get_config()
         takes_logits = cfg.get("from_logits") is True
         sparse = isinstance(obj, keras.losses.SparseCategoricalCrossentropy)
@@ -42,19 +46,10 @@ def resolve_base_loss(base_loss):
             cfg["reduction"] = None
             obj = obj.__class__.from_config(cfg)
         else:  # pragma: no cover - exotic losses without reduction in their config
-            inner = obj
-
-            def obj(y_true, y_pred):
-                return inner.call(y_true, y_pred)
-
+            obj = obj.call
         return _checked_base(obj, takes_logits, sparse), config
-    if callable(obj):
-        config = base_loss if isinstance(base_loss, str) else keras.losses.serialize(obj)
-        sparse = obj is keras.losses.sparse_categorical_crossentropy
-        return _checked_base(obj, False, sparse), config
-    raise TypeError(
-        f"`base_loss` must be a Keras loss name, instance or callable, got {base_loss!r}."
-    )
+    sparse = obj is keras.losses.sparse_categorical_crossentropy
+    return _checked_base(obj, False, sparse), config
 
 
 def _checked_base(fn, takes_logits, sparse_ids):

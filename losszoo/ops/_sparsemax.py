@@ -247,9 +247,8 @@ def sparsemax_loss(labels, logits, axis: int = -1, *, labels_name: str = "labels
     z, dtype, _ = _prepare(logits, axis, "logits")
     labels = dense_labels(labels, labels_name)
     q = ops.cast(labels, z.dtype)
-    q_rank, z_rank = static_rank(q), static_rank(z)
-    if q_rank is not None and z_rank is not None:
-        q_last, _ = move_axis_last(q, axis) if q_rank == z_rank else (q, None)
+    if static_rank(q) is not None:  # z's rank is known: _prepare moved its axis
+        q_last = move_axis_last(q, axis)[0] if static_rank(q) == len(z.shape) else q
         if not shapes_compatible(q_last.shape, z.shape):
             raise ValueError(
                 f"`{labels_name}` must have the shape of `logits` {list(z.shape)} (class axis "

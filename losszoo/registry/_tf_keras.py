@@ -48,8 +48,7 @@ def _tables(entry) -> list[tuple[dict, dict]]:
         adapter = _tf_keras_metric_adapter(entry.cls)
         return [(_tf_keras_metrics_table(), dict.fromkeys(keys(entry), adapter))]
     # a loss: name and aliases -> function, class name -> adapter class
-    function = _tf_keras_function(entry.cls, entry.name)
-    objects = {key: function for key in (entry.name, *entry.aliases)}
+    objects = dict.fromkeys((entry.name, *entry.aliases), _tf_keras_function(entry.cls, entry.name))
     objects[entry.cls.__name__] = _tf_keras_adapter(entry.cls)
     own = vars(_tf_keras().losses)  # never shadow tf_keras' own loss names
     custom = _tf_keras().utils.get_custom_objects()
@@ -204,10 +203,8 @@ def _tf_keras_metric_adapter(keras3_metric_cls: type) -> type:
 
     class MetricAdapter(tf_keras.metrics.Metric):
         def __init__(self, name=None, dtype=None, **config: Any):
-            names = {} if name is None else {"name": name}
-            metric = keras3_metric_cls(
-                **names, **({} if dtype is None else {"dtype": dtype}), **config
-            )
+            given = {k: v for k, v in (("name", name), ("dtype", dtype)) if v is not None}
+            metric = keras3_metric_cls(**given, **config)
             super().__init__(name=metric.name, dtype=dtype)
             self._losszoo_config = dict(config)
             self.losszoo_metric = metric
