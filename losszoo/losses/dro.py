@@ -252,11 +252,8 @@ class _DRODiagnostics(keras.metrics.Metric):
     def result(self):
         t = ops.convert_to_tensor(self.totals)
         mean = ops.divide_no_nan(t[:3], t[3])
-        return {
-            f"{self.prefix}_alpha": mean[0],
-            f"{self.prefix}_mean_w": mean[1],
-            f"{self.prefix}_saturation": mean[2],
-        }
+        names = ("alpha", "mean_w", "saturation")
+        return {f"{self.prefix}_{name}": mean[i] for i, name in enumerate(names)}
 
     def get_config(self):
         return {"prefix": self.prefix, "name": self.name, "dtype": self.dtype}
