@@ -61,24 +61,20 @@ from losszoo.contract import (
     to_compute_dtype,
 )
 
-# Chunks for the start of the threshold search: up to this many classes per chunk, and at
-# least _MIN_CHUNKS chunks (fewer would make the start no cheaper than a full step).
-_MAX_CHUNK = 32
+# Chunks for the start of the threshold search: the largest of these sizes that divides the
+# class axis and leaves at least _MIN_CHUNKS chunks (fewer would make the start no cheaper
+# than a full step).
+_CHUNK_SIZES = (32, 16, 8, 4, 2)
 _MIN_CHUNKS = 16
 
 
 def _chunk_size(num_classes) -> int:
-    """The largest power of two <= ``_MAX_CHUNK`` that divides ``num_classes`` and leaves at
-    least ``_MIN_CHUNKS`` chunks; 1 (no chunks) when none does or the size is unknown."""
-    c = 1
-    while (
-        num_classes is not None
-        and 2 * c <= _MAX_CHUNK
-        and num_classes % (2 * c) == 0
-        and num_classes // (2 * c) >= _MIN_CHUNKS
-    ):
-        c *= 2
-    return c
+    """The chunk size for ``num_classes`` classes: 1 (no chunks) when no size of
+    ``_CHUNK_SIZES`` fits or the size is unknown."""
+    if num_classes is None:
+        return 1
+    fits = (c for c in _CHUNK_SIZES if num_classes % c == 0 and num_classes // c >= _MIN_CHUNKS)
+    return next(fits, 1)
 
 
 def _threshold(z):
