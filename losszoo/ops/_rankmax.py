@@ -215,7 +215,6 @@ def _read_labels(labels, z, label_format, name):
     for dense labels.
     """
     check_choice(label_format, "label_format", LABEL_FORMATS)
-    sparse = False
     if _backend.TENSORFLOW:
         import tensorflow as tf
 
@@ -229,9 +228,7 @@ def _read_labels(labels, z, label_format, name):
             short = tf.maximum(1 - tf.shape(ids)[-1], 0)
             pad = tf.concat([tf.zeros([ids.shape.rank - 1, 2], tf.int32), [[0, short]]], 0)
             return tf.pad(ids, pad, constant_values=-1), "ids"
-        sparse = isinstance(labels, tf.SparseTensor)
-    if not sparse:
-        labels = ops.convert_to_tensor(labels)
+    labels = ops.convert_to_tensor(labels)  # a tf.SparseTensor stays sparse here
     label_format = _resolve_format(labels, z, label_format, name)
     fill = -1 if label_format == "ids" else 0
     return dense_labels(labels, name, sparse_fill=fill), label_format
