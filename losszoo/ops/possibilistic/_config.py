@@ -18,29 +18,14 @@ from losszoo.contract import check_choice, check_number
 
 F64 = "float64"
 _0, _1 = np.float64(0.0), np.float64(1.0)  # float64 scalars
-_STOPPING = ("certified", "paper", "fixed")
-STOPPING_CODE = {"paper": 0, "certified": 1, "fixed": 2}
-_SUPPORT = ("floor", "restrict")
-_GAP_POLICY = ("wide", "antipignistic_tight")
-_METHODS = ("interior_point", "dykstra")
-
-
-def check_constraint_options(eps_cap, tie_tol, support_mode, floor, gap_policy):
-    """Validate the options of :func:`possibility_constraints`; returns the numbers."""
-    check_choice(support_mode, "support_mode", _SUPPORT)
-    check_choice(gap_policy, "gap_policy", _GAP_POLICY)
-    return {
-        "floor": check_number(floor, "floor", low=0.0, low_open=True, high=1.0, high_open=True),
-        "tie_tol": check_number(tie_tol, "tie_tol", low=0.0, high=1.0, high_open=True),
-        "eps_cap": check_number(eps_cap, "eps_cap", low=0.0, high=0.5, high_open=True),
-    }
+STOPPING_CODE = {"certified": 1, "paper": 0, "fixed": 2}  # the choices, in message order
 
 
 def _resolve_method(method, stopping):
     """``None`` -> interior point for the certified rule, Dykstra for "paper" / "fixed"."""
     if method is None:
         return "interior_point" if stopping == "certified" else "dykstra"
-    check_choice(method, "method", _METHODS)
+    check_choice(method, "method", ("interior_point", "dykstra"))
     if method == "interior_point" and stopping != "certified":
         raise ValueError(
             f"`method`='interior_point' only supports stopping='certified' (the 'paper' and "
@@ -96,16 +81,18 @@ class ProjectionConfig:
     method: str | None = None
 
     def __post_init__(self):
-        check_choice(self.stopping, "stopping", _STOPPING)
+        check_choice(self.stopping, "stopping", tuple(STOPPING_CODE))
+        check_choice(self.support_mode, "support_mode", ("floor", "restrict"))
+        check_choice(self.gap_policy, "gap_policy", ("wide", "antipignistic_tight"))
         unit = dict(low=0.0, low_open=True, high=1.0, high_open=True)
         checked = {
             "tol": check_number(self.tol, "tol", **unit),
             "gap_tol": check_number(self.gap_tol, "gap_tol", **unit),
             "q_clip": check_number(self.q_clip, "q_clip", **unit),
             "max_cycles": check_number(self.max_cycles, "max_cycles", low=1, integer=True),
-            **check_constraint_options(
-                self.eps_cap, self.tie_tol, self.support_mode, self.floor, self.gap_policy
-            ),
+            "floor": check_number(self.floor, "floor", **unit),
+            "tie_tol": check_number(self.tie_tol, "tie_tol", low=0.0, high=1.0, high_open=True),
+            "eps_cap": check_number(self.eps_cap, "eps_cap", low=0.0, high=0.5, high_open=True),
         }
         _resolve_method(self.method, self.stopping)
         for key, value in checked.items():

@@ -21,7 +21,7 @@ from keras import ops
 from losszoo import _backend
 from losszoo._backend import cumsum, maximum, minimum, no_autograph
 from losszoo.contract import SCALED_POSSIBILITY, check_number, nan_where, to_compute_dtype
-from losszoo.ops.possibilistic._config import F64, _0, _1, check_constraint_options
+from losszoo.ops.possibilistic._config import F64, ProjectionConfig, _0, _1
 from losszoo.ops.possibilistic._inputs import flatten
 
 
@@ -65,11 +65,12 @@ def sanitize(pi):
     return minimum(pi, _1), valid
 
 
-def constraints_2d(pi, eps_cap, tie_tol, support_mode, floor, gap_policy):
-    """:class:`PossibilityConstraints` of ``pi`` [B, K] float64."""
+def constraints_2d(pi, cfg: ProjectionConfig):
+    """:class:`PossibilityConstraints` of ``pi`` [B, K] float64 with the constraint options of
+    ``cfg`` (``eps_cap``, ``tie_tol``, ``support_mode``, ``floor``, ``gap_policy``)."""
     pi, valid = sanitize(pi)
-    if support_mode == "floor":
-        pi = maximum(pi, ops.cast(floor, F64))
+    if cfg.support_mode == "floor":
+        pi = maximum(pi, ops.cast(cfg.floor, F64))
     k = pi.shape[-1]
     order = ops.cast(ops.argsort(-pi, axis=-1), "int32")
     pt = _backend.take_along_axis(pi, order)
@@ -78,17 +79,17 @@ def constraints_2d(pi, eps_cap, tie_tol, support_mode, floor, gap_policy):
     diff = pt[:, :-1] - pt[:, 1:]
     g = diff / ops.cast(r1, F64)
     active = r1[None, :] < n_support[:, None]
-    strict = active & (diff > tie_tol)
+    strict = active & (diff > cfg.tie_tol)
     g_min = ops.min(ops.where(strict, g, np.inf), axis=-1, initial=np.inf)
     g_max = ops.max(ops.where(strict, g, -np.inf), axis=-1, initial=-np.inf)
     any_strict = ops.any(strict, axis=-1)
-    eps = minimum(ops.cast(eps_cap, F64), g_min)
-    if gap_policy == "wide":
+    eps = minimum(ops.cast(cfg.eps_cap, F64), g_min)
+    if cfg.gap_policy == "wide":
         eps = minimum(eps, 1.0 - g_max)
     eps = ops.where(any_strict, maximum(eps, _0), ops.zeros_like(eps))
     zeros = ops.zeros_like(diff)
     lower = ops.where(strict, eps[:, None], zeros)
-    if gap_policy == "wide":
+    if cfg.gap_policy == "wide":
         upper = ops.where(strict, minimum(1.0 - eps, np.nextafter(1.0, 0.0))[:, None], zeros)
     else:
         upper = ops.where(strict, g, zeros)
@@ -137,11 +138,17 @@ def possibility_constraints(
       >>> keras.ops.convert_to_numpy(c.dominance_bound).round(6)
       array([[0.49, 0.5 ]])
     """
-    check_constraint_options(eps_cap, tie_tol, support_mode, floor, gap_policy)
+    cfg = ProjectionConfig(
+        eps_cap=eps_cap,
+        tie_tol=tie_tol,
+        support_mode=support_mode,
+        floor=floor,
+        gap_policy=gap_policy,
+    )
     _backend.require_float64("possibility_constraints")
     pi, _ = to_compute_dtype(possibility, "possibility")
     pi2, restore = flatten(ops.stop_gradient(pi), "possibility")
-    c = constraints_2d(pi2, eps_cap, tie_tol, support_mode, floor, gap_policy)
+    c = constraints_2d(pi2, cfg)
     return PossibilityConstraints(*[restore(t) for t in c])
 
 

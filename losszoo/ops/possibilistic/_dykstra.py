@@ -121,14 +121,10 @@ def dykstra_core(
 def _cycle_body(lq, cst, *, tol, gap_tol, stopping):
     """While-loop body of one cycle on ``lq`` [K, b], ``cst`` [m1, b]."""
 
-    def cycle(lp, ll, lu):
-        lp = _sweep("pref", lq + _at_lambda(lp, ll, lu), lp, cst)
-        ll = _sweep("low", lq + _at_lambda(lp, ll, lu), ll, cst)
-        lu = _sweep("up", lq + _at_lambda(lp, ll, lu), lu, cst)
-        return lp, ll, lu
-
     def body(k, lp, ll, lu, active, cycles):
-        nlp, nll, nlu = cycle(lp, ll, lu)
+        nlp = _sweep("pref", lq + _at_lambda(lp, ll, lu), lp, cst)
+        nll = _sweep("low", lq + _at_lambda(nlp, ll, lu), ll, cst)
+        nlu = _sweep("up", lq + _at_lambda(nlp, nll, lu), lu, cst)
         nv, ngap = _violation_and_gap(lq + _at_lambda(nlp, nll, nlu), nlp, nll, nlu, cst)
         feasible = nv <= tol
         done = ops.where(

@@ -37,11 +37,13 @@ from losszoo.ops.possibilistic._inputs import prepare
 from losszoo.ops.possibilistic._interior_point import IPM_JIT, _ipm_solve
 
 
-def _warn_uncertified(info: ProjectionInfo):
-    """Eager RuntimeWarning when a valid row's projection was not certified."""
+def finish_info(info: ProjectionInfo, restore) -> ProjectionInfo:
+    """Back to the leading dims; an eager RuntimeWarning when a valid row's projection was
+    not certified."""
+    info = ProjectionInfo(*(restore(t) for t in info))
     valid, converged = _backend.static_value(info.valid), _backend.static_value(info.converged)
     if valid is None or converged is None:
-        return
+        return info
     bad = valid & ~converged
     if bad.any():
         worst = float(np.max(np.where(bad, _backend.static_value(info.residual), 0.0)))
@@ -49,8 +51,9 @@ def _warn_uncertified(info: ProjectionInfo):
             f"possibilistic projection: {int(bad.sum())} row(s) not certified (worst residual "
             f"{worst:.3g}); see info.converged / info.residual (raise `max_cycles`).",
             RuntimeWarning,
-            stacklevel=4,
+            stacklevel=3,
         )
+    return info
 
 
 def _project_2d(lq_full, cons: PossibilityConstraints, cfg: ProjectionConfig, jit):
@@ -179,20 +182,11 @@ def projection_from_z(z64, pi64, cfg, jit):
         pi, valid = sanitize(pi64)
         zm = ops.where((pi > 0.0) | ~valid[:, None], z64, -np.inf)
     lq = ops.log_softmax(zm, axis=-1)
-    cons = constraints_2d(
-        pi64, cfg.eps_cap, cfg.tie_tol, cfg.support_mode, cfg.floor, cfg.gap_policy
-    )
+    cons = constraints_2d(pi64, cfg)
     p, info = _project_2d(ops.stop_gradient(lq), cons, cfg, jit)
     invalid = POSSIBILITY.invalid(pi64) | LOGITS.invalid(z64) | row_has_nan(lq)
     info = info._replace(valid=info.valid & ~invalid, converged=info.converged & ~invalid)
     return nan_where(invalid[:, None], p), info, zm
-
-
-def finish_info(info: ProjectionInfo, restore) -> ProjectionInfo:
-    """Back to the leading dims; warn eagerly about uncertified rows."""
-    info = ProjectionInfo(*(restore(t) for t in info))
-    _warn_uncertified(info)
-    return info
 
 
 @no_autograph
