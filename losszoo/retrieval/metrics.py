@@ -114,13 +114,12 @@ class CatalogueTopK(keras.metrics.Metric):
         dtype=None,
     ):
         super().__init__(name=name, dtype=dtype)
-        ks = tuple(check_number(k, "ks", low=1, integer=True) for k in ks)
-        if not ks:
+        self.ks = tuple(check_number(k, "ks", low=1, integer=True) for k in ks)
+        if not self.ks:
             raise ValueError("`ks` must name at least one cut-off.")
-        self.ks = ks
         self.chunk_size = check_number(chunk_size, "chunk_size", low=1, integer=True)
         self.candidates = candidates
-        self.hits = self.add_variable((len(ks),), initializer="zeros", name="hits")
+        self.hits = self.add_variable((len(self.ks),), initializer="zeros", name="hits")
         self.count = self.add_variable((), initializer="zeros", name="count")
 
     def update_state(self, query_embeddings, true_ids, sample_weight=None):
