@@ -1,85 +1,27 @@
 """Box-constrained softmax (BCSoftmax; Atarashi et al., 2025), on every Keras backend.
 
-Spec: ``shared/specs/bcsoftmax.md`` sections 1 (definition, feasibility), 2.3-2.4 (exact
-algorithms), 2.6 (shapes, dtypes, validation), 3 (gradients) and 4 (numerics).
-
-Definition (spec section 1, paper eq. 7), for logits ``x`` in R^K, temperature ``tau > 0`` and
-bounds ``a <= y <= b``::
+For logits ``x`` in R^K, temperature ``tau > 0`` and bounds ``a <= y <= b`` (paper eq. 7)::
 
     BCSoftmax_tau(x; a, b) = argmax_{y in simplex, a <= y <= b}  <x, y> - tau * sum_k y_k log y_k
                            = clip(exp(x / tau - nu), a, b)
 
-with the one scalar ``nu`` per row that solves
-``phi(nu) = sum_k clip(exp(x_k/tau - nu), a_k, b_k) = 1``.
-``phi`` is continuous and non-increasing. Each coordinate is in one of three *states*:
-``L`` (``y_k = a_k``, when ``exp(x_k/tau - nu) <= a_k``), ``U`` (``y_k = b_k``, when
-``exp(x_k/tau - nu) > b_k``) or ``F`` (free). For a fixed state pattern the root is in closed
-form (paper Thm. 3, spec eq. for ``z = r/s``)::
+with the one scalar ``nu`` per row that solves ``sum_k clip(exp(x_k/tau - nu), a_k, b_k) = 1``;
+feasible iff ``a <= b`` and ``sum(a) <= 1 <= sum(b)``. On the coordinates at neither bound,
+``y_F = s * softmax(x_F / tau)`` with ``s`` the mass the bounds leave (paper Thm. 3).
+``method="newton"`` (default) is a safeguarded Newton search on the pieces of that equation,
+``"sort"`` and ``"bisect"`` are the spec's Algorithms A and B; all three end with the closed
+form, so they are exact. Gradients are hand-derived (paper eqs. 23-25, erratum E5 fixed),
+O(K) per row. The solver, the gradient (pinned rows included) and the numerics:
+``docs/design/bcsoftmax.md``. Spec: ``shared/specs/bcsoftmax.md``.
 
-    s = 1 - sum_L a - sum_U b ,   nu = logsumexp_F(x/tau) - log s ,   y_F = s * softmax(x_F/tau)
-
-Feasible iff ``a <= b`` and ``sum(a) <= 1 <= sum(b)`` (spec section 1).
-
-Forward algorithms (all exact: each ends with the closed-form solve on the identified pattern):
-
-* ``method="newton"`` (default; not in the spec, derived here): safeguarded Newton on the
-  pieces of ``phi``. On a piece, ``phi(nu) = (1 - s) + R exp(nu_0 - nu)`` is affine in ``exp(-nu)``,
-  so the closed form above *is* the Newton step and lands on the exact root whenever the root is
-  in the current piece. Start at ``nu_0 = logsumexp(x/tau)`` (the softmax normaliser; rows whose
-  softmax already satisfies the box stop here). Each step takes the closed-form root of the
-  current pattern if it lies in the bracket ``[lo, hi]`` (``phi(lo) >= 1 >= phi(hi)``), else the
-  bracket midpoint. ``exp(x/tau)`` is computed once and the steps take no logs: at ``nu`` a
-  coordinate is U iff ``exp(x_k/tau) > b_k exp(nu)`` and L iff ``exp(x_k/tau) <= a_k exp(nu)``,
-  and one step is one pass of comparisons with two masked sums (the bound mass ``1 - s`` and the
-  free mass ``R``). A row stops when the pattern at the new ``nu`` gives the same sums, i.e. its
-  own Newton step returns ``nu`` (then ``nu`` is the exact root and those sums give ``y``), or
-  when no free mass is left and the bounds sum to 1. It is a ``keras.ops.while_loop`` over
-  static shapes (XLA-compilable) that stops when all rows have stopped; O(K) per step, typically
-  2-9 steps; every 4th step is a bisection step, so the bracket shrinks geometrically; a cap of
-  100 (float32) / 200 (float64) steps. Rows that hit the cap, stall, or keep a free mass below
-  ``K * tiny / eps`` (logit gaps near the float range) send the batch to a slower solver that
-  classifies from ``exp(x/tau - nu)`` at every step.
-  Bracket (spec 2.4, with cheaper forms): ``lo = min_k (x_k/tau - log b_k)`` (or ``nu_0`` without
-  upper bounds), ``hi = nu_0 - log(1 - sum a)`` (or ``nu_0`` without lower bounds).
-* ``method="sort"``: spec Algorithm A (section 2.3): sort the 2K breakpoints
-  ``u = x - log b``, ``l = x - log a``, binary search for the last breakpoint with ``phi >= 1``,
-  closed form. O(K log K).
-* ``method="bisect"``: spec Algorithm B (section 2.4): 40 (float32) / 64 (float64) bisection
-  steps on ``nu``, then the same closed form.
-  Rows where the bracket collapses to adjacent floats (logit gaps near the float range) fall back
-  to: U/L where the state is the same at both bracket ends, the rest free, closed form; only
-  ``"newton"`` has this fallback, so it is the method for logit gaps beyond about 1e30.
-
-Gradients (spec section 3; paper eqs. 23-25 with the erratum E5 fixed): with exclusive states
-``g = [L]``, ``h = [U]`` from the forward pass, ``q = y * [F]``, ``S = sum q``,
-``vbar = <q, v> / S`` (0 if ``S = 0``), ``w = v - vbar``::
-
-    dL/dx = q * w / tau,   dL/da = g * w,   dL/db = h * w,
-    dL/dtau = -(1/tau) sum_k (x_k - max x) dL/dx_k
-
-Bounds given with broadcast shapes get the gradient summed over the broadcast axes. O(K) per row.
-
-Pinned rows (every coordinate at a bound, e.g. ``sum(lower) = 1``, ``sum(upper) = 1``,
-``lower = upper``): the map is differentiable only along the face ``sum(bounds) = 1``; the
-one-sided derivatives into the interior (``vbar`` = the ``v`` of the coordinate that would come
-free) depend on which side of 0 the computed free mass rounds to, which differs between eager
-and XLA summation orders. Every mode uses the face derivative (spec section 3, ``S = 0``):
-``dL/da = g * v``, ``dL/db = h * v``, ``dL/dx = 0``; a row counts as pinned when each free
-coordinate lies within ``4 * eps * K`` of one of its bounds.
-
-Numerics (spec section 4): logits are divided by ``tau`` and shifted by the row max; the
-patterns are read from ``exp(x - nu)`` compared with the bounds, which overflows to ``+inf``
-(state U) or underflows to 0 (state L) harmlessly. Bounds outside ``[0, 1]`` by at most 1e-5
-are clamped (their gradient is then 0); the output is clipped into ``[a, b]`` at the end, so
-the box holds exactly and the sum is 1 up to about ``K * eps``. A ``-inf`` logit forces
-``y_k = a_k``; ``a_k = b_k = 0`` masks class ``k``. Half precision is computed in float32.
+A ``-inf`` logit masks its class (``y_k = max(lower_k, 0)``); ``a_k = b_k = 0`` masks it too.
+Bounds outside ``[0, 1]`` by at most 1e-5 are clamped; half precision is computed in float32.
 
 Fail-loud contract (README, "Bad input"), rules ``contract.LOGITS`` (``logits``),
 :data:`POSITIVE` (``temperature``) and :data:`PROBABILITY_BOUNDS` (``lower`` and ``upper``):
 ``ValueError`` naming the argument when the values are known, a graph assertion in a TensorFlow
 graph; skipped with ``losszoo.set_validation(False)``. Under XLA / ``jax.jit``, and with
-validation off, the affected rows come back NaN (the test is folded into the kernel, which
-skips it where the checks ran). A ``-inf`` logit masks its class: ``y_k = max(lower_k, 0)``.
+validation off, the affected rows come back NaN.
 """
 
 from __future__ import annotations
@@ -108,7 +50,7 @@ from losszoo.contract import (
 FREE, LOWER, UPPER = 0, 1, 2
 METHODS = ("newton", "sort", "bisect")
 # Backward pass: in a row where every free coordinate lies within this many eps * K of one of
-# its bounds, those coordinates count as at the bound (see the gradient notes in the docstring).
+# its bounds, those coordinates count as at the bound (docs/design/bcsoftmax.md, "Gradients").
 _PIN_TOL = 4.0
 
 
@@ -202,7 +144,7 @@ def _closed_form(x, a, b, upper, lower):
 
 
 def _bracket(x, a, b, nu0):
-    """``(lo, hi)`` with ``phi(lo) >= 1 >= phi(hi)`` around the root (module docstring);
+    """``(lo, hi)`` with ``phi(lo) >= 1 >= phi(hi)`` around the root (docs/design/bcsoftmax.md);
     ``nu0`` is the softmax normaliser ``logsumexp(x)``."""
     lo = hi = nu0
     if b is not None:
@@ -235,8 +177,8 @@ def _safeguarded_step(i, nu, lo, hi, active, phi_ge, ok, cand):
 
 
 def _solve_newton_robust(x, a, b):
-    """Safeguarded Newton classifying from ``exp(x - nu)`` at every step (see the module
-    docstring); rows that stall or hit the cap use the bracket fallback."""
+    """Safeguarded Newton classifying from ``exp(x - nu)`` at every step
+    (docs/design/bcsoftmax.md); rows that stall or hit the cap use the bracket fallback."""
     info = _info(x)
     k = x.shape[-1]
     tol = 10.0 * info.eps * k
@@ -348,7 +290,7 @@ def _masses_at(e, a, b, a_cmp, b_cmp, c):
 
 
 def _newton_root(x, a, b):
-    """Safeguarded Newton for ``nu`` on log-free passes (module docstring).
+    """Safeguarded Newton for ``nu`` on log-free passes (docs/design/bcsoftmax.md).
 
     Returns ``(nu, s, E, e, a_cmp, b_cmp, converged)``: the root of each row with the two sums
     of its pattern, ``exp(x)``, the comparison bounds of :func:`_comparison_bounds` and whether
@@ -416,9 +358,9 @@ def _solution_at(e, a, b, a_cmp, b_cmp, nu, s, big_e):
 
 
 def _solve_newton(x, a, b):
-    """Safeguarded Newton on log-free passes (module docstring); rows that stall, hit the cap
-    or keep a free mass below ``K * tiny / eps`` (logit gaps near the float range) make the
-    whole batch rerun in :func:`_solve_newton_robust` (exp per step; rare)."""
+    """Safeguarded Newton on log-free passes (docs/design/bcsoftmax.md); rows that stall, hit
+    the cap or keep a free mass below ``K * tiny / eps`` (logit gaps near the float range) make
+    the whole batch rerun in :func:`_solve_newton_robust` (exp per step; rare)."""
     if a is None and b is None:
         e = ops.exp(x)
         return e / ops.sum(e, -1, keepdims=True), ops.zeros_like(x, dtype="int8")

@@ -1,52 +1,26 @@
 """Rankmax: adaptive projection onto the (n, k)-simplex and the Rankmax loss.
 
 Kong, Krichene, Mayoraz, Rendle, Zhang, "Rankmax: An Adaptive Projection Alternative to the
-Softmax Function", NeurIPS 2020. Spec: ``shared/specs/rankmax_sparsemax.md`` sections 1.1
-(definition), 2 (A4, A5, A6), 3.3 and 3.4 (gradients, with erratum E1 corrected) and 4
-(numerics). Written once with ``keras.ops``; runs on TensorFlow, JAX and PyTorch.
+Softmax Function", NeurIPS 2020. Spec: ``shared/specs/rankmax_sparsemax.md``; the closed forms,
+the gradients (erratum E1 corrected) and the numerics: ``docs/design/rankmax.md``. Written once
+with ``keras.ops``; runs on TensorFlow, JAX and PyTorch.
 
 For one row of logits ``z`` in R^n, a positive label ``y``, an integer ``1 <= k < n`` and a
-margin ``eta > 0`` (the paper fixes ``eta = 1``):
+margin ``eta > 0`` (the paper fixes ``eta = 1``): the threshold is
+``mu_y = min(z_y, z_[k]) - eta`` (``z_[k]`` the k-th largest score), ``d = (z - mu_y)_+``, and
+``alpha_y > 0`` solves ``sum_i min(1, alpha_y d_i) = k`` (closed form, eq. 12). Then
+``Rankmax(z, y) = min(1, alpha_y d)`` (entries in [0, 1] summing to k, ``y`` in the support) and
+the loss is ``-log min(1, alpha_y (z_y - mu_y))`` (eq. 14), summed over the positives of a row;
+for ``k = 1`` it is ``log sum_i (z_i - z_y + eta)_+ - log eta`` (eq. 15), O(n) with no sort;
+general k takes one ``top_k``, O(n log k). Gradients are hand-derived, through ``alpha_y`` and
+``mu_y``.
 
-* threshold ``mu_y = min(z_y, z_[k]) - eta`` (eq. 11; ``z_[k]`` is the k-th largest score);
-* ``d = (z - mu_y)_+`` and ``alpha_y > 0`` with ``sum_i min(1, alpha_y d_i) = k``. In closed
-  form ``alpha_y = (k - t*) / R_{t*}`` (eq. 12) where ``R_t = sum_{rank > t} d`` and ``t*``,
-  the number of entries capped at 1, is the count of ``t in {0..k-1}`` with
-  ``R_t < (k - t) d_(t+1)`` (spec A4; clamped to ``k - 1`` against round-off);
-* ``Rankmax(z, y) = min(1, alpha_y d)``: entries in [0, 1] summing to k, ``y`` always in the
-  support (Definition 4);
-* loss ``l(z, y) = -log min(1, alpha_y (z_y - mu_y))`` (eq. 14, without the constant 1/k),
-  summed over the positives of the row. For ``k = 1`` this is the closed form (eq. 15)
-  ``log sum_i (z_i - z_y + eta)_+ - log eta``: one gather, one relu pass and one sum, O(n), no
-  sort. General k uses one ``top_k(z, k)``: O(n log k).
-
-Gradient of the loss (spec 3.3), through ``alpha_y`` and ``mu_y`` (never stopped): with ``U``
-the uncapped support (ranks ``t*+1..s``), ``c = |U|``, ``D_U = R_{t*}``, ``j = y`` when
-``z_y <= z_[k]`` (case A) and ``j`` = index of the k-th largest otherwise (case B),
-``dl/dz = (1_U - c e_j) / D_U - (e_y - e_j) / (z_y - mu_y)``, and 0 when ``y`` is capped.
-For k = 1: ``alpha`` on ``{i != y : z_i > z_y - eta}`` and ``-(s - 1) alpha`` at ``y``
-(erratum E1: the paper prints ``-s alpha``). The projection's VJP (spec 3.4) is
-``alpha (u 1_U - (sum_U u) e_j) - (alpha / D_U) (sum_U u d) (1_U - c e_j)``.
-
-Label formats (``label_format``; the rules are in :func:`rankmax_loss`): ids ``[...]`` or
-padded ids ``[..., M]`` (``-1`` pads), each positive broadcast against its row, O(M n); dense
-non-negative weights of the logits' shape. Dense batches whose rows hold at most one positive
-(one-hot, TFRS's identity) take the ids kernel on an index read off with one matmul and
-verified inside the kernel's relu-sum pass (:func:`_one_hot_ids`); other batches take an
-exact merged sort per row (spec A6 (ii), O(n log n)), chosen at run time with
-``keras.ops.cond``. On TensorFlow, ``tf.RaggedTensor`` ids and ``tf.SparseTensor`` labels are
-densified (not under ``jit_compile=True``). Rows without a positive (all ids -1, or all-zero
-dense labels) contribute loss 0 and gradient 0.
-
-Numerics: every difference is taken against the anchor ``m = min(z_y, z_[k])`` before the
-margin is added (``z_i - mu_y = (z_i - m) + eta``), so offsets and scales of 1e8 keep the
-positive's own margin term exact (``rankmax_loss([0], [[1e8, 1e8, 1e8]]) = log 3``). Ties
-``z_i = mu_y`` are outside the support (strict ``>``); ``z_y = z_[k]`` is case A; equal
-scores are ordered by index on every backend. ``-inf`` logits are masked (weight 0); a
-positive whose score is ``-inf`` gives loss ``+inf`` with a zero gradient (and a NaN
-projection row). Half-precision inputs are computed in float32 and cast back; float64 stays
-float64 (JAX: with ``jax_enable_x64``; PyTorch: computed in float32 and cast back, as
-``keras.ops`` demotes float64 there).
+Labels (``label_format``; the rules are in :func:`rankmax_loss`): ids, padded ids (``-1``
+pads) or dense non-negative weights; one-hot dense rows take the ids kernel, other dense rows
+an exact merged sort per row. Rows without a positive contribute loss 0 and gradient 0.
+``-inf`` logits are masked; a positive scored ``-inf`` gives loss ``+inf`` with a zero gradient.
+Differences are formed against ``min(z_y, z_[k])`` before the margin is added, so offsets of
+1e8 keep the positive's margin term exact. Half precision is computed in float32.
 
 Fail-loud contract (README, "Bad input"; ``losszoo.contract``): ``k``, ``margin``,
 ``max_positives`` and ``label_format`` are checked when called, naming the argument. The
@@ -235,7 +209,7 @@ def _read_labels(labels, z, label_format, name):
 
 
 def _resolve_format(labels, z, label_format, name):
-    """The label rule of ``label_format="auto"`` / ``"keras"`` (see the module docstring).
+    """The label rule of ``label_format="auto"`` / ``"keras"`` (see :func:`rankmax_loss`).
 
     Shared by :func:`rankmax_loss` and :func:`rankmax`, so both read (or reject) the same
     labels the same way.
