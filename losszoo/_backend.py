@@ -26,6 +26,8 @@ NAME = keras.backend.backend()
 """The Keras backend losszoo runs on (read once, at import, as Keras itself does)."""
 
 TENSORFLOW = NAME == "tensorflow"
+if TENSORFLOW:  # Keras has imported it already
+    import tensorflow as tf
 
 
 def _keras_json_backend():
@@ -155,8 +157,6 @@ def custom_gradient(f):
     ``torch.autograd.Function`` (exceptions in ``f`` propagate).
     """
     if TENSORFLOW:
-        import tensorflow as tf
-
         return tf.custom_gradient(f)
     if NAME == "jax":
         return _jax_custom_gradient(f)
@@ -179,8 +179,6 @@ def static_value(x):
     if is_concrete(x):
         return keras.ops.convert_to_numpy(x)
     if TENSORFLOW and not isinstance(x, (keras.KerasTensor, keras.Variable)):
-        import tensorflow as tf
-
         try:
             return tf.get_static_value(x)  # None for variables
         except (TypeError, ValueError):
@@ -195,8 +193,6 @@ def is_concrete(x) -> bool:
     if isinstance(x, (keras.KerasTensor, keras.Variable)):
         return False
     if NAME == "tensorflow":
-        import tensorflow as tf
-
         return isinstance(x, tf.Tensor) and not tf.is_symbolic_tensor(x)
     if NAME == "jax":
         import jax
@@ -220,8 +216,6 @@ def in_graph_without_xla() -> bool:
     one place where assertion ops run; under XLA they vanish, on JAX they do not exist)."""
     if NAME != "tensorflow":
         return False
-    import tensorflow as tf
-
     return not tf.executing_eagerly() and not in_xla_context()
 
 
@@ -240,7 +234,6 @@ def in_xla_context() -> bool:
     """
     if NAME != "tensorflow":
         return False
-    import tensorflow as tf
     from tensorflow.python.ops import control_flow_util  # no public equivalent
 
     if tf.executing_eagerly():
@@ -254,13 +247,19 @@ def assert_all(condition, message: str, x):
     values are checked on the host before, traced XLA code poisons with NaN instead)."""
     if not in_graph_without_xla():
         return x
-    import tensorflow as tf
-
     if condition.shape.rank != 0:
         condition = tf.reduce_all(condition)
     check = tf.debugging.Assert(condition, [message])
     with tf.control_dependencies([check]):
         return tf.identity(x)
+
+
+def assert_finite(x, message: str):
+    """``x`` checked for NaN and Inf inside a TensorFlow graph without XLA (one
+    ``CheckNumerics`` op, cheaper than :func:`assert_all`'s three); elsewhere ``x`` unchanged."""
+    if not in_graph_without_xla():
+        return x
+    return tf.debugging.assert_all_finite(x, message)
 
 
 # --------------------------------------------------------------------------------------------
@@ -370,8 +369,6 @@ def take_along_axis(x, indices, axis=-1):
         a == b for a, b in zip(indices.shape[:-1], x.shape[:-1])
     )
     if TENSORFLOW and axis in (-1, rank - 1) and same_rows:
-        import tensorflow as tf
-
         return tf.gather(x, indices, batch_dims=rank - 1)
     return keras.ops.take_along_axis(x, indices, axis=axis)
 
@@ -380,8 +377,6 @@ def take(x, indices, axis=None):
     """``keras.ops.take`` for in-range, non-negative ``indices``; ``tf.gather`` on
     TensorFlow."""
     if TENSORFLOW and axis is not None:
-        import tensorflow as tf
-
         return tf.gather(x, indices, axis=axis)
     return keras.ops.take(x, indices, axis=axis)
 
@@ -394,8 +389,6 @@ def no_autograph(fn):
     """``fn`` left as written when a ``tf.function`` traces it (AutoGraph would rewrite its
     Python control flow over static options); unchanged on other backends."""
     if TENSORFLOW:
-        import tensorflow as tf
-
         return tf.autograph.experimental.do_not_convert(fn)
     return fn
 
@@ -404,8 +397,6 @@ def compiled(fn, static_argnames=()):
     """``fn`` compiled by XLA and cached: ``tf.function(jit_compile=True)`` on TensorFlow,
     ``jax.jit`` on JAX (``static_argnames`` are Python options); unchanged on PyTorch."""
     if TENSORFLOW:
-        import tensorflow as tf
-
         return tf.function(fn, jit_compile=True, autograph=False)
     if NAME == "jax":
         import jax

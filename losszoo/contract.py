@@ -363,7 +363,8 @@ def check_finite(x, name: str):
     Returns ``x`` (with a dependency on the check inside graphs), so callers write
     ``x = check_finite(x, "labels")``.
     """
-    return _check_all(x, name, "contains NaN or Inf values", lambda xp, v: xp.isfinite(v))
+    text = "contains NaN or Inf values"
+    return _check_all(x, name, text, lambda xp, v: xp.isfinite(v), _backend.assert_finite)
 
 
 def check_not_nan(x, name: str):
@@ -371,13 +372,16 @@ def check_not_nan(x, name: str):
     return _check_all(x, name, "contains NaN values", lambda xp, v: xp.logical_not(xp.isnan(v)))
 
 
-def _check_all(x, name, text, ok):
+def _check_all(x, name, text, ok, graph_check=None):
     """``x``, checked to keep ``ok`` everywhere: raises if its value is known and breaks it,
-    else asserts it (TensorFlow graphs); a no-op when validation is off."""
+    else asserts it (TensorFlow graphs; ``graph_check(x, message)`` when given, one fused op
+    where TensorFlow has one); a no-op when validation is off."""
     if not validation_enabled():
         return x
     value = static_value(x)
     if value is None:
+        if graph_check is not None:
+            return graph_check(x, f"`{name}` {text}.")
         return _backend.assert_all(ok(ops, x), f"`{name}` {text}.", x)
     if value.size and not np.all(ok(np, value)):
         raise ValueError(f"`{name}` {text}.")

@@ -57,9 +57,8 @@ class SoftmaxCrossEntropyLoss(SampleWeightCheck, keras.losses.Loss):
         name: str = "softmax_cross_entropy",
         dtype=None,
     ):
-        check_bool(normalize_labels, "normalize_labels")
         super().__init__(reduction=reduction, name=name, dtype=dtype)
-        self.normalize_labels = normalize_labels
+        self.normalize_labels = check_bool(normalize_labels, "normalize_labels")
 
     def call(self, y_true, y_pred):
         y_pred, _ = to_compute_dtype(y_pred, "y_pred")

@@ -84,10 +84,9 @@ class SparsemaxLoss(SampleWeightCheck, keras.losses.Loss):
     ):
         if from_logits is not None and not isinstance(from_logits, bool):
             raise TypeError(f"`from_logits` must be None or a bool, got {from_logits!r}.")
-        check_bool(normalize_labels, "normalize_labels")
         super().__init__(reduction=reduction, name=name, dtype=dtype)
         self.from_logits = from_logits
-        self.normalize_labels = normalize_labels
+        self.normalize_labels = check_bool(normalize_labels, "normalize_labels")
 
     def call(self, y_true, y_pred):
         logits = attached_logits(y_pred)
