@@ -256,8 +256,9 @@ def assert_all(condition, message: str, x):
 
 def assert_finite(x, message: str):
     """``x`` checked for NaN and Inf inside a TensorFlow graph without XLA (one
-    ``CheckNumerics`` op, cheaper than :func:`assert_all`'s three); elsewhere ``x`` unchanged."""
-    if not in_graph_without_xla():
+    ``CheckNumerics`` op, cheaper than :func:`assert_all`'s three); elsewhere, and for
+    non-float ``x``, ``x`` unchanged."""
+    if not in_graph_without_xla() or not keras.backend.is_float_dtype(x.dtype):
         return x
     return tf.debugging.assert_all_finite(x, message)
 
