@@ -44,7 +44,7 @@ def floor(tau):
 
     def loss(logits, targets):
         given = kops.convert_to_tensor(tau.astype(np.float32))
-        return kernel._sparsemax_loss_last_axis(targets, logits, 1e-3, lambda z: given)
+        return kernel._sparsemax_loss_last_axis(targets, logits, 1e-3, lambda z, top, maxima: given)
 
     return loss
 

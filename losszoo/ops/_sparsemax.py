@@ -26,6 +26,12 @@ of the scores is a lower bound of the full one (dropping scores can only lower
 chunks of up to 32 classes, at least 16 chunks; found the same way, recursively), which is
 exact when no two support entries share a chunk: 1 to 3 full steps instead of 5 to 6 from
 ``tau_0 = max(z) - 1 = -1`` (measured at K = 1000 to 100000, Gaussian scores).
+From 256 chunks on (K >= 8192 with chunks of 32) the full steps are avoided too: every support
+entry exceeds that start, so the support lies in the chunks whose maximum does. When at most 64
+chunks do, the search runs on the 64 chunks with the largest maxima (a ``top_k`` over the
+maxima and a gather) and is exact; rows whose support spans more chunks make the batch go on
+with full steps from there. The row max is taken from the chunk maxima, so on this path the
+logits are read once before the output and the loss are formed.
 
 Numerics: the maximum is subtracted first (without it float32 loses the support at large
 K, spec section 4); ``-inf`` scores get probability 0; ``+inf`` or all ``-inf`` rows give NaN,
@@ -66,6 +72,10 @@ from losszoo.contract import (
 # than a full step).
 _CHUNK_SIZES = (32, 16, 8, 4, 2)
 _MIN_CHUNKS = 16
+# With at least _CANDIDATE_MIN chunks, the search runs on the _CANDIDATES chunks with the
+# largest maxima instead of the whole row (module docstring).
+_CANDIDATES = 64
+_CANDIDATE_MIN = 4 * _CANDIDATES
 
 
 def _chunk_size(num_classes) -> int:
@@ -77,21 +87,30 @@ def _chunk_size(num_classes) -> int:
     return next(fits, 1)
 
 
-def _threshold(z):
-    """Exact sparsemax threshold of each row of ``z`` (last axis) whose maximum is 0.
+def _chunks(z, chunk):
+    """``z`` ([..., K]) as ``[..., K / chunk, chunk]``."""
+    return ops.reshape(z, [*ops.shape(z)[:-1], z.shape[-1] // chunk, chunk])
 
-    Returns ``tau`` with shape ``z.shape[:-1] + [1]``, without gradient.
-    """
+
+def _chunk_maxima(z, chunk):
+    """The maximum of each chunk of ``chunk`` classes; NaN for a chunk holding a NaN or
+    ``+inf`` (one pass; ``max`` alone may skip NaNs under XLA)."""
+    m = ops.max(_chunks(ops.where(ops.isnan(z), np.inf, z), chunk), -1)
+    return ops.where(ops.equal(m, np.inf), np.nan, m)
+
+
+def _michelot(z, tau0):
+    """Newton (Michelot) on ``sum_i (z_i - tau)_+ = 1`` from ``tau0`` ([..., 1]) at or left
+    of the root: the exact threshold of each row of ``z``; NaN for rows holding a NaN."""
 
     def support_size(tau):
         return ops.sum(ops.cast(z > tau, "int32"), axis=-1, keepdims=True)
 
     def newton_step(tau, count, changed):
-        in_support = z > tau
-        # NaN entries are summed too, so a row holding a NaN gets a NaN threshold and comes
-        # out entirely NaN (XLA's reduce_max skips NaNs, so nothing else would spread it);
-        # folded into the pass the step makes anyway.
-        keep = in_support | ops.isnan(z)
+        # NaN entries are summed too, so a row holding a NaN gets a NaN threshold (XLA's
+        # reduce_max may skip NaNs, so nothing else would spread it); folded into the pass
+        # the step makes anyway.
+        keep = (z > tau) | ops.isnan(z)
         total = ops.sum(ops.where(keep, z, 0.0), -1, keepdims=True)
         # max() keeps the iterates monotone even under rounding, so the support can only
         # shrink and the loop cannot cycle.
@@ -100,26 +119,59 @@ def _threshold(z):
         new_count = support_size(new_tau)
         return new_tau, new_count, ops.any(ops.not_equal(new_count, count))
 
-    tau0 = -ops.ones_like(z[..., :1])  # f(-1) >= 0 because max(z) = 0
     num_classes = z.shape[-1]
-    chunk = _chunk_size(num_classes)
-    if chunk > 1:  # the chunk maxima's threshold: a lower bound (module docstring)
-        lead = list(ops.shape(z)[:-1])
-        maxima = ops.max(ops.reshape(z, [*lead, num_classes // chunk, chunk]), -1)
-        tau0 = ops.maximum(tau0, _threshold(maxima))
     tau, _, _ = ops.while_loop(
         lambda tau, count, changed: changed,
         newton_step,
         (tau0, support_size(tau0), ops.convert_to_tensor(True)),
         maximum_iterations=num_classes if num_classes is not None else ops.shape(z)[-1],
     )
-    return ops.stop_gradient(tau)
+    return tau
 
 
-def _shifted(z):
-    """``z - max(z)`` per row. An all ``-inf`` row becomes NaN (``-inf - (-inf)``), as in
-    softmax; a ``+inf`` entry makes a NaN entry, which :func:`_threshold` spreads to the row."""
-    return z - ops.stop_gradient(ops.max(z, axis=-1, keepdims=True))
+def _threshold(x, shift=0.0, maxima=None):
+    """Exact sparsemax threshold of each row of ``z = x - shift`` (last axis), whose maximum is
+    0; ``shift`` ([..., 1]) is passed apart so that only the rare full search below writes
+    ``z`` to memory. ``maxima``: ``z``'s chunk maxima from :func:`_row_max`, if it made them.
+
+    Returns ``tau`` with shape ``x.shape[:-1] + [1]``, without gradient.
+    """
+    z = x - shift
+    tau0 = -ops.ones_like(z[..., :1])  # f(-1) >= 0 because max(z) = 0
+    chunk = _chunk_size(z.shape[-1])
+    if chunk == 1:
+        return ops.stop_gradient(_michelot(z, tau0))
+    few = z.shape[-1] // chunk < _CANDIDATE_MIN
+    if maxima is None:  # NaNs reach the threshold through the full search when `few`
+        maxima = ops.max(_chunks(z, chunk), -1) if few else _chunk_maxima(z, chunk)
+    # The chunk maxima's threshold: a lower bound (module docstring), NaN for a bad row.
+    tau_max = _threshold(maxima)
+    tau0 = ops.maximum(tau0, tau_max)
+    if few:
+        return ops.stop_gradient(_michelot(z, tau0))
+    # The support lies in the chunks whose maximum exceeds tau_max; when there are at most
+    # _CANDIDATES of them, the search on the _CANDIDATES largest chunks is exact.
+    _, top = ops.top_k(ops.where(ops.isnan(maxima), 0.0, maxima), _CANDIDATES, sorted=False)
+    candidates = ops.take_along_axis(_chunks(z, chunk), top[..., None], axis=-2)
+    candidates = ops.reshape(candidates, [*ops.shape(z)[:-1], _CANDIDATES * chunk])
+    tau = _michelot(candidates, tau0)
+    covered = ops.sum(ops.cast(maxima > tau_max, "int32"), -1) <= _CANDIDATES
+    tau = ops.cond(ops.all(covered), lambda: tau, lambda: _michelot(x - shift, tau))
+    return ops.stop_gradient(ops.where(ops.isnan(tau_max), tau_max, tau))
+
+
+def _row_max(x):
+    """``(max(x), maxima)`` per row, without gradient. With at least ``_CANDIDATE_MIN`` chunks,
+    ``maxima`` are the chunk maxima of ``x - max(x)`` (:func:`_chunk_maxima`: NaN for a chunk
+    holding a NaN or ``+inf``, which :func:`_threshold` spreads to the row), found in the same
+    pass as the row max; otherwise None. Shifted by it, an all ``-inf`` row becomes NaN
+    (``-inf - (-inf)``), as in softmax."""
+    chunk = _chunk_size(x.shape[-1])
+    if chunk == 1 or x.shape[-1] // chunk < _CANDIDATE_MIN:
+        return ops.stop_gradient(ops.max(x, axis=-1, keepdims=True)), None
+    maxima = _chunk_maxima(x, chunk)
+    top = ops.stop_gradient(ops.max(maxima, axis=-1, keepdims=True))
+    return top, ops.stop_gradient(maxima - top)
 
 
 def _prepare(logits, axis: int, name: str):
@@ -134,14 +186,14 @@ def _prepare(logits, axis: int, name: str):
 
 @custom_gradient
 def _sparsemax_last_axis(z):
-    z = _shifted(z)
-    p = ops.relu(z - _threshold(z))
+    top, maxima = _row_max(z)
+    p = ops.relu(z - top - _threshold(z, top, maxima))
 
     def grad(upstream):
         upstream = ops.cast(upstream, p.dtype)
         support = ops.cast(p > 0, p.dtype)
         mean = ops.sum(support * upstream, -1, keepdims=True) / ops.sum(support, -1, keepdims=True)
-        # A NaN row (see _shifted) has an empty support; keep its gradient NaN explicitly,
+        # A NaN row (see _row_max) has an empty support; keep its gradient NaN explicitly,
         # XLA would otherwise turn 0 * NaN into 0.
         return ops.where(ops.isnan(p), p, support * (upstream - mean))
 
@@ -181,13 +233,14 @@ def _sum_tolerance(label_dtype: str, dtype: str) -> float:
 
 
 def _sparsemax_loss_last_axis(q, z, tol: float, threshold=_threshold):
-    """The loss on the last axis; ``q`` is a constant (no gradient). ``threshold`` maps the
-    shifted scores to ``tau`` (the benchmarks' floor rows pass a precomputed one)."""
+    """The loss on the last axis; ``q`` is a constant (no gradient). ``threshold`` is
+    :func:`_threshold`'s signature (the benchmarks' floor rows pass a precomputed ``tau``)."""
 
     @custom_gradient
     def f(z, q):
-        z = _shifted(z)
-        tau = threshold(z)
+        top, maxima = _row_max(z)
+        tau = threshold(z, top, maxima)
+        z = z - top
         p = ops.relu(z - tau)
         # <z - tau, q> over the classes that carry target mass; written with where() so that
         # a -inf score with q = 0 contributes 0 rather than NaN.

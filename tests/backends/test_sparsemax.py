@@ -69,3 +69,25 @@ def test_half_precision_computes_in_float32():
     p = numpy(losszoo.ops.sparsemax(z.astype(np.float16)))
     assert p.dtype == np.float16
     np.testing.assert_allclose(p.sum(-1), 1.0, atol=2e-3)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_candidate_chunks_and_full_search_at_32768_classes(mode):
+    """At 32768 classes the threshold is searched on the 64 chunks (of 32) with the largest
+    maxima, or on the whole row when the support spans more: both kinds, tied maxima across
+    the 64th place and a NaN row in one batch."""
+    ref = load_reference("rankmax_sparsemax")
+    z, q = _data(n=4, k=32768, seed=3)
+    z[1] *= 0.005  # support across hundreds of chunks
+    z[2] *= 0.05
+    z[2, :2] = [5.0, 4.5]
+    z[2, 64 * np.arange(1, 101)] = 1.0  # 100 tied chunk maxima below the threshold
+    z[3, 9] = np.nan
+    loss, (g,) = value_and_grad(lambda z: losszoo.ops.sparsemax_loss(q, z), z, mode=mode)
+    p = _rows(_sparsemax_ref, z[:3])
+    assert np.sum(p[1].reshape(-1, 32).max(-1) > 0) > 64
+    np.testing.assert_allclose(numpy(compiled(losszoo.ops.sparsemax, mode)(z))[:3], p, atol=1e-6)
+    np.testing.assert_allclose(loss[:3], _rows(ref.sparsemax_loss, z[:3], q[:3]), atol=1e-5)
+    upstream = np.random.default_rng(7).uniform(0.5, 1.5, size=loss.shape)
+    np.testing.assert_allclose(g[:3], upstream[:3, None] * (p - q[:3]), atol=1e-5)
+    assert np.isnan(loss[3]) and np.isnan(g[3]).all()

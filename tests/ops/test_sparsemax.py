@@ -278,6 +278,51 @@ def test_bad_rows_are_entirely_nan_in_every_mode(num_classes):
         np.testing.assert_allclose(p[3:], want, atol=1e-6, err_msg=mode)
 
 
+@pytest.mark.parametrize("num_classes", [32768, 1_000_000])
+def test_candidate_chunks_and_full_search_fallback(num_classes):
+    """From 256 chunks on, the threshold is searched on the 64 chunks with the largest maxima,
+    and on the whole row where the support spans more of them. One batch holds both kinds,
+    maxima tied across the 64th place, and a NaN row; at 10^6 classes the chunk maxima are
+    searched the same way. Eager, graph (unknown batch) and XLA against the sort-based
+    reference: values, the loss and its gradient ``p - q``."""
+    rng = np.random.default_rng(3)
+    z = rng.normal(size=(4, num_classes)).astype(np.float32)
+    z[1] *= 0.01  # support across hundreds of chunks: the full search
+    z[2] *= 0.1
+    z[2, :3] = [5.0, 4.6, 4.3]  # in the first chunk
+    z[2, 64 * np.arange(1, 101)] = 1.0  # 100 tied chunk maxima below the threshold
+    z[3, 7] = np.nan
+    q = np.zeros_like(z)
+    q[np.arange(4), [2, 5, 64, 0]] = 1.0
+    want = [ref.sparsemax(row) for row in z[:3].astype(np.float64)]
+    p_want = np.stack([p for p, _ in want])
+    loss_want = [
+        0.5 * p @ p + 0.5 - (row[i] - tau)
+        for (p, tau), row, i in zip(want, z.astype(np.float64), [2, 5, 64])
+    ]
+    chunks_in_support = np.sum(p_want.reshape(3, -1, 32).max(-1) > 0, -1)
+    assert chunks_in_support[1] > 64 and max(chunks_in_support[[0, 2]]) <= 64
+
+    def both(z, q):
+        with tf.GradientTape() as tape:
+            tape.watch(z)
+            loss = ops.sparsemax_loss(q, z)
+        return ops.sparsemax(z), loss, tape.gradient(loss, z)
+
+    spec = [tf.TensorSpec([None, num_classes])] * 2
+    modes = {
+        "eager": both,
+        "graph": tf.function(both, input_signature=spec),
+        "xla": tf.function(both, jit_compile=True),
+    }
+    for mode, fn in modes.items():
+        p, loss, grad = (t.numpy() for t in fn(tf.constant(z), tf.constant(q)))
+        np.testing.assert_allclose(p[:3], p_want, atol=1e-6, err_msg=mode)
+        np.testing.assert_allclose(loss[:3], loss_want, rtol=1e-5, atol=1e-6, err_msg=mode)
+        np.testing.assert_allclose(grad[:3], p_want - q[:3], atol=1e-6, err_msg=mode)
+        assert np.all(np.isnan(p[3])) and np.isnan(loss[3]) and np.all(np.isnan(grad[3])), mode
+
+
 def test_nan_row_gradient_is_nan_and_others_match():
     z = np.array([[0.1, np.nan, 0.3], [1.0, 0.5, -2.0]], np.float32)
     for mode in ("eager", "xla"):
