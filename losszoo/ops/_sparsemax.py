@@ -249,7 +249,7 @@ def _sparsemax_loss_last_axis(q, z, tol: float, threshold=_threshold):
         # into the sums (NaN squares; not ~(q >= 0), see losses/_targets).
         bad = ops.isnan(q) | (q < 0) | ops.equal(q, np.inf)
         square = ops.where(bad, np.nan, q * q)
-        loss = 0.5 * ops.sum(p * p + square, -1) - ops.sum(margin, -1)
+        loss = ops.sum(0.5 * (p * p + square) - margin, -1)  # one pass
         loss = ops.relu(loss)  # L >= 0 exactly; removes round-off below zero.
         loss = nan_where(ops.abs(ops.sum(q, -1) - 1.0) > tol, loss)
 

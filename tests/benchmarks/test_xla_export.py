@@ -104,8 +104,9 @@ def test_every_op_is_exported(exported):
             assert len(proto) == meta["bytes"] > 0
     # the small shapes still take the code paths of the big ones
     by_op = {c["op"]: c for c in manifest["cases"]}
-    # the chunk maxima's thresholds (three levels at K = 32768), then the full Newton loop
-    assert by_op["sparsemax_loss"]["modules"]["sparsemax_loss"]["hlo_ops"].get("while") == 4
+    # the chunk maxima's thresholds (three levels at K = 32768), the search on the candidate
+    # chunks and, in the branch for wide supports, the full Newton loop
+    assert by_op["sparsemax_loss"]["modules"]["sparsemax_loss"]["hlo_ops"].get("while") == 5
     assert by_op["rankmax_loss k=1 dense labels"]["modules"]["rankmax_loss k=1 dense labels"][
         "hlo_ops"
     ].get("conditional")
