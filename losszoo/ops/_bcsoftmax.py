@@ -163,17 +163,16 @@ def _safeguarded_step(i, nu, lo, hi, active, phi_ge, ok, cand):
     gives. The next ``nu`` is the Newton candidate ``cand`` (the closed-form root of the
     current pattern; usable where ``ok``) if it is strictly inside the bracket (every bracket
     end is a visited point, so no pattern comes back) or equal to ``nu`` (converged), else the
-    bracket midpoint. Every 4th step bisects, so that the bracket keeps shrinking whatever the
-    Newton steps do, unless the candidate is within a quarter of the bracket's width of ``nu``
-    (a Newton step about to land: bisecting there cost one row in 128 three extra steps at
-    K = 1024, and the batch waits for its slowest row). Returns ``(lo, hi, new_nu, took, stalled)``:
-    where the candidate was taken, and where the bracket is two adjacent floats.
+    bracket midpoint. Every 5th step is a bisection step, so the bracket shrinks geometrically
+    whatever the Newton steps do; the first one comes after 4 steps, by which nearly every row
+    has landed (a bisection at the 4th step threw rows off a landing Newton step: one row in
+    128 then took 7 steps at K = 1024, and the batch waits for its slowest row).
+    Returns ``(lo, hi, new_nu, took, stalled)``: where the candidate was taken, and where the
+    bracket is two adjacent floats.
     """
     lo = ops.where(ops.logical_and(active, phi_ge), maximum(lo, nu), lo)
     hi = ops.where(ops.logical_and(active, ops.logical_not(phi_ge)), minimum(hi, nu), hi)
-    near = ops.abs(cand - nu) <= 0.25 * (hi - lo)
-    inside = ops.logical_and(cand > lo, cand < hi)
-    inside = ops.logical_and(inside, ops.logical_or(ops.not_equal(i % 4, 3), near))
+    inside = ops.logical_and(ops.logical_and(cand > lo, cand < hi), ops.not_equal(i % 5, 4))
     took = ops.logical_and(ok, ops.logical_or(inside, ops.equal(cand, nu)))
     mid = 0.5 * lo + 0.5 * hi  # no overflow near the float range
     stalled = ops.logical_and(ops.logical_not(took), ops.logical_or(mid <= lo, mid >= hi))
