@@ -30,8 +30,8 @@ From 256 chunks on (K >= 8192 with chunks of 32) the full steps are avoided too:
 entry exceeds that start, so the support lies in the chunks whose maximum does. When at most 64
 chunks do, the search runs on the 64 chunks with the largest maxima (a ``top_k`` over the
 maxima and a gather) and is exact; rows whose support spans more chunks make the batch go on
-with full steps from there. The row max is taken from the chunk maxima, so on this path the
-logits are read once before the output and the loss are formed.
+with full steps from there. The row max is taken from the chunk maxima, so on this path one
+pass over the logits comes before the passes that form the output and the loss.
 
 Numerics: the maximum is subtracted first (without it float32 loses the support at large
 K, spec section 4); ``-inf`` scores get probability 0; ``+inf`` or all ``-inf`` rows give NaN,
@@ -39,9 +39,10 @@ as softmax does. Half-precision inputs are computed in float32 and cast back.
 
 Fail-loud contract (README, "Bad input"): a row holding a NaN or ``+inf`` score, or only
 ``-inf``, comes back entirely NaN (output, loss and gradient) in every mode, eager, graph and
-XLA alike, and the other rows are unaffected (folded into the threshold's Newton passes).
-Sparsemax is
-shift-invariant: offsets of 1e8 give the same output up to float32 rounding of the inputs.
+XLA alike, and the other rows are unaffected (folded into the threshold's Newton passes, and
+from 256 chunks on into the chunk maxima, NaN for a chunk holding a NaN or ``+inf``).
+Sparsemax is shift-invariant: offsets of 1e8 give the same output up to float32 rounding of
+the inputs.
 ``sparsemax_loss`` also rejects NaN/inf or negative ``labels`` and label rows that do not sum
 to 1 eagerly and in graphs (skipped with ``losszoo.set_validation(False)``); under XLA such a
 row's loss and gradient are NaN.
@@ -85,6 +86,12 @@ def _chunk_size(num_classes) -> int:
         return 1
     fits = (c for c in _CHUNK_SIZES if num_classes % c == 0 and num_classes // c >= _MIN_CHUNKS)
     return next(fits, 1)
+
+
+def _searches_candidates(num_classes) -> bool:
+    """Whether the threshold of ``num_classes`` classes is searched on candidate chunks."""
+    chunk = _chunk_size(num_classes)
+    return chunk > 1 and num_classes // chunk >= _CANDIDATE_MIN
 
 
 def _chunks(z, chunk):
@@ -141,7 +148,7 @@ def _threshold(x, shift=0.0, maxima=None):
     chunk = _chunk_size(z.shape[-1])
     if chunk == 1:
         return ops.stop_gradient(_michelot(z, tau0))
-    few = z.shape[-1] // chunk < _CANDIDATE_MIN
+    few = not _searches_candidates(z.shape[-1])
     if maxima is None:  # NaNs reach the threshold through the full search when `few`
         maxima = ops.max(_chunks(z, chunk), -1) if few else _chunk_maxima(z, chunk)
     # The chunk maxima's threshold: a lower bound (module docstring), NaN for a bad row.
@@ -151,6 +158,8 @@ def _threshold(x, shift=0.0, maxima=None):
         return ops.stop_gradient(_michelot(z, tau0))
     # The support lies in the chunks whose maximum exceeds tau_max; when there are at most
     # _CANDIDATES of them, the search on the _CANDIDATES largest chunks is exact.
+    # (A NaN row comes out NaN whatever is picked; where NaN lands in top_k's order differs
+    # between backends.)
     _, top = ops.top_k(ops.where(ops.isnan(maxima), 0.0, maxima), _CANDIDATES, sorted=False)
     candidates = ops.take_along_axis(_chunks(z, chunk), top[..., None], axis=-2)
     candidates = ops.reshape(candidates, [*ops.shape(z)[:-1], _CANDIDATES * chunk])
@@ -166,10 +175,9 @@ def _row_max(x):
     holding a NaN or ``+inf``, which :func:`_threshold` spreads to the row), found in the same
     pass as the row max; otherwise None. Shifted by it, an all ``-inf`` row becomes NaN
     (``-inf - (-inf)``), as in softmax."""
-    chunk = _chunk_size(x.shape[-1])
-    if chunk == 1 or x.shape[-1] // chunk < _CANDIDATE_MIN:
+    if not _searches_candidates(x.shape[-1]):
         return ops.stop_gradient(ops.max(x, axis=-1, keepdims=True)), None
-    maxima = _chunk_maxima(x, chunk)
+    maxima = _chunk_maxima(x, _chunk_size(x.shape[-1]))
     top = ops.stop_gradient(ops.max(maxima, axis=-1, keepdims=True))
     return top, ops.stop_gradient(maxima - top)
 
@@ -233,8 +241,9 @@ def _sum_tolerance(label_dtype: str, dtype: str) -> float:
 
 
 def _sparsemax_loss_last_axis(q, z, tol: float, threshold=_threshold):
-    """The loss on the last axis; ``q`` is a constant (no gradient). ``threshold`` is
-    :func:`_threshold`'s signature (the benchmarks' floor rows pass a precomputed ``tau``)."""
+    """The loss on the last axis; ``q`` is a constant (no gradient). ``threshold`` has
+    :func:`_threshold`'s signature (the benchmarks' floor rows pass one that returns a
+    precomputed ``tau``)."""
 
     @custom_gradient
     def f(z, q):
