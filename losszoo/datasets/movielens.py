@@ -122,6 +122,11 @@ def _ratings(path: Path, table) -> dict:
     """The ``user``, ``item``, ``rating``, ``timestamp`` fields of :class:`MovieLens100K` from
     ``table`` ([N, 4]: the columns of :data:`_COLUMN_RANGES`, in its order), checked."""
     table = np.asarray(table, dtype=object).reshape(-1, 4)
+    if not len(table):  # an empty (e.g. truncated) download must not load as 0 ratings
+        raise ValueError(
+            f"{path}: holds no ratings (the file is empty or has only a header); the file is "
+            "probably truncated: delete it and load or download MovieLens 100K again."
+        )
     user, item, rating, timestamp = (
         _integers(path, column, table[:, j]) for j, column in enumerate(_COLUMN_RANGES)
     )
