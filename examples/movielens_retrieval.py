@@ -37,6 +37,7 @@ measured); the committed 3-seed run took about 20 minutes on a shared machine:
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -48,14 +49,14 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common  # noqa: E402
-import losszoo  # noqa: E402
-from losszoo.datasets import movielens  # noqa: E402
+
+# TensorFlow, tf_keras, TFRS and losszoo are imported where they are used, after the
+# arguments are parsed and the extra is checked: `--help` answers without starting TensorFlow.
 
 SCRIPT = "movielens_retrieval"
 LOSSES = ("softmax", "sparsemax", "rankmax")
@@ -138,6 +139,22 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+#: The modules of the ``retrieval`` extra this script needs (``pip install "losszoo[retrieval]"``).
+RETRIEVAL_EXTRA = ("tensorflow", "tf_keras", "tensorflow_recommenders")
+
+
+def require_retrieval_extra():
+    """Exit with a message naming the ``retrieval`` extra unless its modules are installed
+    (checked before the data is loaded or TensorFlow is started)."""
+    missing = [name for name in RETRIEVAL_EXTRA if importlib.util.find_spec(name) is None]
+    if missing:
+        raise SystemExit(
+            f"examples/{SCRIPT}.py needs the `retrieval` extra (TensorFlow, tf_keras and "
+            f"TensorFlow Recommenders); not installed: {', '.join(missing)}. Install it with "
+            '`pip install "losszoo[retrieval]"` (from a clone: `pip install ".[retrieval]"`).'
+        )
+
+
 def learning_rates(args):
     """The learning rate each loss trains with."""
     if args.settings == "shared":
@@ -151,6 +168,8 @@ def learning_rates(args):
 def make_loss(name, args):
     import tf_keras
 
+    import losszoo
+
     reduction = tf_keras.losses.Reduction.SUM  # TFRS's default reduction, for every loss
     if name == "softmax":
         return tf_keras.losses.CategoricalCrossentropy(from_logits=True, reduction=reduction)
@@ -160,6 +179,7 @@ def make_loss(name, args):
 
 
 def build_model(name, num_users, num_items, args, seed=0):
+    import tensorflow as tf
     import tensorflow_recommenders as tfrs
     import tf_keras
 
@@ -220,12 +240,15 @@ def embeddings(model):
 
 
 def paper_metrics(model, heldout, exclude):
+    from losszoo.datasets import movielens
+
     u, v = embeddings(model)
     return movielens.ranking_metrics(u @ v.T, heldout, exclude, ks=(100,))
 
 
 def factorized_topk(model, pairs):
     """TFRS FactorizedTopK over all movies for the held-out (user, movie) pairs."""
+    import tensorflow as tf
     import tensorflow_recommenders as tfrs
 
     u, v = embeddings(model)
@@ -241,6 +264,7 @@ def factorized_topk(model, pairs):
 
 
 def train_one(name, seed, split, masks, args, lr):
+    import tensorflow as tf
     import tf_keras
 
     tf_keras.utils.set_random_seed(seed)
@@ -432,6 +456,8 @@ def plot(results, path):
 
 
 def load(args):
+    from losszoo.datasets import movielens
+
     data = movielens.load_100k(args.data_dir, verbose=True)
     _, _, nu, ni = data.indexed()
     args.data_summary = f"{nu} users, {ni} movies, {data.num_ratings} ratings"
@@ -439,6 +465,8 @@ def load(args):
 
 
 def split_masks(data, seed, nu, ni):
+    from losszoo.datasets import movielens
+
     split = movielens.split_pairs(data, seed=seed)
     masks = {
         part: movielens.pairs_to_mask(getattr(split, attr), nu, ni)
@@ -469,6 +497,7 @@ def tune(args, names, out, command):
 
 def main(argv=None):
     args = parse_args(argv)
+    require_retrieval_extra()
     command = _common.command_line(SCRIPT, argv)
     names = LOSSES if args.loss == "all" else (args.loss,)
     out = _common.output_dir(args.out, SCRIPT)
