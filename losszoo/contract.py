@@ -570,3 +570,73 @@ def dense_labels(labels, name: str, *, sparse_fill=0, ragged_fill=None):
                 )
             return labels.to_tensor(default_value=tf.cast(ragged_fill, labels.dtype))
     return ops.convert_to_tensor(labels)
+
+
+# --------------------------------------------------------------------------------------------
+# Retrieval: shapes known only at run time, catalogue ids, sampling probabilities
+
+
+def check_shape(x, shape, name: str, what: str = ""):
+    """``x``, checked to have ``shape`` (ints, ``None`` for any size, or scalar tensors).
+
+    Sizes known statically are compared at once (a ``ValueError`` naming ``name``, also when
+    tracing for XLA); the others get a graph assertion on TensorFlow (validation on). ``what``
+    completes the message, e.g. ``" ([B, D])"``.
+    """
+    expected = tuple(shape)
+    if len(x.shape) != len(expected):
+        raise ValueError(
+            f"`{name}` must have rank {len(expected)}{what}; got shape {tuple(x.shape)}."
+        )
+    static = [None if w is None else static_value(w) for w in expected]
+    dynamic = []
+    for axis, (got, want, size) in enumerate(zip(x.shape, expected, static)):
+        if want is None:
+            continue
+        if got is None or size is None:
+            dynamic.append((axis, want))
+        elif int(got) != int(size):
+            shown = tuple(None if s is None else int(s) for s in static)
+            raise ValueError(
+                f"`{name}` must have shape {shown}{what} (None: any); got {tuple(x.shape)}."
+            )
+    if dynamic and validation_enabled():
+        sizes = ops.shape(x)
+        ok = ops.all(ops.stack([ops.equal(sizes[a], ops.cast(w, "int32")) for a, w in dynamic]))
+        x = _backend.assert_all(ok, f"`{name}` has the wrong shape{what}.", x)
+    return x
+
+
+SAMPLING_PROBABILITY = Rule(
+    "must lie in (0, 1]", lambda xp, p: xp.logical_not(xp.logical_and(p > 0, p <= 1))
+)
+"""Sampling probabilities (entry-wise) in ``(0, 1]``; spelt as a negation so NaN breaks it."""
+
+
+def _item_ids_rule(num_items):
+    if num_items is None:
+        return Rule("must hold ids >= 0", lambda xp, i: i < 0)
+    return Rule(
+        f"must hold ids in [0, {num_items}) (the catalogue)",
+        lambda xp, i: (i < 0) | (i >= num_items),
+    )
+
+
+def check_item_ids(ids, name: str, num_items=None):
+    """Integer item ids checked (``>= 0``, and ``< num_items`` when given), as int32.
+
+    Returns ``(ids, bad)``: bad ids are 0 in ``ids`` and true in ``bad``, which callers turn
+    into NaN (:func:`nan_where`). The range test runs in the ids' own dtype, before the cast
+    could wrap an int64 id.
+
+    Raises:
+      TypeError: ``ids`` is not of an integer dtype.
+      ValueError: (known values) an id is out of range.
+    """
+    ids = ops.convert_to_tensor(ids)
+    if not _is_integer(ids):
+        raise TypeError(f"`{name}` must hold integer ids, got dtype {dtype_name(ids)}.")
+    rule = _item_ids_rule(num_items)
+    ids = rule.check(ids, name)
+    bad = rule.invalid(ids)
+    return ops.where(bad, 0, ops.cast(ids, "int32")), bad

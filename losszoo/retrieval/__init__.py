@@ -1,16 +1,27 @@
 """Keras 3 retrieval: a task object (in-batch / sampled negatives, logQ, hard negatives, any
-losszoo loss), candidate samplers with exact probabilities, catalogue top-k metrics.
+losszoo loss) built from small public functions, candidate samplers with exact probabilities,
+catalogue top-k metrics.
 
 Written with ``keras.ops``: runs on TensorFlow, JAX and PyTorch (``tests/backends``).
 
 - :class:`Retrieval`: the task, used inside a model's ``compute_loss`` like
   ``tfrs.tasks.Retrieval``.
+- :func:`in_batch_logits`, :func:`logq_correction`, :func:`remove_accidental_hits`,
+  :func:`sampled_logits`, :func:`hard_negative_mining`: the task's steps, each usable alone
+  (:mod:`losszoo.retrieval.logits`).
 - :class:`UniformSampler`, :class:`UnigramSampler`, :class:`LogUniformSampler`: extra
   negatives drawn from the catalogue, each with its exact sampling probability.
 - :class:`CatalogueTopK`, :func:`candidate_ranks`: top-k over the whole catalogue, streamed
   in chunks, pessimistic ties.
 """
 
+from losszoo.retrieval.logits import (
+    hard_negative_mining,
+    in_batch_logits,
+    logq_correction,
+    remove_accidental_hits,
+    sampled_logits,
+)
 from losszoo.retrieval.metrics import CatalogueTopK, candidate_ranks
 from losszoo.retrieval.sampling import (
     CandidateSampler,
@@ -28,5 +39,10 @@ __all__ = [
     "UniformSampler",
     "UnigramSampler",
     "candidate_ranks",
+    "hard_negative_mining",
+    "in_batch_logits",
+    "logq_correction",
+    "remove_accidental_hits",
     "resolve_loss",
+    "sampled_logits",
 ]

@@ -21,8 +21,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from losszoo.contract import check_number, nan_where
-from losszoo.retrieval._checks import check_shape, checked_ids
+from losszoo.contract import check_item_ids, check_number, check_shape, nan_where
 
 
 def candidate_ranks(query_embeddings, true_ids, candidates, chunk_size: int = 65536):
@@ -52,7 +51,7 @@ def candidate_ranks(query_embeddings, true_ids, candidates, chunk_size: int = 65
     if n is None:
         raise ValueError("`candidates` must have a static number of rows (the catalogue size).")
     c = check_shape(c, (n, q.shape[-1]), "candidates", " ([N, D], D of the queries)")
-    true, bad = checked_ids(true_ids, "true_ids", n)
+    true, bad = check_item_ids(true_ids, "true_ids", n)
     true = check_shape(true, (ops.shape(q)[0],), "true_ids", " ([B], one per query)")
     starts = range(0, n, chunk_size)
 

@@ -7,14 +7,22 @@ import numpy as np
 from keras import ops
 
 from losszoo import registry
-from losszoo.contract import Rule, check_bool, check_number, nan_where
-from losszoo.retrieval._checks import check_shape, checked_ids
-from losszoo.retrieval.sampling import CandidateSampler
-
-# Spelt as a negation so that NaN counts as bad.
-_SAMPLING_PROBABILITY = Rule(
-    "must lie in (0, 1]", lambda xp, p: xp.logical_not(xp.logical_and(p > 0, p <= 1))
+from losszoo.contract import (
+    check_bool,
+    check_item_ids,
+    check_number,
+    check_shape,
+    dtype_name,
+    nan_where,
 )
+from losszoo.retrieval.logits import (
+    hard_negative_mining,
+    in_batch_logits,
+    logq_correction,
+    remove_accidental_hits,
+    sampled_logits,
+)
+from losszoo.retrieval.sampling import CandidateSampler
 
 
 def resolve_loss(loss, loss_config=None, reduction="sum"):
@@ -208,6 +216,9 @@ class Retrieval(keras.layers.Layer):
     ):
         """The logits the loss sees and each row's positive column (see the class doc).
 
+        Composed of :mod:`losszoo.retrieval.logits`' functions: the in-batch columns (or the
+        sampled-softmax positive), the sampled columns, then hard-negative mining.
+
         Returns:
           ``(logits, labels)``: float ``[B, columns]`` and int32 ``[B]``. Columns: the ``C``
           in-batch candidates then the ``S`` sampled ones (``1 + S`` without in-batch
@@ -217,51 +228,16 @@ class Retrieval(keras.layers.Layer):
         q = check_shape(q, (None, None), "query_embeddings", " ([B, D])")
         c = ops.convert_to_tensor(candidate_embeddings)
         c = check_shape(c, (None, q.shape[-1]), "candidate_embeddings", " ([C, D])")
-        dtype = q.dtype
         num_q, num_c = ops.shape(q)[0], ops.shape(c)[0]
         if isinstance(num_q, int) and isinstance(num_c, int) and num_c < num_q:
             raise ValueError(
                 f"`candidate_embeddings` must have at least as many rows as "
                 f"`query_embeddings` (row i is query i's positive); got {num_c} < {num_q}."
             )
-        scale = 1.0 if self.temperature is None else 1.0 / self.temperature
-        num_items = None if self.sampler is None else self.sampler.num_items
-        ids = bad_ids = None
-        if candidate_ids is not None:
-            ids, bad_ids = checked_ids(candidate_ids, "candidate_ids", num_items)
-            ids = check_shape(ids, (num_c,), "candidate_ids", " ([C], one per candidate)")
-        needs_ids = self.remove_accidental_hits or (
-            not self.in_batch_negatives and self.sampled_logq_correction
-        )
-        if needs_ids and ids is None:
-            raise ValueError(
-                "`candidate_ids` is required with remove_accidental_hits=True or "
-                "in_batch_negatives=False."
-            )
-        rows = ops.arange(num_q, dtype="int32")
+        ids, bad_ids = self._checked_ids(candidate_ids, num_c)
+        labels = ops.arange(num_q, dtype="int32")
         if self.in_batch_negatives:
-            logits = ops.matmul(q, ops.transpose(c)) * ops.cast(scale, dtype)
-            if candidate_sampling_probability is not None:
-                p = ops.cast(ops.convert_to_tensor(candidate_sampling_probability), dtype)
-                p = check_shape(p, (num_c,), "candidate_sampling_probability", " ([C])")
-                p = _SAMPLING_PROBABILITY.check(p, "candidate_sampling_probability")
-                bad_p = _SAMPLING_PROBABILITY.invalid(p)
-                logits = nan_where(bad_p[None, :], logits - ops.log(ops.where(bad_p, 1.0, p)))
-            if bad_ids is not None:
-                logits = nan_where(bad_ids[None, :], logits)
-            if self.remove_accidental_hits:
-                hit = ops.equal(ids[None, :], ids[:num_q, None])
-                own = ops.equal(ops.arange(num_c, dtype="int32")[None, :], rows[:, None])
-                logits = ops.where(
-                    ops.logical_and(hit, ops.logical_not(own)), ops.cast(-np.inf, dtype), logits
-                )
-            if score_mask is not None:
-                mask = ops.convert_to_tensor(score_mask)
-                if mask.dtype != "bool":
-                    raise TypeError(f"`score_mask` must be boolean, got dtype {mask.dtype}.")
-                mask = check_shape(mask, (num_q, num_c), "score_mask", " ([B, C])")
-                logits = ops.where(mask, logits, ops.cast(-np.inf, dtype))
-            labels = rows
+            logits = self._in_batch(q, c, ids, bad_ids, candidate_sampling_probability, score_mask)
         else:
             if candidate_sampling_probability is not None or score_mask is not None:
                 raise ValueError(
@@ -269,55 +245,72 @@ class Retrieval(keras.layers.Layer):
                     "columns; with in_batch_negatives=False the positive is corrected by the "
                     "sampler's probability."
                 )
-            positive = ops.sum(q * c[:num_q], axis=1, keepdims=True) * ops.cast(scale, dtype)
-            if self.sampled_logq_correction:
-                positive = positive - ops.log(self.sampler.probability(ids[:num_q]))[:, None]
-            if bad_ids is not None:
-                positive = nan_where(bad_ids[:num_q, None], positive)
-            logits = positive
-            labels = ops.zeros_like(rows)
-        if self.sampler is not None:
-            logits = ops.concatenate(
-                [logits, self._sampled_logits(q, ids, candidate_model, num_c, scale)], axis=1
-            )
-        if self.num_hard_negatives is not None:
-            logits = self._hard_negatives(logits, labels)
+            logits = self._sampled_softmax_positive(q, c, ids, bad_ids)
             labels = ops.zeros_like(labels)
+        if self.sampler is not None:
+            sampled, drawn = sampled_logits(
+                q,
+                self.sampler,
+                self.num_sampled_negatives,
+                candidate_model,
+                temperature=self.temperature,
+                logq=self.sampled_logq_correction,
+                num_in_batch=num_c if self.in_batch_negatives else None,
+                seed=self.seed_generator,
+            )
+            if self.remove_accidental_hits:
+                sampled = remove_accidental_hits(sampled, ids[:num_q], drawn)
+            logits = ops.concatenate([logits, sampled], axis=1)
+        if self.num_hard_negatives is not None:
+            logits, labels = hard_negative_mining(logits, labels, self.num_hard_negatives)
         return logits, labels
 
-    def _sampled_logits(self, q, ids, candidate_model, num_c, scale):
-        if candidate_model is None:
-            raise ValueError(
-                "`candidate_model` (a callable mapping int ids [S] to embeddings [S, D]) is "
-                "required when the task has a sampler."
-            )
-        num = self.num_sampled_negatives
-        sampled = self.sampler.sample(num, seed=self.seed_generator)
-        w = ops.convert_to_tensor(candidate_model(sampled))
-        w = check_shape(w, (num, q.shape[-1]), "candidate_model(ids)", " ([S, D])")
-        logits = ops.matmul(q, ops.transpose(ops.cast(w, q.dtype))) * ops.cast(scale, q.dtype)
-        if self.sampled_logq_correction:
-            p = ops.cast(self.sampler.probability(sampled), q.dtype)
-            if self.in_batch_negatives:
-                p = p * ops.cast(num, q.dtype) / ops.cast(num_c, q.dtype)
-            logits = logits - ops.log(p)[None, :]
+    def _checked_ids(self, candidate_ids, num_c):
+        """``(ids, bad)`` of ``candidate_ids`` (``(None, None)`` when not given)."""
+        needs_ids = self.remove_accidental_hits or (
+            not self.in_batch_negatives and self.sampled_logq_correction
+        )
+        if candidate_ids is None:
+            if needs_ids:
+                raise ValueError(
+                    "`candidate_ids` is required with remove_accidental_hits=True or "
+                    "in_batch_negatives=False."
+                )
+            return None, None
+        num_items = None if self.sampler is None else self.sampler.num_items
+        ids, bad = check_item_ids(candidate_ids, "candidate_ids", num_items)
+        return check_shape(ids, (num_c,), "candidate_ids", " ([C], one per candidate)"), bad
+
+    def _in_batch(self, q, c, ids, bad_ids, candidate_sampling_probability, score_mask):
+        """The ``[B, C]`` in-batch columns: scores, logQ, accidental hits, ``score_mask``."""
+        logits = in_batch_logits(q, c, self.temperature)
+        if candidate_sampling_probability is not None:
+            logits = logq_correction(logits, candidate_sampling_probability)
+        if bad_ids is not None:
+            logits = nan_where(bad_ids[None, :], logits)
+        num_q = ops.shape(q)[0]
         if self.remove_accidental_hits:
-            hit = ops.equal(sampled[None, :], ids[: ops.shape(q)[0], None])
-            logits = ops.where(hit, ops.cast(-np.inf, q.dtype), logits)
+            rows = ops.arange(num_q, dtype="int32")
+            logits = remove_accidental_hits(logits, ids[:num_q], ids, labels=rows)
+        if score_mask is not None:
+            mask = ops.convert_to_tensor(score_mask)
+            if dtype_name(mask) != "bool":
+                raise TypeError(f"`score_mask` must be boolean, got dtype {dtype_name(mask)}.")
+            mask = check_shape(mask, (num_q, ops.shape(c)[0]), "score_mask", " ([B, C])")
+            logits = ops.where(mask, logits, ops.cast(-np.inf, logits.dtype))
         return logits
 
-    def _hard_negatives(self, logits, labels):
-        """``[positive, n highest other logits]`` per row (ties: the lower column first)."""
-        n = self.num_hard_negatives
-        columns = ops.arange(ops.shape(logits)[1], dtype="int32")
-        is_positive = ops.equal(columns[None, :], labels[:, None])
-        positive = ops.sum(ops.where(is_positive, logits, 0.0), axis=1, keepdims=True)
-        positive = nan_where(ops.any(ops.isnan(logits), axis=1, keepdims=True), positive)
-        negatives = ops.where(is_positive, ops.cast(-np.inf, logits.dtype), logits)
-        # n padding columns of -inf ("not a candidate") make k = n valid for any width.
-        padding = ops.full((ops.shape(logits)[0], n), -np.inf, dtype=logits.dtype)
-        top, _ = ops.top_k(ops.concatenate([negatives, padding], axis=1), n, sorted=True)
-        return ops.concatenate([positive, top], axis=1)
+    def _sampled_softmax_positive(self, q, c, ids, bad_ids):
+        """``[B, 1]``: each query's positive score, less ``log p`` of its item (sampled
+        softmax: the positive is corrected by the sampler's probability, as the negatives)."""
+        num_q = ops.shape(q)[0]
+        scale = 1.0 if self.temperature is None else 1.0 / self.temperature
+        positive = ops.sum(q * c[:num_q], axis=1, keepdims=True) * ops.cast(scale, q.dtype)
+        if self.sampled_logq_correction:
+            positive = positive - ops.log(self.sampler.probability(ids[:num_q]))[:, None]
+        if bad_ids is not None:
+            positive = nan_where(bad_ids[:num_q, None], positive)
+        return positive
 
     # ------------------------------------------------------------------ call
 
