@@ -1,9 +1,23 @@
 """Test session setup; runs before any Keras backend is imported by a test module.
 
-The suite runs on TensorFlow unless ``KERAS_BACKEND`` names another backend (then only
-``tests/backends`` applies: the backend-neutral suite).
+The whole suite runs on the Keras backend ``KERAS_BACKEND`` names (TensorFlow if unset), one
+pytest process per backend: ``KERAS_BACKEND=jax python -m pytest tests``.
+
+What only TensorFlow has (tf_keras, TensorFlow Recommenders, ``tf.distribute``, the
+``tf.function`` / XLA harness of ``tests/helpers.py`` and ``tests/contract``) is marked
+``tensorflow_only``:
+
+- a whole module: ``pytestmark = pytest.mark.tensorflow_only(reason="...")`` after its imports.
+  On JAX and PyTorch the module is skipped *without being imported* (the mark is read from its
+  source), so it may import TensorFlow at module level; ``-ra`` lists it with the reason.
+- one test or class: ``@pytest.mark.tensorflow_only(reason="...")``.
+
+A module that is not marked must import on every backend: on JAX and PyTorch, TensorFlow,
+tf_keras and TFRS are not importable (below), so a stray module-level ``import tensorflow`` is a
+collection error, not a silent skip.
 """
 
+import ast
 import os
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -14,7 +28,10 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 import pytest  # noqa: E402
 
-if os.environ["KERAS_BACKEND"] != "tensorflow":
+BACKEND = os.environ["KERAS_BACKEND"]
+TENSORFLOW_ONLY = "tensorflow_only"
+
+if BACKEND != "tensorflow":
     # JAX and PyTorch runs see no TensorFlow, as on a machine with only their backend (the
     # GPU machine, a JAX user's install): Keras would otherwise import it lazily (e.g. for file
     # I/O when saving), and TensorFlow beside PyTorch in one process can crash.
@@ -22,7 +39,7 @@ if os.environ["KERAS_BACKEND"] != "tensorflow":
 
     for _name in ("tensorflow", "tf_keras", "tensorflow_recommenders"):
         sys.modules[_name] = None
-if os.environ["KERAS_BACKEND"] == "tensorflow":
+if BACKEND == "tensorflow":
     import tensorflow as tf
 
     # Two logical CPUs, so MirroredStrategy tests run on any machine.
@@ -34,9 +51,89 @@ if os.environ["KERAS_BACKEND"] == "tensorflow":
 import keras  # noqa: E402
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        f"{TENSORFLOW_ONLY}(reason): needs TensorFlow itself (tf_keras, TFRS, tf.distribute, "
+        "tf.function/XLA); skipped on JAX and PyTorch. As a module's `pytestmark` the module is "
+        "not even imported there.",
+    )
+
+
+def _tensorflow_only_mark(path):
+    """``(line, reason)`` of ``path``'s module-level ``pytestmark = ...tensorflow_only(...)``,
+    read from its source; ``None`` if it has no such mark."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return None  # let the import report it
+    for node in tree.body:
+        if not (
+            isinstance(node, (ast.Assign, ast.AnnAssign))
+            and any(
+                isinstance(t, ast.Name) and t.id == "pytestmark"
+                for t in getattr(node, "targets", [getattr(node, "target", None)])
+            )
+            and node.value is not None
+        ):
+            continue
+        for sub in ast.walk(node.value):
+            mark = sub.func if isinstance(sub, ast.Call) else sub
+            if isinstance(mark, ast.Attribute) and mark.attr == TENSORFLOW_ONLY:
+                words = [k.value for k in getattr(sub, "keywords", []) if k.arg == "reason"]
+                words += getattr(sub, "args", [])[:1]
+                if words and isinstance(words[0], ast.Constant):
+                    return node.lineno, str(words[0].value)
+                return node.lineno, "needs TensorFlow"
+    return None
+
+
+class _TensorFlowOnlyModule(pytest.File):
+    """A ``tensorflow_only`` module on another backend: skipped, never imported."""
+
+    mark = (0, "")
+
+    def collect(self):
+        return []
+
+
+def pytest_pycollect_makemodule(module_path, parent):
+    if BACKEND == "tensorflow" or module_path.name == "__init__.py":
+        return None
+    mark = _tensorflow_only_mark(module_path)
+    if mark is None:
+        return None
+    module = _TensorFlowOnlyModule.from_parent(parent, path=module_path)
+    module.mark = mark
+    return module
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_make_collect_report(collector):
+    """A ``tensorflow_only`` module is reported skipped at its ``pytestmark`` line."""
+    if isinstance(collector, _TensorFlowOnlyModule):
+        line, reason = collector.mark
+        where = (str(collector.path), line, f"TensorFlow-only module: {reason}")
+        return pytest.CollectReport(collector.nodeid, "skipped", where, [])
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    if BACKEND == "tensorflow":
+        return
+    for item in items:
+        mark = item.get_closest_marker(TENSORFLOW_ONLY)
+        if mark is not None:
+            reason = mark.kwargs.get("reason", mark.args[0] if mark.args else "needs TensorFlow")
+            item.add_marker(pytest.mark.skip(reason=f"TensorFlow-only: {reason}"))
+
+
 @pytest.fixture(autouse=True)
 def _fresh_keras_state():
-    """Each test starts with float32 policy and seeded RNGs."""
+    """Each test starts from a clean Keras: ``keras.backend.clear_session()`` (as Keras' own
+    ``TestCase.setUp`` does: names, global settings, TensorFlow's default graph and kernel
+    cache, torch.compile's caches), float32 policy and seeded RNGs."""
+    keras.backend.clear_session(free_memory=False)
     keras.mixed_precision.set_global_policy("float32")
     keras.utils.set_random_seed(0)
     yield

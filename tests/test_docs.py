@@ -1,9 +1,9 @@
 """Documentation checks: docstring examples run (Sybil doctests over losszoo/), and the API site
 builds with ``mkdocs build --strict`` (a reference that no longer resolves fails).
 
-Docstring examples run with ``losszoo``, ``tf``, ``np`` and ``keras`` already imported, and
-``model``: a fresh ``keras.Sequential`` mapping 16 features to 10 logits (not compiled), for
-examples that show ``model.compile(loss=...)``.
+Docstring examples run on the suite's backend with ``losszoo``, ``np`` and ``keras`` already
+imported, and ``model``: a fresh ``keras.Sequential`` mapping 16 features to 10 logits (not
+compiled), for examples that show ``model.compile(loss=...)``.
 """
 
 import doctest
@@ -16,7 +16,6 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 from sybil import Sybil
 from sybil.parsers.rest import DocTestParser
 
@@ -41,7 +40,7 @@ def test_docstring_examples(path):
         pytest.skip(PENDING[name])
     document = SYBIL.parse(path)
     model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(10)])
-    document.namespace.update(losszoo=losszoo, tf=tf, np=np, keras=keras, model=model)
+    document.namespace.update(losszoo=losszoo, np=np, keras=keras, model=model)
     examples = list(document)
     assert examples, f"{name} has '>>>' but Sybil found no example"
     before = {(e.kind, e.name) for e in losszoo.entries()}

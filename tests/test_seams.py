@@ -37,6 +37,10 @@ from tests.helpers import (
     weighted_output_sum,
 )
 
+pytestmark = pytest.mark.tensorflow_only(
+    reason="tf.data / tf.function seams of Keras training (tests/helpers.py)"
+)
+
 N, D, K, BATCH = 40, 4, 3, 16  # batches of 16, 16 and 8: the last one is partial
 EPOCHS = 15
 MIN_ACCURACY = 0.75  # training accuracy after fit; the majority class is 15 of 40 (0.375)

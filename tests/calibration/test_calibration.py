@@ -12,6 +12,10 @@ import losszoo
 from losszoo import calibration as C
 from tests.helpers import load_reference
 
+pytestmark = pytest.mark.tensorflow_only(
+    reason="tf.GradientTape / tf.function / XLA checks (tests/helpers.py)"
+)
+
 REF = load_reference("bcsoftmax")
 
 

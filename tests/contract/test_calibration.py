@@ -23,6 +23,10 @@ from tests.contract import (
 )
 from tests.helpers import load_reference
 
+pytestmark = pytest.mark.tensorflow_only(
+    reason="the fail-loud contract harness (tests/contract) runs eager, tf.function and XLA"
+)
+
 REF = load_reference("bcsoftmax")
 SUITE = "calibration"
 N, K = 4, 5

@@ -31,6 +31,10 @@ from tests.contract import (
 )
 from tests.helpers import load_reference
 
+pytestmark = pytest.mark.tensorflow_only(
+    reason="the fail-loud contract harness (tests/contract) runs eager, tf.function and XLA"
+)
+
 R = load_reference("safe_kl_dro")
 # fewer examples than the shared default: 20 parametrised tests x 3 modes must stay ~2 min
 SETTINGS = hypothesis.settings(CONTRACT_SETTINGS, max_examples=8)

@@ -7,6 +7,10 @@ import tensorflow as tf
 from losszoo.contract import check_finite, nan_where, row_has_nan
 from tests.contract import Modes, assert_modes_agree, assert_rejects
 
+pytestmark = pytest.mark.tensorflow_only(
+    reason="the fail-loud contract harness (tests/contract) runs eager, tf.function and XLA"
+)
+
 
 def _loud_row_sum(x):
     x = check_finite(x, "x")

@@ -23,6 +23,10 @@ from tests.contract import (
     assert_rejects,
 )
 
+pytestmark = pytest.mark.tensorflow_only(
+    reason="the fail-loud contract harness (tests/contract) runs eager, tf.function and XLA"
+)
+
 K = 4
 SUITE = "possibilistic"
 

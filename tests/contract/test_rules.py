@@ -11,6 +11,10 @@ import tensorflow as tf
 
 from losszoo.contract import LOGITS
 
+pytestmark = pytest.mark.tensorflow_only(
+    reason="tf.function graph assertions of losszoo.contract's rules"
+)
+
 
 def _rows(k, rng):
     """Rows of K scores with NaN, +inf and -inf placed at random, and the reference mask."""

@@ -11,6 +11,8 @@ import losszoo
 from tests import distributed as dist
 from tests.helpers import assert_mirrored_matches_single
 
+pytestmark = pytest.mark.tensorflow_only(reason="tf.distribute.MirroredStrategy")
+
 
 @pytest.mark.parametrize("name", losszoo.names("loss"))
 def test_mirrored_matches_single_device(name):

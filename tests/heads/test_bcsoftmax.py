@@ -15,6 +15,10 @@ from tests.helpers import (
     load_reference,
 )
 
+pytestmark = pytest.mark.tensorflow_only(
+    reason="tf.GradientTape / tf.function / XLA checks (tests/helpers.py)"
+)
+
 REF = load_reference("bcsoftmax")
 
 

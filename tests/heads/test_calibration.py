@@ -13,6 +13,10 @@ from tests.helpers import (
     load_reference,
 )
 
+pytestmark = pytest.mark.tensorflow_only(
+    reason="tf.GradientTape / tf.function / XLA checks (tests/helpers.py)"
+)
+
 REF = load_reference("bcsoftmax")
 RNG = np.random.RandomState(0)
 X = RNG.normal(0, 3, (24, 6)).astype(np.float32)

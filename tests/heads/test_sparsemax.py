@@ -2,6 +2,7 @@
 
 import keras
 import numpy as np
+import pytest
 
 import losszoo
 from losszoo.heads import Sparsemax
@@ -10,6 +11,10 @@ from tests.helpers import (
     assert_mirrored_matches_single,
     assert_mixed_precision,
     load_reference,
+)
+
+pytestmark = pytest.mark.tensorflow_only(
+    reason="tf.GradientTape / tf.function / XLA checks (tests/helpers.py)"
 )
 
 ref = load_reference("rankmax_sparsemax")

@@ -19,6 +19,10 @@ from tests.helpers import (
     assert_mixed_precision,
 )
 
+pytestmark = pytest.mark.tensorflow_only(
+    reason="tf.GradientTape / tf.function / XLA checks (tests/helpers.py)"
+)
+
 K = 3
 rng = np.random.default_rng(0)
 X = rng.normal(size=(64, 4)).astype(np.float32)

@@ -18,6 +18,10 @@ from tests.helpers import (
     small_mlp,
 )
 
+pytestmark = pytest.mark.tensorflow_only(
+    reason="tf.GradientTape / tf.function / XLA checks (tests/helpers.py); sparse and ragged inputs"
+)
+
 ref = load_reference("rankmax_sparsemax")
 rng = np.random.default_rng(0)
 Z = rng.normal(size=(6, 5)).astype(np.float32)

@@ -14,6 +14,8 @@ import losszoo
 from losszoo.losses import RankmaxLoss, SparsemaxLoss
 from tests.helpers import load_reference
 
+pytestmark = pytest.mark.tensorflow_only(reason="TensorFlow Recommenders and tf_keras")
+
 tfrs = pytest.importorskip("tensorflow_recommenders")
 tf_keras = pytest.importorskip("tf_keras")
 

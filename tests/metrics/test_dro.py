@@ -2,11 +2,14 @@
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import losszoo.metrics  # noqa: F401  (the lead imports it from the package)
 from losszoo.metrics import ExactKLDRORisk
 from tests.helpers import assert_config_roundtrip, load_reference
+
+pytestmark = pytest.mark.tensorflow_only(reason="tf.distribute.MirroredStrategy (tests/helpers.py)")
 
 R = load_reference("safe_kl_dro")
 

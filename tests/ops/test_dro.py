@@ -14,6 +14,10 @@ from tests.helpers import (
     load_reference,
 )
 
+pytestmark = pytest.mark.tensorflow_only(
+    reason="tf.GradientTape / tf.function / XLA checks (tests/helpers.py); tf.distribute"
+)
+
 R = load_reference("safe_kl_dro")
 
 

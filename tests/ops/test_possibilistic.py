@@ -30,6 +30,10 @@ from losszoo.ops import (
 )
 from tests.helpers import assert_grad_matches_fd, assert_xla_matches_eager
 
+pytestmark = pytest.mark.tensorflow_only(
+    reason="tf.GradientTape / tf.function / XLA checks (tests/helpers.py)"
+)
+
 RHO = 1e-6
 
 

@@ -17,6 +17,10 @@ import pytest
 from losszoo.ops import possibilistic_projection
 from tests.ops.test_possibilistic import ref_constraints
 
+pytestmark = pytest.mark.tensorflow_only(
+    reason="tf.function checks; references from tests/ops/test_possibilistic.py"
+)
+
 
 def numpy_certificate(p, q, pi, lam, eps_cap=1e-9):
     """(V, gap) of one row from the spec's A p >= b (rows: prefix, lower, upper)."""

@@ -7,6 +7,10 @@ import tensorflow as tf
 from losszoo.ops import rankmax, rankmax_loss
 from tests.helpers import assert_grad_matches_fd, assert_xla_matches_eager, load_reference
 
+pytestmark = pytest.mark.tensorflow_only(
+    reason="tf.GradientTape / tf.function / XLA checks (tests/helpers.py); ragged inputs"
+)
+
 ref = load_reference("rankmax_sparsemax")
 
 

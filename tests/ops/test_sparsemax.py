@@ -13,6 +13,10 @@ from tests.helpers import (
     load_reference,
 )
 
+pytestmark = pytest.mark.tensorflow_only(
+    reason="tf.GradientTape / tf.function / XLA checks (tests/helpers.py)"
+)
+
 ref = load_reference("rankmax_sparsemax")
 
 

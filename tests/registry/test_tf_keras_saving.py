@@ -14,6 +14,8 @@ import pytest
 
 import losszoo
 
+pytestmark = pytest.mark.tensorflow_only(reason="tf_keras (Keras 2) saving")
+
 tf_keras = pytest.importorskip("tf_keras")
 
 K = 3

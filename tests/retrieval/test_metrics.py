@@ -6,6 +6,8 @@ import tensorflow as tf
 
 import losszoo.retrieval as R
 
+pytestmark = pytest.mark.tensorflow_only(reason="tf.function checks of losszoo.retrieval")
+
 
 def brute_force_rank(q, table, true):
     s = q.astype(np.float64) @ table.astype(np.float64).T

@@ -8,6 +8,8 @@ import tensorflow as tf
 import losszoo.retrieval as R
 from losszoo.retrieval.sampling import TOTAL, count_at_most
 
+pytestmark = pytest.mark.tensorflow_only(reason="tf.function checks of losszoo.retrieval")
+
 
 def targets():
     j = np.arange(50, dtype=np.float64)

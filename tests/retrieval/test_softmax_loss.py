@@ -7,6 +7,10 @@ import tensorflow as tf
 import losszoo
 from tests.retrieval._common import softmax_ce
 
+pytestmark = pytest.mark.tensorflow_only(
+    reason="tf.GradientTape / tf.errors checks of losszoo.retrieval"
+)
+
 
 def test_registered_under_its_name_and_alias():
     assert losszoo.get_class("softmax_cross_entropy") is losszoo.get_class("softmax_ce")

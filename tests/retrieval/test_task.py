@@ -9,6 +9,10 @@ import losszoo
 import losszoo.retrieval as R
 from tests.retrieval._common import softmax_ce, towers
 
+pytestmark = pytest.mark.tensorflow_only(
+    reason="tf.function / tf.errors checks of losszoo.retrieval"
+)
+
 IDS = np.array([3, 1, 3, 2, 5, 1])  # rows 0/2 and 1/5 share an item
 
 
