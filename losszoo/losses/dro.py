@@ -406,7 +406,12 @@ class SafeKLDRORisk(_BatchRiskLoss):
             return
         import tensorflow as tf  # only tf.distribute has replicas
 
-        if not isinstance(self._state.value, tf.distribute.DistributedValues):
+        value = self._state.value
+        # Not a tf.Variable yet: created deferred in Keras' symbolic build (compile by name),
+        # it is made when that build ends, inside the strategy's scope that Keras entered.
+        if isinstance(value, tf.Variable) and not isinstance(
+            value, tf.distribute.DistributedValues
+        ):
             raise ValueError(
                 "SafeKLDRORisk was created outside the active tf.distribute strategy's scope, "
                 "so its alpha cannot be kept in sync across replicas. Create the loss (or "

@@ -19,6 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[2]
 
 _SCRIPT = r"""
@@ -72,7 +74,8 @@ print("REPORT " + json.dumps(report))
 """
 
 
-def test_dro_losses_train_under_successive_mirrored_strategies():
+def _run(script):
+    """Run ``script`` in a fresh process (TensorFlow, 2 logical CPUs); its JSON report."""
     env = {
         **os.environ,
         "KERAS_BACKEND": "tensorflow",
@@ -81,7 +84,7 @@ def test_dro_losses_train_under_successive_mirrored_strategies():
         "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
     }
     out = subprocess.run(
-        [sys.executable, "-c", _SCRIPT],
+        [sys.executable, "-c", script],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -91,7 +94,11 @@ def test_dro_losses_train_under_successive_mirrored_strategies():
     )
     assert out.returncode == 0, out.stderr[-3000:]
     line = next(x for x in out.stdout.splitlines() if x.startswith("REPORT "))
-    report = json.loads(line[len("REPORT ") :])
+    return json.loads(line[len("REPORT ") :])
+
+
+def test_dro_losses_train_under_successive_mirrored_strategies():
+    report = _run(_SCRIPT)
     assert [r["name"] for r in report][1:5] == [
         "kl_dro_batch_lse",
         "safe_kl_dro",
@@ -104,3 +111,62 @@ def test_dro_losses_train_under_successive_mirrored_strategies():
         assert r["weights"] < 1e-5, r
         for single, mirrored in (r["loss"], r["metric"]):
             assert all(abs(a - b) <= 1e-5 * max(1.0, abs(a)) for a, b in zip(single, mirrored)), r
+
+
+_DRO_NAMES = ("safe_kl_dro", "kl_dro_batch_lse", "cvar", "kl_dro_sumexp")
+_BY_NAME_SCRIPT = r"""
+import json
+import tensorflow as tf
+cpus = tf.config.list_physical_devices("CPU")
+tf.config.set_logical_device_configuration(cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
+import keras
+import numpy as np
+import losszoo
+from losszoo.losses.dro import find_dro_losses
+from tests import distributed as dist
+
+devices = [d.name for d in tf.config.list_logical_devices("CPU")][:2]
+report = []
+for name in NAMES:
+    x, y = dist.data("cvar")
+    runs = []
+    for strategy in (None, tf.distribute.MirroredStrategy(devices)):
+        scope = strategy.scope() if strategy is not None else tf.name_scope("one_device")
+        with scope:
+            model = dist.build_model()
+            model.compile(optimizer=keras.optimizers.SGD(0.1), loss=name)  # by name
+        try:
+            h = model.fit(x, y, batch_size=len(x), epochs=2, shuffle=False, verbose=0)
+        except Exception as e:
+            runs.append({"error": type(e).__name__ + ": " + str(e)[-300:]})
+            continue
+        run = {"weights": [w.tolist() for w in model.get_weights()], "loss": h.history["loss"]}
+        for loss in find_dro_losses(model):
+            value = loss._state.value
+            run["mirrored"] = isinstance(value, tf.distribute.DistributedValues)
+            copies = value.values if run["mirrored"] else [value]
+            run["alpha"] = [float(v.numpy()[0]) for v in copies]
+        runs.append(run)
+    report.append({"name": name, "runs": runs})
+print("REPORT " + json.dumps(report))
+"""
+
+
+def test_dro_losses_by_name_compiled_inside_mirrored_scope():
+    """Issue 31 item 2: ``compile(loss="safe_kl_dro")`` inside ``strategy.scope()`` raised
+    "created outside the active tf.distribute strategy's scope" (Keras builds a loss given by
+    name in its symbolic build, where the alpha variable is still deferred). All four DRO names
+    by name under 2-replica Mirrored train as one device; safe-KL's alpha is mirrored and equal
+    on both replicas."""
+    report = _run(f"NAMES = {_DRO_NAMES!r}\n" + _BY_NAME_SCRIPT)
+    assert [r["name"] for r in report] == list(_DRO_NAMES)
+    for r in report:
+        single, mirrored = r["runs"]
+        assert "error" not in single and "error" not in mirrored, r
+        for a, b in zip(single["weights"], mirrored["weights"]):
+            np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(mirrored["loss"], single["loss"], rtol=1e-5)
+        if r["name"] == "safe_kl_dro":
+            assert mirrored["mirrored"] and len(mirrored["alpha"]) == 2
+            assert mirrored["alpha"][0] == mirrored["alpha"][1] != 0.0
+            np.testing.assert_allclose(mirrored["alpha"][0], single["alpha"][0], rtol=1e-5)
