@@ -270,6 +270,13 @@ def _op_cases():
         ("rankmax[None,None]", ops.rankmax, (square, diag), (b01, b0), 0),
         ("rankmax_loss", ops.rankmax_loss, (ids, z), (b0, b0), 1),
         ("rankmax_loss[None,None]", ops.rankmax_loss, (diag, square), (b0, b01), 1),
+        (  # streamed over 3 chunks of a 600-item table (the last one padded)
+            "catalogue_loss",
+            lambda q, p: ops.catalogue_loss(q, np.resize(z, (600, K)), p, chunk_size=256),
+            (z, ids.astype(np.int32)),
+            (b0, b0),
+            0,
+        ),
         ("bcsoftmax", ops.bcsoftmax, (z,), (b0,), 0),  # no bounds: softmax, as the head's default
         (
             "bcsoftmax[fixed bounds]",

@@ -10,6 +10,7 @@ TensorFlow; on JAX and PyTorch ``keras.distribution`` computes one global batch 
 
 from losszoo.ops._bcsoftmax import METHODS as bcsoftmax_methods
 from losszoo.ops._bcsoftmax import bcsoftmax
+from losszoo.ops._catalogue import catalogue_loss
 from losszoo.ops._dro import (
     cvar_risk,
     kl_dro_batch_lse,
