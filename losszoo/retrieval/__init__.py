@@ -9,10 +9,13 @@ Written with ``keras.ops``: runs on TensorFlow, JAX and PyTorch (``tests/backend
 - :func:`in_batch_logits`, :func:`logq_correction`, :func:`remove_accidental_hits`,
   :func:`sampled_logits`, :func:`hard_negative_mining`: the task's steps, each usable alone
   (:mod:`losszoo.retrieval.logits`).
+- :class:`Model`: a base model whose ``compute_loss(inputs, training)`` is written by hand,
+  as ``tfrs.Model``; :mod:`losszoo.retrieval.tfrs` gives TFRS' names for porting TFRS code.
 - :class:`UniformSampler`, :class:`UnigramSampler`, :class:`LogUniformSampler`: extra
   negatives drawn from the catalogue, each with its exact sampling probability.
-- :class:`CatalogueTopK`, :func:`candidate_ranks`: top-k over the whole catalogue, streamed
-  in chunks, pessimistic ties.
+- :class:`CatalogueTopK`, :func:`candidate_ranks`, :func:`streamed_ranks`: top-k over the
+  whole catalogue (a table, a list of batches or a ``tf.data`` dataset), streamed in chunks,
+  pessimistic ties.
 """
 
 from losszoo.retrieval.logits import (
@@ -22,7 +25,8 @@ from losszoo.retrieval.logits import (
     remove_accidental_hits,
     sampled_logits,
 )
-from losszoo.retrieval.metrics import CatalogueTopK, candidate_ranks
+from losszoo.retrieval.metrics import CatalogueTopK, candidate_ranks, streamed_ranks
+from losszoo.retrieval.model import Model
 from losszoo.retrieval.sampling import (
     CandidateSampler,
     LogUniformSampler,
@@ -35,6 +39,7 @@ __all__ = [
     "CandidateSampler",
     "CatalogueTopK",
     "LogUniformSampler",
+    "Model",
     "Retrieval",
     "UniformSampler",
     "UnigramSampler",
@@ -45,4 +50,5 @@ __all__ = [
     "remove_accidental_hits",
     "resolve_loss",
     "sampled_logits",
+    "streamed_ranks",
 ]

@@ -24,6 +24,10 @@ from losszoo.retrieval.logits import (
 )
 from losszoo.retrieval.sampling import CandidateSampler
 
+#: Masked logits as a loss other than losszoo's sees them (TFRS' value): Keras' own losses
+#: and metrics turn -inf into NaN (0 * -inf) or a miss.
+MIN_FLOAT = float(np.finfo(np.float32).min / 100.0)
+
 
 def resolve_loss(loss, loss_config=None, reduction="sum"):
     """A Keras 3 loss object from a registry name, a serialized dict or a loss/callable.
@@ -85,7 +89,18 @@ class Retrieval(keras.layers.Layer):
     ``"rankmax"``, ``"sparsemax"`` and the DRO risks (``"cvar"``, ``"kl_dro_batch_lse"``,
     ``"kl_dro_sumexp"``, ``"safe_kl_dro"``, built over softmax cross-entropy) work as they
     are; the possibilistic losses need a static class axis and do not fit. ``-inf`` means
-    "not a candidate" for all of them.
+    "not a candidate" for all of them, and they get class ids (``labels``). Any other loss
+    (a Keras loss such as TFRS users pass, ``keras.losses.CategoricalCrossentropy(
+    from_logits=True)``, or a callable) gets what TFRS gives it: one-hot labels ``[B,
+    columns]``, and ``float32.min / 100`` instead of ``-inf`` in masked columns.
+
+    Metrics, as TFRS': ``metrics`` (catalogue top-k, :class:`~losszoo.retrieval.CatalogueTopK`)
+    get the queries and the true candidates: ``candidate_ids[:B]`` when given, else their
+    embeddings ``candidate_embeddings[:B]`` (found by score); ``batch_metrics`` (Keras
+    metrics) get the one-hot labels and the logits as a non-losszoo loss does;
+    ``loss_metrics`` get the loss. A ``tf.data`` candidate dataset in ``metrics`` cannot run
+    under XLA: the task then reports ``supports_jit = False`` (Keras' ``jit_compile="auto"``
+    leaves XLA off).
 
     Temperature ``T`` (scores divided by ``T`` before the logQ term): for softmax it sets
     how peaked the distribution is (smaller ``T``: harder negatives dominate the
@@ -124,7 +139,10 @@ class Retrieval(keras.layers.Layer):
         softmax (needs a sampler and ``candidate_ids``).
       sampled_logq_correction: subtract ``log(S p / C)`` from the sampled columns (default).
       metrics: :class:`~losszoo.retrieval.metrics.CatalogueTopK` metric(s) updated with the
-        queries and ``candidate_ids[:B]`` when ``compute_metrics`` (not in the config).
+        queries and the true candidates when ``compute_metrics`` (not in the config).
+      batch_metrics: Keras metrics of the in-batch logits, updated with ``(one-hot labels,
+        logits, sample_weight)`` when ``compute_batch_metrics`` (not in the config).
+      loss_metrics: Keras metrics updated with the loss (e.g. ``keras.metrics.Mean``).
       reduction: reduction of a loss given by name; ``"sum"`` (default) as TFRS' loss.
       seed: seed of the sampler's ``keras.random.SeedGenerator``.
       name: layer name.
@@ -159,6 +177,8 @@ class Retrieval(keras.layers.Layer):
         in_batch_negatives: bool = True,
         sampled_logq_correction: bool = True,
         metrics=None,
+        batch_metrics=None,
+        loss_metrics=None,
         reduction="sum",
         seed: int | None = None,
         name: str | None = None,
@@ -174,6 +194,7 @@ class Retrieval(keras.layers.Layer):
         self.loss_config = dict(loss_config or {})
         self.reduction = reduction
         self.loss = resolve_loss(loss, loss_config, reduction)
+        self.takes_class_ids = registry.entry_of(type(self.loss), "loss") is not None
         self.temperature = check_number(
             temperature, "temperature", low=0, low_open=True, allow_none=True
         )
@@ -196,9 +217,9 @@ class Retrieval(keras.layers.Layer):
             )
         if not in_batch_negatives and sampler is None:
             raise ValueError("`in_batch_negatives=False` needs a `sampler` (sampled softmax).")
-        if metrics is None:
-            metrics = []
-        self.task_metrics = list(metrics) if isinstance(metrics, (list, tuple)) else [metrics]
+        self.task_metrics = _as_list(metrics)
+        self.batch_metrics = _as_list(batch_metrics)
+        self.loss_metrics = _as_list(loss_metrics)
         self.seed = seed
         self.seed_generator = keras.random.SeedGenerator(seed) if sampler is not None else None
         self.built = True  # no weights: nothing to build (models holding it build cleanly)
@@ -312,6 +333,17 @@ class Retrieval(keras.layers.Layer):
             positive = nan_where(bad_ids[:num_q, None], positive)
         return positive
 
+    @property
+    def supports_jit(self) -> bool:
+        """False while a metric reads a ``tf.data`` candidate dataset (no XLA for it)."""
+        metrics = self.__dict__.get("task_metrics", ())
+        reads_data = any(getattr(m, "reads_a_dataset", False) for m in metrics)
+        return self.__dict__.get("_supports_jit", True) and not reads_data
+
+    @supports_jit.setter
+    def supports_jit(self, value):
+        self.__dict__["_supports_jit"] = value
+
     # ------------------------------------------------------------------ call
 
     def call(
@@ -324,8 +356,9 @@ class Retrieval(keras.layers.Layer):
         score_mask=None,
         candidate_model=None,
         compute_metrics: bool = True,
+        compute_batch_metrics: bool = True,
     ):
-        """The loss of one batch (a scalar); updates ``metrics`` when ``compute_metrics``.
+        """The loss of one batch (a scalar); updates the metrics (see the class doc).
 
         Args:
           query_embeddings: ``[B, D]``.
@@ -336,7 +369,9 @@ class Retrieval(keras.layers.Layer):
           score_mask: ``[B, C]`` bool; false sets the in-batch logit to ``-inf``.
           candidate_model: callable mapping int32 ids ``[S]`` to embeddings ``[S, D]``
             (required with a sampler).
-          compute_metrics: update ``metrics`` (needs ``candidate_ids``).
+          compute_metrics: update ``metrics`` (catalogue top-k: slow; TFRS' advice is
+            ``compute_metrics=not training``).
+          compute_batch_metrics: update ``batch_metrics``.
         """
         logits, labels = self.logits_and_labels(
             query_embeddings,
@@ -346,13 +381,28 @@ class Retrieval(keras.layers.Layer):
             score_mask=score_mask,
             candidate_model=candidate_model,
         )
-        loss = self.loss(labels, logits, sample_weight=sample_weight)
+        if self.takes_class_ids:
+            loss = self.loss(labels, logits, sample_weight=sample_weight)
+        else:
+            loss = self.loss(*one_hot_form(logits, labels), sample_weight=sample_weight)
+        num_q = ops.shape(query_embeddings)[0]
         if compute_metrics and self.task_metrics:
-            if candidate_ids is None:
-                raise ValueError("`candidate_ids` is required to update the task's metrics.")
-            true = ops.convert_to_tensor(candidate_ids)[: ops.shape(query_embeddings)[0]]
-            for metric in self.task_metrics:
-                metric.update_state(query_embeddings, true, sample_weight=sample_weight)
+            if candidate_ids is None:  # found by score, as TFRS does without ids
+                true = ops.convert_to_tensor(candidate_embeddings)[:num_q]
+                for metric in self.task_metrics:
+                    metric.update_state(
+                        query_embeddings, None, sample_weight=sample_weight, true_embeddings=true
+                    )
+            else:
+                true = ops.convert_to_tensor(candidate_ids)[:num_q]
+                for metric in self.task_metrics:
+                    metric.update_state(query_embeddings, true, sample_weight=sample_weight)
+        if compute_batch_metrics and self.batch_metrics:
+            targets, finite = one_hot_form(logits, labels)
+            for metric in self.batch_metrics:
+                metric.update_state(targets, finite, sample_weight=sample_weight)
+        for metric in self.loss_metrics:
+            metric.update_state(loss)
         return loss
 
     def compute_output_shape(self, *args, **kwargs):
@@ -373,3 +423,17 @@ class Retrieval(keras.layers.Layer):
             "reduction": self.reduction,
             "seed": self.seed,
         }
+
+
+def _as_list(metrics) -> list:
+    if metrics is None:
+        return []
+    return list(metrics) if isinstance(metrics, (list, tuple)) else [metrics]
+
+
+def one_hot_form(logits, labels):
+    """``(one-hot labels [B, columns], logits with -inf as float32.min / 100)``: the form
+    TFRS gives its loss and batch metrics (Keras' losses read -inf as NaN)."""
+    targets = ops.one_hot(labels, ops.shape(logits)[1], dtype=logits.dtype)
+    finite = ops.where(ops.isneginf(logits), ops.cast(MIN_FLOAT, logits.dtype), logits)
+    return targets, finite
