@@ -17,10 +17,17 @@
     (``softmax_cross_entropy`` over the whole catalogue): step time (forward, backward and
     Adagrad update of both tables, XLA) and peak resident memory, each case in a fresh
     process.
+(c) ``stream`` (issue 34): ``losszoo.ops.catalogue_loss``, the exact full-catalogue loss
+    streamed over candidate chunks, against the materialised ``[batch, N]`` scores with the
+    registered loss (``softmax_cross_entropy``, ``sparsemax``, ``rankmax``) at ``--stream-small``
+    items, and against sampled softmax (8192 log-uniform negatives) at ``--items``: one Adagrad
+    step on both tables, batch ``--stream-batch``, XLA; step time and peak resident memory,
+    each case in a fresh process.
 
 Usage:
   python benchmarks/bench_retrieval.py                      # both parts, a few minutes
   python benchmarks/bench_retrieval.py --part catalogue --full-batch 256 1024
+  python benchmarks/bench_retrieval.py --part stream --steps 2   # issue 34's rows
   python benchmarks/bench_retrieval.py --out examples/results   # rewrite the committed file
 """
 
@@ -388,6 +395,143 @@ def catalogue_table(results, args):
     return lines
 
 
+# --------------------------------------------------------------------------- (c) stream
+
+STREAM_LOSSES = {"softmax": "softmax_cross_entropy", "sparsemax": "sparsemax", "rankmax": "rankmax"}
+
+
+def stream_case(kind, loss, n, batch, args):
+    """One step-time / memory case of part (c), in its own process: ``kind`` is
+    ``"streamed"`` (``catalogue_loss``), ``"materialised"`` (the registered loss on the
+    ``[batch, n]`` scores) or ``"sampled"`` (the task, sampled softmax)."""
+    import keras
+    import tensorflow as tf
+
+    import losszoo
+    import losszoo.retrieval as R
+
+    dim = args.dim
+    keras.utils.set_random_seed(0)
+    users = keras.layers.Embedding(100_000, dim)
+    items = keras.layers.Embedding(n, dim)
+    users.build(None)
+    items.build(None)
+    variables = [users.embeddings, items.embeddings]
+    optimizer = keras.optimizers.Adagrad(0.1)
+    sampler = R.LogUniformSampler(n)
+    task = R.Retrieval(
+        sampler=sampler, num_sampled_negatives=args.sampled, in_batch_negatives=False, seed=0
+    )
+    registered = losszoo.get(STREAM_LOSSES[loss], reduction="sum")
+
+    def step(u, i):
+        with tf.GradientTape() as tape:
+            q = users(u)
+            if kind == "sampled":
+                value = task(q, items(i), candidate_ids=i, candidate_model=items)
+            elif kind == "streamed":
+                per_row = losszoo.ops.catalogue_loss(
+                    q, items.embeddings, i, loss=loss, chunk_size=args.chunk
+                )
+                value = tf.reduce_sum(per_row)
+            else:
+                value = registered(i, tf.matmul(q, items.embeddings, transpose_b=True))
+        optimizer.apply(tape.gradient(value, variables), variables)
+        return value
+
+    step = tf.function(step, jit_compile=True)
+    times = []
+    for it in range(args.steps + 1):
+        u = tf.constant(np.random.default_rng(it).integers(0, 100_000, batch), tf.int32)
+        i = sampler.sample(batch, seed=it)
+        start = time.perf_counter()
+        float(step(u, i))
+        times.append(time.perf_counter() - start)
+    return {
+        "kind": kind,
+        "loss": loss,
+        "items": n,
+        "batch": batch,
+        "step_ms": float(np.median(times[1:]) * 1e3),
+        "first_step_s": times[0],
+        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+    }
+
+
+def bench_stream(args):
+    small, large, batch = args.stream_small, args.items, args.stream_batch
+    cases = []
+    for loss in args.stream_losses:
+        cases += [("materialised", loss, small), ("streamed", loss, small)]
+    cases.append(("sampled", "softmax", large))
+    cases += [("streamed", loss, large) for loss in args.stream_losses]
+    results = []
+    for kind, loss, n in cases:
+        label = f"{kind} {loss} N={n:,} batch {batch}"
+        need = 4 * batch * n * 4 / 2**30 + 1.0 if kind == "materialised" else 1.5
+        if need > 0.7 * available_gb():
+            results.append({"kind": kind, "loss": loss, "items": n, "skipped": f"~{need:.0f} GB"})
+            print(f"{label}: skipped, needs ~{need:.0f} GB", flush=True)
+            continue
+        command = [sys.executable, __file__, "--stream-case", kind, loss, str(n), str(batch)]
+        command += [*args.passthrough, f"--chunk={args.chunk}"]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+        if done.returncode != 0:
+            reason = (done.stderr.strip().splitlines() or ["?"])[-1][:200]
+            results.append({"kind": kind, "loss": loss, "items": n, "failed": reason})
+            print(f"{label}: failed: {reason}", flush=True)
+            continue
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        results.append(result)
+        print(
+            f"{label}: {result['step_ms']:.0f} ms/step, peak RSS {result['peak_rss_gb']:.2f} GB",
+            flush=True,
+        )
+    return results
+
+
+def stream_table(results, args):
+    lines = [
+        "## (c) Exact full-catalogue losses streamed over chunks (issue 34)",
+        "",
+        f"Embedding {args.dim}, batch {args.stream_batch}, positives drawn log-uniform; one "
+        "training step = forward, backward and Adagrad update of the user (100,000) and item "
+        f"tables, XLA (`jit_compile=True`); median of {args.steps} steps after 1 warm-up step. "
+        "Streamed: `losszoo.ops.catalogue_loss` (chunks of "
+        f"{args.chunk} items); materialised: the registered loss on the `[batch, N]` scores; "
+        f"sampled: the task with {args.sampled} log-uniform negatives "
+        "(`in_batch_negatives=False`). Peak memory: the process's maximum resident set (fresh "
+        "process per case, TensorFlow and both tables included). Ratio: step time over the "
+        "materialised step of the same loss and N (streamed rows at the small N), over "
+        "sampled softmax at the large N.",
+        "",
+        "| method | loss | items | step ms | ratio | peak RSS GB | first step s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+
+    def find(kind, loss, n):
+        return next(
+            (r for r in results if (r["kind"], r["loss"], r["items"]) == (kind, loss, n)), None
+        )
+
+    for r in results:
+        if "step_ms" not in r:
+            why = r.get("skipped") or r.get("failed")
+            lines.append(f"| {r['kind']} | {r['loss']} | {r['items']:,} | not run: {why} | |||")
+            continue
+        anchor = None
+        if r["kind"] == "streamed":
+            small = r["items"] == args.stream_small
+            anchor = find("materialised", r["loss"], r["items"]) if small else None
+            anchor = anchor or find("sampled", "softmax", r["items"])
+        ratio = f"{r['step_ms'] / anchor['step_ms']:.2f}" if anchor and "step_ms" in anchor else ""
+        lines.append(
+            f"| {r['kind']} | {r['loss']} | {r['items']:,} | {r['step_ms']:.0f} | {ratio} | "
+            f"{r['peak_rss_gb']:.2f} | {r['first_step_s']:.1f} |"
+        )
+    return lines
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -397,7 +541,7 @@ def parse_args(argv=None):
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--part", choices=("movielens", "catalogue", "all"), default="all")
+    p.add_argument("--part", choices=("movielens", "catalogue", "stream", "all"), default="all")
     p.add_argument("--seeds", type=int, default=3, help="init seeds per MovieLens row")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=8192)
@@ -409,6 +553,11 @@ def parse_args(argv=None):
     p.add_argument("--full-batch", type=int, nargs="+", default=[256, 1024])
     p.add_argument("--steps", type=int, default=5, help="timed steps per catalogue case")
     p.add_argument("--case", nargs=2, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--stream-small", type=int, default=200_000, help="(c): items, vs materialised")
+    p.add_argument("--stream-batch", type=int, default=1024, help="(c): queries per step")
+    p.add_argument("--stream-losses", nargs="+", default=list(STREAM_LOSSES))
+    p.add_argument("--chunk", type=int, default=8192, help="(c): catalogue_loss chunk_size")
+    p.add_argument("--stream-case", nargs=4, default=None, help=argparse.SUPPRESS)
     p.add_argument("--out", default=None, help="folder for the results (default: out/)")
     args = p.parse_args(argv)
     args.passthrough = [
@@ -422,6 +571,11 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.stream_case:
+        args.sampled = args.sampled or 8192
+        kind, loss, n, batch = args.stream_case
+        print(json.dumps(stream_case(kind, loss, int(n), int(batch), args)))
+        return 0
     if args.case:
         args.sampled = args.sampled or 8192
         print(json.dumps(catalogue_case(args.case[0], int(args.case[1]), args)))
@@ -449,6 +603,10 @@ def main(argv=None):
         args.sampled = args.sampled or 8192
         results["catalogue"] = bench_catalogue(args)
         lines += catalogue_table(results["catalogue"], args) + [""]
+    if args.part == "stream":  # not in "all": minutes per case at 10^6 items
+        args.sampled = args.sampled or 8192
+        results["stream"] = bench_stream(args)
+        lines += stream_table(results["stream"], args) + [""]
     out = Path(args.out or "out")
     out.mkdir(parents=True, exist_ok=True)
     suffix = "" if args.part == "all" else f"_{args.part}"
