@@ -5,7 +5,8 @@ A two-tower model (user-id and movie-id embeddings, dot-product scores) is a pla
 counterpart of ``tfrs.tasks.Retrieval``; no TFRS, no tf_keras), trained with ``model.fit``
 (XLA). Options of the task exposed here: the loss (``--loss``), in-batch or mixed negatives
 (``--negatives``; mixed adds ``--sampled`` negatives per batch from the unigram sampler over
-the training counts, with their exact sampling probability), logQ correction
+the training counts, with their exact sampling probability; full scores every movie with the
+exact loss, ``losszoo.retrieval.full_catalogue.FullCatalogueRetrieval``), logQ correction
 (``--logq``: q = the movie's share of the training pairs), accidental hits masked with -inf
 (on), hard-negative mining and temperature.
 
@@ -40,7 +41,7 @@ import _common  # noqa: E402
 
 SCRIPT = "keras3_retrieval"
 LOSSES = ("softmax_cross_entropy", "rankmax", "sparsemax")
-NEGATIVES = ("in-batch", "mixed")
+NEGATIVES = ("in-batch", "mixed", "full")
 KS = (1, 10, 50, 100)
 
 
@@ -52,7 +53,8 @@ def parse_args(argv=None):
         choices=NEGATIVES,
         nargs="+",
         default=["in-batch"],
-        help="negative settings to run (mixed: in-batch plus sampled)",
+        help="negative settings to run (mixed: in-batch plus sampled; full: every movie, the "
+        "exact loss streamed over chunks, losszoo.retrieval.full_catalogue)",
     )
     p.add_argument(
         "--sampled",
@@ -94,8 +96,9 @@ def build_model(num_users, num_items, counts, loss, negatives, args, seed):
     import keras
 
     import losszoo.retrieval as R
+    from losszoo.retrieval.full_catalogue import FullCatalogueRetrieval
 
-    mixed = negatives == "mixed"
+    mixed, full = negatives == "mixed", negatives == "full"
     task = R.Retrieval(
         loss=loss,
         temperature=args.temperature,
@@ -106,6 +109,10 @@ def build_model(num_users, num_items, counts, loss, negatives, args, seed):
         metrics=R.CatalogueTopK(ks=KS),
         seed=seed,
     )
+    if full:  # every movie is a negative: no sampling, no logQ, no accidental hits
+        task = FullCatalogueRetrieval(
+            loss=loss, temperature=args.temperature, metrics=R.CatalogueTopK(ks=KS)
+        )
 
     class TwoTower(keras.Model):
         def __init__(self):
@@ -121,6 +128,13 @@ def build_model(num_users, num_items, counts, loss, negatives, args, seed):
             return self.users(x["user"])
 
         def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+            if full:
+                return self.task(
+                    self.users(x["user"]),
+                    self.items.embeddings,
+                    x["item"],
+                    compute_metrics=not training,
+                )
             return self.task(
                 self.users(x["user"]),
                 self.items(x["item"]),
