@@ -161,10 +161,13 @@ def training_flag(update_alpha, losses=None):
 
 def attach_metrics(trainer, metrics):
     """Append ``metrics`` to a Keras 3 model's own metrics (once), so they reach the logs
-    (nothing outside a trainer: ``trainer`` is ``None``)."""
+    (nothing outside a trainer: ``trainer`` is ``None``). Whether any was appended now."""
     own = getattr(trainer, "_metrics", None)
-    if own is not None:
-        own.extend([m for m in metrics if not any(x is m for x in own)])
+    new = [m for m in metrics if not any(x is m for x in own or ())]
+    if own is not None and new:
+        own.extend(new)
+        return True
+    return False
 
 
 def store_instance_in_compile_config(trainer, loss):

@@ -90,14 +90,14 @@ added to tf_keras' logs (read ``adapter.losszoo_loss.alpha``), and with
 adapter makes the baselines (``cvar``, ``kl_dro_batch_lse``, ``kl_dro_sumexp``) compute their
 batch risk under tf_keras (before, tf_keras averaged the per-example base losses: plain ERM).
 
-**Diagnostics in the logs.** The loss owns one Keras metric (one vector variable) whose
-dict result gives ``<name>_alpha``, ``<name>_mean_w`` (-> 1 at equilibrium) and
-``<name>_saturation``
-(``rho * max w``; near 1 means the weight cap binds, CVaR regime). On its first call inside a
-Keras train/test step it appends them to the model's metrics, so they appear in ``fit`` /
-``evaluate`` logs (epoch averages, reset with the other metrics; ``val_`` versions in
-validation). The current alpha is also ``loss.alpha`` (a float32 tensor read from the state;
-set it with ``loss.reset_alpha(value)``).
+**Diagnostics in the logs.** The loss owns three Keras metrics, ``<name>_alpha``,
+``<name>_mean_w`` (-> 1 at equilibrium) and ``<name>_saturation`` (``rho * max w``; near 1
+means the weight cap binds, CVaR regime), which read one shared vector variable (one update
+per step). On its first call inside a Keras train/test step it appends them to the model's
+metrics, so they appear in ``fit`` / ``evaluate`` logs (epoch averages, reset with the other
+metrics; ``val_`` versions in validation) and ``model.metrics_names`` names every value
+``evaluate`` returns. The current alpha is also ``loss.alpha`` (a float32 tensor read from the
+state; set it with ``loss.reset_alpha(value)``).
 
 **Cost.** On a small MLP (64-256-10, batch 256, Adam, CPU) a full ``fit`` step costs about
 1.04-1.13x the ERM step (``benchmarks/bench_dro.py``, interleaved medians on a noisy shared
@@ -224,9 +224,11 @@ class _BatchRiskLoss(SampleWeightCheck, keras.losses.Loss):
 class _DRODiagnostics(keras.metrics.Metric):
     """Running means of alpha, mean w and saturation in ONE variable (one update per step).
 
-    ``result()`` is a dict, which Keras' ``get_metrics_result`` spreads into the logs as
-    ``<prefix>_alpha``, ``<prefix>_mean_w`` and ``<prefix>_saturation``. One vector variable
-    instead of three ``Mean`` trackers (six variables) keeps the training step lean.
+    This metric is ``<prefix>_alpha``; :meth:`views` gives it and two scalar metrics that
+    read the same variable, ``<prefix>_mean_w`` and ``<prefix>_saturation``, so that each
+    logged value has its own metric name (``model.metrics_names`` lists what ``evaluate``
+    returns). One vector variable instead of three ``Mean`` trackers (six variables) keeps
+    the training step lean.
 
     It also carries the loss's alpha state (``state``, given by the loss): as a metric
     variable of the model it is part of the training state Keras' JAX trainer passes in and
@@ -234,13 +236,22 @@ class _DRODiagnostics(keras.metrics.Metric):
     """
 
     def __init__(self, prefix, name=None, dtype=None, state=None):
-        super().__init__(name=name or f"{prefix}_diagnostics", dtype=dtype)
+        super().__init__(name=name or f"{prefix}_alpha", dtype=dtype)
         self.prefix = prefix
         self.totals = self.add_variable(
             shape=(4,), initializer="zeros", dtype="float32", aggregation="sum", name="totals"
         )
         if state is not None:
             self.state = state  # tracked: one of this metric's variables
+        # sub-metrics without variables of their own
+        self._others = [
+            _DRODiagnosticView(self._mean, i, f"{prefix}_{n}")
+            for i, n in ((1, "mean_w"), (2, "saturation"))
+        ]
+
+    def views(self):
+        """``[<prefix>_alpha (this metric), <prefix>_mean_w, <prefix>_saturation]``."""
+        return [self, *self._others]
 
     def update_state(self, alpha, mean_w, saturation):
         row = [ops.cast(x, "float32") for x in (alpha, mean_w, saturation, 1.0)]
@@ -249,14 +260,34 @@ class _DRODiagnostics(keras.metrics.Metric):
     def reset_state(self):
         self.totals.assign(ops.zeros((4,), "float32"))
 
-    def result(self):
+    def _mean(self, i):
         t = ops.convert_to_tensor(self.totals)
-        mean = ops.divide_no_nan(t[:3], t[3])
-        names = ("alpha", "mean_w", "saturation")
-        return {f"{self.prefix}_{name}": mean[i] for i, name in enumerate(names)}
+        return ops.divide_no_nan(t[i], t[3])
+
+    def result(self):
+        return self._mean(0)
 
     def get_config(self):
         return {"prefix": self.prefix, "name": self.name, "dtype": self.dtype}
+
+
+class _DRODiagnosticView(keras.metrics.Metric):
+    """Entry ``index`` of a :class:`_DRODiagnostics`' running means (no state of its own: it
+    is updated and reset with that metric; ``read`` is the owner's bound ``_mean``, which
+    Keras does not track, so the owner's variables are listed once in the model)."""
+
+    def __init__(self, read, index, name):
+        super().__init__(name=name)
+        self._read, self._index = read, index
+
+    def update_state(self, *args, **kwargs):
+        """Nothing: the loss updates the owner metric."""
+
+    def reset_state(self):
+        """Nothing: the owner metric is reset with the model's metrics."""
+
+    def result(self):
+        return self._read(self._index)
 
 
 # ----------------------------------------------------------------------------- safe-KL
@@ -379,8 +410,9 @@ class SafeKLDRORisk(_BatchRiskLoss):
     # ---------------------------------------------------------------- public helpers
     @property
     def metrics(self):
-        """The diagnostics metric (its result spreads into alpha, mean weight, saturation)."""
-        return [self._diagnostics]
+        """The diagnostics metrics: ``<name>_alpha``, ``<name>_mean_w``, ``<name>_saturation``
+        (running means over the steps since the last reset; one shared variable)."""
+        return self._diagnostics.views()
 
     @property
     def alpha(self):
@@ -421,9 +453,14 @@ class SafeKLDRORisk(_BatchRiskLoss):
     def _risk(self, l, s):
         self._check_distribution()
         training, trainer = _dro_trainer.training_flag(self.update_alpha, l)
-        _dro_trainer.attach_metrics(trainer, self.metrics)
+        attached = _dro_trainer.attach_metrics(trainer, self.metrics)
         _dro_trainer.store_instance_in_compile_config(_dro_trainer.current_trainer()[0], self)
         state = ops.convert_to_tensor(self._state)
+        if attached and _backend.NAME == "jax":
+            # Attached inside this step (a loss compiled by name is made inside Keras' first
+            # loss computation): Keras' JAX trainer returns the value each metric variable has
+            # in the step, so the state needs one.
+            self._state.assign(state)
         # Bisection runs (ops.cond) only until alpha has been initialised.
         solve = ops.logical_not(state[1] > 0.5) if self.init_alpha_from_batch else None
         value, stats = distribute.safe_kl_dro_risk_and_stats_global(
