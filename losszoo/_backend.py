@@ -211,6 +211,13 @@ def is_concrete(x) -> bool:
     )
 
 
+def in_shape_inference() -> bool:
+    """Whether Keras is inferring shapes (``compute_output_spec``: placeholders, not values)."""
+    from keras.src.backend.common.symbolic_scope import in_symbolic_scope  # no public name
+
+    return in_symbolic_scope()
+
+
 def in_graph_without_xla() -> bool:
     """Whether code is being traced into a TensorFlow graph that XLA will not compile (the
     one place where assertion ops run; under XLA they vanish, on JAX they do not exist)."""

@@ -1,21 +1,38 @@
-"""Carry a head's logits on its output tensor, so a loss can train on the logits.
+"""The scores a loss trains on, when the model ends in a softmax or a losszoo head.
 
-Keras does the same: its softmax and sigmoid attach their input to their output as
-``_keras_logits``, and Keras' own cross-entropies read it. losszoo's heads (e.g.
-:class:`losszoo.heads.Sparsemax`) attach theirs as ``_losszoo_logits``. A model that ends in
-such a head or activation (``Dense(K, activation="softmax")``) can then be compiled with
-``loss="sparsemax"`` (or any losszoo loss defined on scores): the model outputs probabilities
-for prediction, and the loss finds the scores attached to them instead of training on the
-probabilities. The logits live only with the tensor object the head returned; any op applied
-after the head drops them (the loss then treats its input as logits, or raises if told
-``from_logits=False``).
+Every losszoo loss is defined on scores (logits). A model may still end in a layer that turns
+them into probabilities: ``Dense(K, activation="softmax")``, ``keras.layers.Softmax()``,
+``Activation("softmax")`` or a losszoo head such as :class:`losszoo.heads.Sparsemax`. The
+losses then train on the logits, by one rule (:func:`scores`), the same on every backend:
 
-Tensors that refuse attributes (JAX arrays and tracers) get theirs in a table keyed by the
-object's ``id``, cleared when the object dies (as Keras keeps masks on JAX). Keras' softmax
-attaches nothing on JAX, so there only losszoo's heads carry logits.
+1. Logits attached to ``y_pred``: a losszoo head's (``_losszoo_logits``, or a table keyed by
+   the object's ``id`` for JAX arrays, which refuse attributes) or those Keras' softmax and
+   sigmoid attach on TensorFlow and PyTorch (``_keras_logits``, as Keras' cross-entropies
+   read them).
+2. Else, inside Keras' ``fit`` / ``evaluate`` (the model computing the loss is known through
+   :func:`losszoo._keras_hooks.current_trainer`), when the output of a single-output
+   Functional or Sequential model is made by a Keras softmax over the last axis (a
+   ``Softmax`` layer or a layer whose ``activation`` is ``keras.activations.softmax``), the
+   scores are ``log(y_pred)``. That is ``z - logsumexp(z)``: the logits up to a per-row shift
+   and rounding, so every loss invariant to such a shift (softmax cross-entropy, sparsemax,
+   Rankmax, the possibilistic losses; Keras' categorical cross-entropies as DRO base
+   losses) gets the value and gradient it gets from the logits. This is the rule on JAX,
+   where Keras' softmax cannot attach its logits. A probability that underflowed to 0 gives
+   a ``-inf`` score (``+inf`` loss where that class is a target, as from a ``-inf`` logit).
+   A loss that is not shift-invariant raises ``ValueError`` instead.
+3. Else, when that output is made by a Keras sigmoid or by a losszoo head (whose logits
+   were lost, or which outputs probabilities: BCSoftmax and the calibration heads),
+   ``ValueError``: the logits cannot be recovered, so the model should output its scores.
+4. Else ``y_pred`` is the scores (also outside a Keras trainer: custom loops, direct calls,
+   subclassed models and multi-output models, where the output layer is not known).
 """
 
 import weakref
+
+import keras
+from keras import ops
+
+from losszoo import _backend
 
 _ATTRIBUTE = "_losszoo_logits"
 _KERAS_ATTRIBUTE = "_keras_logits"
@@ -44,3 +61,89 @@ def attached_logits(y_pred):
     if logits is None:
         logits = _TABLE.get(id(y_pred))
     return logits if logits is not None else getattr(y_pred, _KERAS_ATTRIBUTE, None)
+
+
+def track_models():
+    """Make the model computing a loss known to :func:`scores` (Keras' trainer hook, once).
+
+    Losses call it when they are built, before the first step is traced."""
+    from losszoo._keras_hooks import install_trainer_hook
+
+    install_trainer_hook()
+
+
+def scores(y_pred, shift_invariant: bool = True, loss_name: str = "the loss"):
+    """The scores a loss on ``y_pred`` trains on, by the module's rule (attached logits,
+    ``log(y_pred)`` after a Keras softmax, an error after a sigmoid or a losszoo head).
+
+    Args:
+      y_pred: the model's output as the loss receives it.
+      shift_invariant: the loss gives the same value for scores shifted by a constant per
+        row; if not, a model ending in a softmax without attached logits raises.
+      loss_name: named in the error messages.
+    """
+    logits = attached_logits(y_pred)
+    if logits is not None:
+        return logits
+    layer, rank = _output_layer()
+    if layer is None or _backend.in_shape_inference():  # Keras' build: placeholders
+        return y_pred
+    what = f"The model ends in {type(layer).__name__} {layer.name!r}"
+    fix = "; have the model output its logits (drop the final activation) for this loss."
+    if _is_softmax(layer, rank):
+        if not shift_invariant:
+            raise ValueError(
+                f"{what}, a softmax whose logits this backend ({_backend.NAME}) does not "
+                f"carry, and {loss_name} is not invariant to a shift of the scores, so "
+                f"log(y_pred) cannot stand in for them{fix}"
+            )
+        if ops.dtype(y_pred) in ("float16", "bfloat16"):
+            y_pred = ops.cast(y_pred, "float32")
+        return _log(y_pred)
+    if isinstance(layer, keras.layers.Softmax) or (
+        getattr(layer, "activation", None) is keras.activations.sigmoid
+    ):  # a sigmoid, or a softmax over another axis
+        raise ValueError(f"{what}, whose logits are not attached to `y_pred`{fix}")
+    if type(layer).__module__.startswith("losszoo.heads."):
+        raise ValueError(
+            f"{what}, a losszoo head whose output is not scores and carries no logits "
+            f"(the input of the head), so {loss_name} cannot train on them{fix}"
+        )
+    return y_pred
+
+
+def _output_layer():
+    """``(layer, rank)``: the layer making the output of the single-output model computing
+    the loss and the output's rank, or ``(None, None)``."""
+    from losszoo._keras_hooks import current_trainer
+
+    model, _ = current_trainer()
+    while model is not None:
+        try:
+            outputs = keras.tree.flatten(model.outputs)
+        except (AttributeError, ValueError):  # subclassed, or not built
+            break
+        history = getattr(outputs[0], "_keras_history", None) if len(outputs) == 1 else None
+        layer = getattr(history, "operation", None)
+        if not isinstance(layer, keras.Model):
+            return layer, len(outputs[0].shape) if layer is not None else None
+        model = layer  # a nested model: its own output layer
+    return None, None
+
+
+def _is_softmax(layer, rank) -> bool:
+    if isinstance(layer, keras.layers.Softmax):
+        axis = layer.axis if isinstance(layer.axis, int) else tuple(layer.axis)
+        return axis in (-1, (-1,), rank - 1, (rank - 1,))
+    return getattr(layer, "activation", None) is keras.activations.softmax
+
+
+@_backend.custom_gradient
+def _log(p):
+    """``log(p)`` whose gradient is 0 where the upstream gradient is 0 (a class whose
+    probability underflowed to 0 and which the loss ignores), not NaN = 0 * inf."""
+
+    def grad(upstream):
+        return ops.where(ops.equal(upstream, 0), ops.zeros_like(upstream), upstream / p)
+
+    return ops.log(p), grad

@@ -11,7 +11,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from losszoo._logits import attached_logits
+from losszoo import _logits
 from losszoo.contract import (
     check_not_nan,
     dtype_name,
@@ -21,6 +21,13 @@ from losszoo.contract import (
     static_rank,
 )
 from losszoo.losses._targets import class_ids_and_invalid
+
+# Base losses on logits invariant to a per-row shift of them (see losszoo._logits.scores).
+_SHIFT_INVARIANT = (
+    keras.losses.SparseCategoricalCrossentropy,
+    keras.losses.CategoricalCrossentropy,
+    keras.losses.CategoricalFocalCrossentropy,
+)
 
 
 def resolve_base_loss(base_loss):
@@ -47,6 +54,9 @@ def resolve_base_loss(base_loss):
             obj = obj.__class__.from_config(cfg)
         else:  # pragma: no cover - exotic losses without reduction in their config
             obj = obj.call
+        if takes_logits:
+            _logits.track_models()
+            takes_logits = "shift" if isinstance(obj, _SHIFT_INVARIANT) else True
         return _checked_base(obj, takes_logits, sparse), config
     sparse = obj is keras.losses.sparse_categorical_crossentropy
     return _checked_base(obj, False, sparse), config
@@ -56,8 +66,9 @@ def _checked_base(fn, takes_logits, sparse_ids):
     """``fn`` with the fail-loud label checks, reading attached logits if it takes logits.
 
     * ``takes_logits`` (a Keras loss with ``from_logits=True``, the default base loss): a
-      ``y_pred`` that carries its logits (Keras' softmax, ``_keras_logits``, or a losszoo
-      head) is replaced by them, so a model ending in a softmax trains on its logits.
+      ``y_pred`` is replaced by the scores :func:`losszoo._logits.scores` finds (attached
+      logits, or the log of a Keras softmax output for Keras' categorical cross-entropies),
+      so a model ending in a softmax trains on its logits on every backend.
     * ``sparse_ids`` (sparse categorical cross-entropy without ``ignore_class``): ``y_true``
       must hold class ids in ``[0, K)``, whole numbers if floating (Keras would cast NaN or
       1.5 to some id, and XLA gives any id a finite loss).
@@ -69,9 +80,8 @@ def _checked_base(fn, takes_logits, sparse_ids):
     """
 
     def checked(y_true, y_pred):
-        logits = attached_logits(y_pred) if takes_logits else None
-        if logits is not None:
-            y_pred = logits
+        if takes_logits:  # "shift": the loss is invariant to a per-row shift of the logits
+            y_pred = _logits.scores(y_pred, takes_logits == "shift", "this `base_loss`")
         if sparse_ids:
             ids, invalid = class_ids_and_invalid(y_true, ops.convert_to_tensor(y_pred))
             return nan_where(invalid, fn(ids, y_pred))

@@ -19,8 +19,7 @@ import threading
 import keras
 from keras import ops as kops
 
-from losszoo import _backend, ops
-from losszoo._logits import attached_logits
+from losszoo import _backend, _logits, ops
 from losszoo.contract import check_choice, check_number, to_compute_dtype
 from losszoo.losses._targets import SampleWeightCheck, is_sparse, one_hot_targets
 from losszoo.ops.possibilistic import ProjectionConfig
@@ -28,7 +27,9 @@ from losszoo.registry import register
 
 
 def _scores(y_pred, from_logits):
-    logits = attached_logits(y_pred)
+    """Scores: by :func:`losszoo._logits.scores` from logits, else attached logits or the log
+    of the probabilities ``y_pred`` (clipped at 1e-15)."""
+    logits = _logits.scores(y_pred) if from_logits else _logits.attached_logits(y_pred)
     if logits is not None:
         y_pred, from_logits = logits, True
     y_pred, _ = to_compute_dtype(y_pred, "y_pred")
@@ -142,6 +143,7 @@ class PossibilisticProjectionLoss(SampleWeightCheck, keras.losses.Loss):
         )
         self.projection_config = dataclasses.asdict(self.config)
         self.from_logits = bool(from_logits)
+        _logits.track_models()
         self._store = threading.local()
 
     def compute(self, y_true, y_pred):
@@ -286,6 +288,7 @@ class AntipignisticKLLoss(SampleWeightCheck, keras.losses.Loss):
         super().__init__(reduction=reduction, name=name, dtype=dtype)
         self.floor = check_number(floor, "floor", low=0.0, high=1.0, high_open=True)
         self.from_logits = bool(from_logits)
+        _logits.track_models()
 
     def call(self, y_true, y_pred):
         z = _scores(y_pred, self.from_logits)
@@ -329,6 +332,7 @@ class VoteKLLoss(SampleWeightCheck, keras.losses.Loss):
     ):
         super().__init__(reduction=reduction, name=name, dtype=dtype)
         self.from_logits = bool(from_logits)
+        _logits.track_models()
 
     def call(self, y_true, y_pred):
         z = _scores(y_pred, self.from_logits)

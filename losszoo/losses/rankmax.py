@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import keras
 
-from losszoo import ops
-from losszoo._logits import attached_logits
+from losszoo import _logits, ops
 from losszoo.contract import check_choice, to_compute_dtype
 from losszoo.losses._targets import SampleWeightCheck
 from losszoo.registry import register
@@ -95,10 +94,10 @@ class RankmaxLoss(SampleWeightCheck, keras.losses.Loss):
             k, margin, max_positives
         )
         self.label_format = check_choice(label_format, "label_format", tuple(_LABEL_FORMATS))
+        _logits.track_models()
 
     def call(self, y_true, y_pred):
-        logits = attached_logits(y_pred)
-        y_pred, _ = to_compute_dtype(y_pred if logits is None else logits, "y_pred")
+        y_pred, _ = to_compute_dtype(_logits.scores(y_pred, loss_name="RankmaxLoss"), "y_pred")
         return ops.rankmax_loss(
             y_true,
             y_pred,

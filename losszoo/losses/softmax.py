@@ -5,6 +5,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+from losszoo import _logits
 from losszoo.contract import check_bool, check_not_nan, to_compute_dtype
 from losszoo.losses._targets import SampleWeightCheck, target_distribution
 from losszoo.registry import register
@@ -59,8 +60,10 @@ class SoftmaxCrossEntropyLoss(SampleWeightCheck, keras.losses.Loss):
     ):
         super().__init__(reduction=reduction, name=name, dtype=dtype)
         self.normalize_labels = check_bool(normalize_labels, "normalize_labels")
+        _logits.track_models()
 
     def call(self, y_true, y_pred):
+        y_pred = _logits.scores(y_pred, loss_name="SoftmaxCrossEntropyLoss")
         y_pred, _ = to_compute_dtype(y_pred, "y_pred")
         y_pred = check_not_nan(y_pred, "y_pred")
         q, has_target = target_distribution(y_true, y_pred, self.normalize_labels)
