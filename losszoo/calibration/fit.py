@@ -129,6 +129,18 @@ def _extractor(base, needs, features_layer):
     return cached[key]
 
 
+def _input_structure(base):
+    """The base's inputs as it takes them: one tensor (not a list of one, which would make the
+    calibrated model, and the ``serve`` signature of its export, take a list), or its list or
+    dict of several."""
+    if len(base.inputs) == 1:
+        return base.inputs[0]
+    try:
+        return base.input  # a functional model's own structure (list or dict)
+    except AttributeError:
+        return base.inputs
+
+
 def fit_calibrator(
     model_or_logits,
     x_val,
@@ -260,7 +272,7 @@ def fit_calibrator(
 
     if base is not None:
         base.trainable = False
-        inputs = base.inputs
+        inputs = _input_structure(base)
         name = f"calibrated_{base.name}"
     else:
         logits_t = keras.Input((logits.shape[1],), name="logits")
