@@ -552,6 +552,26 @@ def kl_dro_exact_batch_max(losses, lam, sample_weight=None, dtype="float64"):
     return _poison(_any(bad, _live_nan(l, s)), _max_or_minus_inf(a))
 
 
+def _state_dtype(m, acc, n):
+    """The dtype of the streaming state ``(m, acc, n)``; a TypeError naming the argument
+    unless all three are floating tensors, variables or arrays of one dtype."""
+    dtypes = []
+    for x, name in ((m, "m"), (acc, "acc"), (n, "n")):
+        python_number = isinstance(x, (bool, int, float)) and not isinstance(x, np.generic)
+        if python_number or getattr(x, "dtype", None) is None:
+            raise TypeError(
+                f"`{name}` must be a floating tensor, variable or array (the streaming "
+                f"state, in the dtype to accumulate in), got {type(x).__name__} {x!r}."
+            )
+        dt = dtype_name(x)
+        if dt not in ("float16", "bfloat16", "float32", "float64"):
+            raise TypeError(f"`{name}` must be floating (the streaming state), got dtype {dt}.")
+        if dtypes and dt != dtypes[0]:
+            raise TypeError(f"`{name}` must have the dtype of `m` ({dtypes[0]}), got {dt}.")
+        dtypes.append(dt)
+    return dtypes[0]
+
+
 def kl_dro_exact_state_update(m, acc, n, losses, lam, sample_weight=None, batch_max=None):
     """One streaming step of ``R = lam log(sum s exp(l/lam) / sum s)``.
 
@@ -561,9 +581,14 @@ def kl_dro_exact_state_update(m, acc, n, losses, lam, sample_weight=None, batch_
     their ``acc`` share the shift and can be summed). Returns the new state. NaN losses
     with positive weight make ``acc`` NaN (and so the result). Traced under XLA /
     ``jax.jit``: invalid sample weights make ``acc`` NaN.
+
+    Raises:
+      TypeError: naming ``m``, ``acc`` or ``n`` when one is not a floating tensor, variable
+        or array (a Python number's dtype would be the backend's guess), or when ``acc`` or
+        ``n`` has another dtype than ``m``.
     """
+    dt = _state_dtype(m, acc, n)
     m = ops.convert_to_tensor(m)
-    dt = dtype_name(m)
     l, s, a, bad = _scaled_by_lam(losses, sample_weight, lam, dt)
     live = s > 0
     if batch_max is None:
