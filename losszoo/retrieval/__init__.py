@@ -9,6 +9,8 @@ Written with ``keras.ops``: runs on TensorFlow, JAX and PyTorch (``tests/backend
 - :func:`in_batch_logits`, :func:`logq_correction`, :func:`remove_accidental_hits`,
   :func:`sampled_logits`, :func:`hard_negative_mining`: the task's steps, each usable alone
   (:mod:`losszoo.retrieval.logits`).
+- :class:`FullCatalogueRetrieval`: the task with every catalogue item a negative, exact and
+  streamed over chunks (:func:`losszoo.ops.catalogue_loss`), no sampling.
 - :class:`Model`: a base model whose ``compute_loss(inputs, training)`` is written by hand,
   as ``tfrs.Model``; :mod:`losszoo.retrieval.tfrs` gives TFRS' names for porting TFRS code.
 - :class:`UniformSampler`, :class:`UnigramSampler`, :class:`LogUniformSampler`: extra
@@ -18,6 +20,7 @@ Written with ``keras.ops``: runs on TensorFlow, JAX and PyTorch (``tests/backend
   pessimistic ties.
 """
 
+from losszoo.retrieval.full_catalogue import FullCatalogueRetrieval
 from losszoo.retrieval.logits import (
     hard_negative_mining,
     in_batch_logits,
@@ -38,6 +41,7 @@ from losszoo.retrieval.task import Retrieval, resolve_loss
 __all__ = [
     "CandidateSampler",
     "CatalogueTopK",
+    "FullCatalogueRetrieval",
     "LogUniformSampler",
     "Model",
     "Retrieval",
