@@ -11,7 +11,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from losszoo.losses import _dro_trainer
+from losszoo import _keras_hooks
 
 #: ``alpha_optimizer`` values: damped Newton, the model optimiser's family, SGD, Adam.
 RULES = ("newton", "auto", "sgd", "adam")
@@ -40,10 +40,10 @@ def step_size(alpha_learning_rate, multiplier, optimizer):
 
     On JAX the trainer's step passes the optimiser's variables in explicitly (their stored
     values are released during ``fit``): the rate is read from those
-    (:func:`~losszoo.losses._dro_trainer.optimizer_scope`).
+    (:func:`~losszoo._keras_hooks.optimizer_scope`).
     """
     if alpha_learning_rate is None and optimizer is not None:
-        with _dro_trainer.optimizer_scope(optimizer):
+        with _keras_hooks.optimizer_scope(optimizer):
             lr = ops.cast(ops.convert_to_tensor(optimizer.learning_rate), "float32")
     else:
         rate = 1e-3 if alpha_learning_rate is None else alpha_learning_rate

@@ -125,7 +125,7 @@ import contextlib
 import keras
 from keras import ops
 
-from losszoo import _backend, contract
+from losszoo import _backend, _keras_hooks, contract
 from losszoo.losses import _dro_alpha, _dro_trainer
 from losszoo.losses._base_loss import per_example, resolve_base_loss
 from losszoo.losses._dro_trainer import alpha_updates
@@ -387,7 +387,7 @@ class SafeKLDRORisk(_BatchRiskLoss):
             raise ValueError(f"`update_alpha` must be 'auto', True or False, got {update_alpha!r}.")
         self.update_alpha = update_alpha
         self.calibrate = contract.check_bool(calibrate, "calibrate")
-        _dro_trainer.install_trainer_hook()  # the first SafeKLDRORisk: Keras untouched till then
+        _keras_hooks.install_trainer_hook()  # the first SafeKLDRORisk: Keras untouched till then
         with _init_scope():
             # [alpha, initialized, m, v, t]: alpha, the first-batch flag and alpha's optimiser
             # state in ONE variable: one read and one write per training step. Mirrored with
@@ -454,7 +454,7 @@ class SafeKLDRORisk(_BatchRiskLoss):
         self._check_distribution()
         training, trainer = _dro_trainer.training_flag(self.update_alpha, l)
         attached = _dro_trainer.attach_metrics(trainer, self.metrics)
-        _dro_trainer.store_instance_in_compile_config(_dro_trainer.current_trainer()[0], self)
+        _dro_trainer.store_instance_in_compile_config(_keras_hooks.current_trainer()[0], self)
         state = ops.convert_to_tensor(self._state)
         if attached and _backend.NAME == "jax":
             # Attached inside this step (a loss compiled by name is made inside Keras' first
