@@ -18,6 +18,7 @@ collection error, not a silent skip.
 """
 
 import ast
+import gc
 import os
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -126,6 +127,19 @@ def pytest_collection_modifyitems(config, items):
         if mark is not None:
             reason = mark.kwargs.get("reason", mark.args[0] if mark.args else "needs TensorFlow")
             item.add_marker(pytest.mark.skip(reason=f"TensorFlow-only: {reason}"))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """After each module: collect garbage and, on JAX, drop the compiled programs
+    (``jax.clear_caches()``), so the process does not keep every module's XLA executables.
+    Per test this would recompile every eager op: about 4 s a test on the 2-core machine."""
+    yield
+    if BACKEND == "jax":
+        import jax
+
+        jax.clear_caches()
+    gc.collect()
 
 
 @pytest.fixture(autouse=True)

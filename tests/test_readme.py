@@ -62,6 +62,10 @@ PARSERS = [
 ]
 
 
+@pytest.mark.tensorflow_only(
+    reason="every block, TFRS and tf.function too; tests/backends/test_readme.py runs the "
+    "Keras blocks on this backend"
+)
 def test_readme_code_blocks_run():
     document = Sybil(parsers=PARSERS).parse(README)
     examples = list(document)
