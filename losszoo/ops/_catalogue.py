@@ -140,30 +140,31 @@ def _sweep(qs, table3, pos, excl, num_items, padded, step, init, outputs=None):
     return (carry, buf) if outputs is not None else carry
 
 
-def _positive_score(z, cols, pos):
-    """Each row's score of its positive in this chunk (0 when it lies elsewhere)."""
-    return ops.sum(ops.where(ops.equal(cols[None, :], pos[:, None]), z, 0.0), axis=-1)
+def _positive_scores(qs, table3, pos):
+    """``z_iy`` from a gather of the positives' rows (no ``[B, chunk]`` pass)."""
+    flat = ops.reshape(table3, (-1, table3.shape[-1]))
+    return ops.sum(qs * _backend.take(flat, pos, axis=0), axis=-1)
 
 
 def _softmax_forward(qs, table3, pos, excl, num_items, padded):
-    zero = ops.zeros_like(qs[:, 0])
+    zy = _positive_scores(qs, table3, pos)
+    zero = ops.zeros_like(zy)
 
     def step(carry, z, cols, bad, tc):
-        m, s, zy, any_bad = carry
+        m, s, any_bad = carry
         new_m = ops.maximum(m, ops.max(z, axis=-1))
         safe = ops.where(ops.isfinite(new_m), new_m, 0.0)  # all -inf so far: no shift
         s = s * ops.exp(m - safe) + ops.sum(ops.exp(z - safe[:, None]), axis=-1)
-        return new_m, s, zy + _positive_score(z, cols, pos), any_bad | bad
+        return new_m, s, any_bad | bad
 
-    init = (zero - np.inf, zero, zero, ops.cast(zero, "bool"))
-    (m, s, zy, bad) = _sweep(qs, table3, pos, excl, num_items, padded, step, init)
+    init = (zero - np.inf, zero, ops.cast(zero, "bool"))
+    (m, s, bad) = _sweep(qs, table3, pos, excl, num_items, padded, step, init)
     lse = m + ops.log(s)
     return nan_where(bad, lse - zy), (lse,)
 
 
 def _rankmax_forward(qs, table3, pos, excl, num_items, padded, margin):
-    flat = ops.reshape(table3, (-1, table3.shape[-1]))
-    mu = ops.sum(qs * _backend.take(flat, pos, axis=0), axis=-1) - margin
+    mu = _positive_scores(qs, table3, pos) - margin
     zero = ops.zeros_like(mu)
 
     def step(carry, z, cols, bad, tc):
@@ -181,10 +182,11 @@ def _rankmax_forward(qs, table3, pos, excl, num_items, padded, margin):
 def _sparsemax_forward(qs, table3, pos, excl, num_items, padded):
     chunk = table3.shape[1]
     groups = chunk // _GROUP
-    zero = ops.zeros_like(qs[:, 0])
+    zy = _positive_scores(qs, table3, pos)
+    zero = ops.zeros_like(zy)
 
     def step(carry, z, cols, bad, tc):
-        spill, zy, any_bad = carry
+        spill, any_bad = carry
         if groups > _KEEP:
             g = ops.reshape(z, (-1, groups, _GROUP))
             top, index = ops.top_k(ops.max(g, axis=-1), _KEEP, sorted=True)
@@ -193,13 +195,12 @@ def _sparsemax_forward(qs, table3, pos, excl, num_items, padded):
             spill = ops.maximum(spill, top[:, -1])
         else:
             kept = z
-        carry = (spill, zy + _positive_score(z, cols, pos), any_bad | bad)
-        return carry, kept
+        return (spill, any_bad | bad), kept
 
-    init = (zero - np.inf, zero, ops.cast(zero, "bool"))
+    init = (zero - np.inf, ops.cast(zero, "bool"))
     width = _KEEP * _GROUP if groups > _KEEP else chunk
     buffer = ops.zeros((table3.shape[0], ops.shape(qs)[0], width), qs.dtype)
-    (spill, zy, bad), kept = _sweep(
+    (spill, bad), kept = _sweep(
         qs, table3, pos, excl, num_items, padded, step, init, outputs=buffer
     )
     # [chunks, B, k] -> [B, chunks * k]
@@ -258,25 +259,37 @@ def _michelot_sweeps(qs, table3, pos, excl, num_items, padded, top, tau, bad):
 def _backward(loss, kind, qs, table3, pos, excl, num_items, padded, saved, upstream):
     """``(d/dqs, d/dtable3)`` from one pass that recomputes each chunk's scores."""
     g = ops.cast(upstream, qs.dtype)
-    g = nan_where(ops.isnan(loss), g)[:, None]
+    g = nan_where(ops.isnan(loss), g)
+
+    # dz = g * (a - c e_y): the chunk pass handles a; the positive's -g c e_y term is a gather
+    # (d/dq) and a scatter-add (d/dtable) outside it, so no [B, chunk] one-hot is built.
+    if kind == "softmax":
+        (lse,) = saved
+        scale, coef = g, g
+    elif kind == "rankmax":
+        mu, d, s = saved
+        scale, coef = g / d, g * s / d
+    else:
+        (tau,) = saved
+        scale, coef = g, g
 
     def step(dq, z, cols, bad, tc):
-        positive = ops.cast(ops.equal(cols[None, :], pos[:, None]), z.dtype)
         if kind == "softmax":
-            (lse,) = saved
-            dz = ops.exp(z - lse[:, None]) - positive
+            dz = ops.exp(z - lse[:, None])
         elif kind == "rankmax":
-            mu, d, s = saved
-            inside = ops.cast(z > mu[:, None], z.dtype)
-            dz = (inside - s[:, None] * positive) / d[:, None]
+            dz = ops.cast(z > mu[:, None], z.dtype)
         else:
-            (tau,) = saved
-            dz = ops.relu(z - tau[:, None]) - positive
-        dz = g * dz
+            dz = ops.relu(z - tau[:, None])
+        dz = scale[:, None] * dz
         return dq + ops.matmul(dz, tc), ops.matmul(ops.transpose(dz), qs)
 
     buffer = ops.zeros_like(table3)
     dq, dtable = _sweep(qs, table3, pos, excl, num_items, padded, step, ops.zeros_like(qs), buffer)
+    flat_shape = (table3.shape[0] * table3.shape[1], table3.shape[2])
+    flat = ops.reshape(table3, flat_shape)
+    dq = dq - coef[:, None] * _backend.take(flat, pos, axis=0)
+    positive = ops.scatter(ops.reshape(pos, (-1, 1)), coef[:, None] * qs, flat_shape)
+    dtable = dtable - ops.reshape(positive, table3.shape)
     return dq, dtable
 
 
