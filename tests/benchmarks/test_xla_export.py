@@ -22,9 +22,13 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
 RUNNER = BENCH / "run_xla.py"
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("jax") is None, reason="needs jax (pip install losszoo[xla-export])"
-)
+pytestmark = [
+    pytest.mark.tensorflow_only(reason="exports TensorFlow's XLA programs"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("jax") is None,
+        reason="needs jax (pip install losszoo[xla-export])",
+    ),
+]
 
 # Every op of losszoo.ops that issue 13 names, as case ops or anchors of the small preset.
 REQUIRED_CASES = [
