@@ -498,8 +498,10 @@ def to_compute_dtype(x, name: str = "x"):
 
     Returns:
       ``(x, original_dtype)``: float16/bfloat16 become float32, float32/float64 are kept.
-      Integer and bool inputs are converted to float32 and reported as float32.
+      Integer and bool inputs are converted to float32 and reported as float32. Text raises
+      ``TypeError`` naming ``name`` (:func:`check_array_form`).
     """
+    check_array_form(x, name)
     x = ops.convert_to_tensor(x)
     kind = check_real(x, name)
     if kind in ("float32", "float64"):
@@ -547,8 +549,10 @@ def dense_labels(labels, name: str, *, sparse_fill=0, ragged_fill=None):
     naming ``name``. XLA cannot compile the sparse and ragged ops that densify, so under
     ``jit_compile=True`` both forms raise ``TypeError`` naming ``name`` (densify them in the
     input pipeline, or compile with ``jit_compile=False`` / ``"auto"``). Anything else goes
-    through ``keras.ops.convert_to_tensor``.
+    through ``keras.ops.convert_to_tensor``; text raises ``TypeError`` naming ``name``
+    (:func:`check_array_form`).
     """
+    check_array_form(labels, name)
     if _backend.TENSORFLOW:
         import tensorflow as tf
 
@@ -569,7 +573,31 @@ def dense_labels(labels, name: str, *, sparse_fill=0, ragged_fill=None):
                     "the targets it stands for."
                 )
             return labels.to_tensor(default_value=tf.cast(ragged_fill, labels.dtype))
-    return ops.convert_to_tensor(labels)
+    labels = ops.convert_to_tensor(labels)
+    check_real(labels, name)
+    return labels
+
+
+def check_array_form(labels, name: str) -> None:
+    """``TypeError`` naming ``name`` for arrays no backend can read as numbers: a
+    ``tf.SparseTensor`` / ``tf.RaggedTensor`` on JAX or PyTorch (TensorFlow-only forms), text,
+    or ragged Python lists (before Keras' own float conversion fails less clearly)."""
+    kind, module = type(labels).__name__, type(labels).__module__
+    if kind in ("SparseTensor", "RaggedTensor") and module.startswith("tensorflow"):
+        if not _backend.TENSORFLOW:
+            raise TypeError(
+                f"`{name}` is a tf.{kind}, which only the TensorFlow backend takes (Keras runs "
+                f"on {_backend.NAME}): pass a dense array (tf.sparse.to_dense / .to_tensor())."
+            )
+    elif isinstance(labels, (np.ndarray, list, tuple, str)):
+        try:
+            dtype = np.asarray(labels).dtype
+        except ValueError:  # ragged nested lists
+            dtype = np.dtype(object)
+        except (TypeError, NotImplementedError):  # e.g. a list of graph tensors: Keras decides
+            return
+        if dtype.kind in "USO":
+            raise TypeError(f"`{name}` must hold real numbers, got {dtype} (text or ragged).")
 
 
 # --------------------------------------------------------------------------------------------

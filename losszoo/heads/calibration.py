@@ -28,6 +28,7 @@ from losszoo.contract import (
     check_bool,
     check_choice,
     check_number,
+    check_real,
     check_static_rank,
     nan_where,
 )
@@ -42,6 +43,7 @@ def _split(inputs):
         logits, feats = inputs
     else:
         logits, feats = inputs, None
+    check_real(kops.convert_to_tensor(logits), "logits")  # text: "Cast string to float"
     logits = kops.cast(logits, "float32")
     check_static_rank(logits, 1, "logits")
     logits = LOGITS.check(logits, "logits")

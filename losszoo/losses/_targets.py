@@ -21,7 +21,9 @@ from losszoo import _backend
 from losszoo.contract import (
     CLASS_IDS,
     NON_NEGATIVE,
+    check_array_form,
     check_real,
+    dense_labels,
     nan_where,
     shapes_compatible,
     static_rank,
@@ -105,9 +107,10 @@ def target_distribution(y_true, y_pred, normalize: bool = True, name: str = "y_t
       positive total (rows without any target should get zero loss). Rows with an invalid
       id (``contract.CLASS_IDS``) or a dense entry breaking ``contract.NON_NEGATIVE`` are all
       NaN in ``q`` and ``has_target`` (this is what survives under XLA; eagerly and in graphs
-      such input raises first unless validation is off).
+      such input raises first unless validation is off). A ``tf.SparseTensor`` is densified
+      (:func:`losszoo.contract.dense_labels`).
     """
-    y_true = ops.convert_to_tensor(y_true)
+    y_true = dense_labels(y_true, name)
     if is_sparse(y_true, y_pred):
         q = one_hot_targets(y_true, y_pred, name)
         return q, ops.sum(q, axis=-1)  # 1, or NaN for an invalid id
@@ -175,8 +178,10 @@ def check_sample_weight(sample_weight, y_pred, name: str = "sample_weight"):
 
 class SampleWeightCheck:
     """Mixin for ``keras.losses.Loss`` subclasses: checks ``sample_weight`` by
-    :func:`check_sample_weight` before Keras applies it (put it first in the bases)."""
+    :func:`check_sample_weight` before Keras applies it (put it first in the bases), and
+    rejects label forms Keras would fail to convert (:func:`losszoo.contract.check_array_form`)."""
 
     def __call__(self, y_true, y_pred, sample_weight=None):
+        check_array_form(y_true, "y_true")
         sample_weight = check_sample_weight(sample_weight, y_pred)
         return super().__call__(y_true, y_pred, sample_weight=sample_weight)

@@ -20,7 +20,7 @@ import keras
 from keras import ops as kops
 
 from losszoo import _backend, _logits, ops
-from losszoo.contract import check_choice, check_number, to_compute_dtype
+from losszoo.contract import check_choice, check_number, dense_labels, to_compute_dtype
 from losszoo.losses._targets import SampleWeightCheck, is_sparse, one_hot_targets
 from losszoo.ops.possibilistic import ProjectionConfig
 from losszoo.registry import register
@@ -41,7 +41,7 @@ def _scores(y_pred, from_logits):
 def _labels(y_true, y_pred):
     """Dense ``[..., K]`` labels (the op checks their shape); class ids become one-hot rows
     (all NaN for an invalid id)."""
-    y_true = kops.convert_to_tensor(y_true)
+    y_true = dense_labels(y_true, "y_true")  # a tf.SparseTensor densified
     return one_hot_targets(y_true, y_pred, "y_true") if is_sparse(y_true, y_pred) else y_true
 
 
