@@ -18,7 +18,7 @@ A ``-inf`` logit masks its class (``y_k = max(lower_k, 0)``); ``a_k = b_k = 0`` 
 Bounds outside ``[0, 1]`` by at most 1e-5 are clamped; half precision is computed in float32.
 
 Fail-loud contract (README, "Bad input"), rules ``contract.LOGITS`` (``logits``),
-:data:`POSITIVE` (``temperature``) and :data:`PROBABILITY_BOUNDS` (``lower`` and ``upper``):
+:data:`TEMPERATURE` (``temperature``) and :data:`PROBABILITY_BOUNDS` (``lower`` and ``upper``):
 ``ValueError`` naming the argument when the values are known, a graph assertion in a TensorFlow
 graph; skipped with ``losszoo.set_validation(False)``. Under XLA / ``jax.jit``, and with
 validation off, the affected rows come back NaN.
@@ -32,8 +32,8 @@ from keras import ops
 from losszoo._backend import custom_gradient, divide_no_nan, maximum, minimum, take_along_axis
 from losszoo.contract import (
     LOGITS,
-    POSITIVE,
     PROBABILITY_BOUNDS,
+    Rule,
     check_bool,
     check_choice,
     check_number,
@@ -48,6 +48,20 @@ from losszoo.contract import (
 )
 
 FREE, LOWER, UPPER = 0, 1, 2
+
+
+def _temperature_mask(xp, t):
+    tiny = np.finfo(dtype_name(t)).tiny
+    return xp.logical_not(xp.logical_and(xp.isfinite(t), t >= tiny))
+
+
+TEMPERATURE = Rule(
+    "must be finite and at least the smallest normal number of the logits' dtype "
+    "(1.2e-38 in float32): TensorFlow and XLA read a subnormal temperature as 0",
+    _temperature_mask,
+)
+"""The temperature rule (entry-wise): :data:`losszoo.contract.POSITIVE` without the subnormal
+numbers, which TensorFlow and XLA flush to 0 on the CPU (a division by 0 follows)."""
 METHODS = ("newton", "sort", "bisect")
 # Backward pass: in a row where every free coordinate lies within this many eps * K of one of
 # its bounds, those coordinates count as at the bound (docs/design/bcsoftmax.md, "Gradients").
@@ -485,6 +499,95 @@ def _repair(xs, ac, bc, y, state):
     return ops.cond(ops.any(off), fix, lambda: (y, state))
 
 
+def _solve_limit(x, a, b):
+    """The ``tau -> 0`` limit of BCSoftmax, exactly: the bounds' linear program
+    ``max <x, y>`` on the box and the simplex, ties broken by the most entropy.
+
+    From ``y = a``, the mass ``1 - sum(a)`` goes to the classes in decreasing order of ``x``,
+    each up to its upper bound; the group of equal logits where the mass runs out (level
+    ``v``) shares what is left as ``clip(lam, a, b)`` (water filling). A binary search over the
+    sorted logits finds ``v`` (the last level with less capacity above it than mass to give),
+    a bisection ``lam``. ``-inf`` logits keep their lower bound. Used for the rows whose
+    solution the other solvers cannot represent (scaled logit gaps beyond float resolution, at
+    temperatures near 1e-10 and below), where it is the solution up to rounding.
+    """
+    zero = ops.zeros_like(x)
+    lo_b = zero if a is None else a
+    up_b = ops.ones_like(x) if b is None else b
+    alive = ops.isfinite(x)
+    cap = ops.where(alive, up_b - lo_b, zero)
+    rem = 1.0 - ops.sum(lo_b, -1, keepdims=True)
+    k = x.shape[-1]
+    xs = -ops.sort(-ops.where(alive, x, -np.inf), axis=-1)  # descending
+
+    def above(v):  # capacity of the classes strictly above level v
+        return ops.sum(ops.where(x > v, cap, zero), -1, keepdims=True)
+
+    # last sorted position i with above(xs_i) < rem (positions 0..K-1; -1: none)
+    lo = ops.full_like(rem, -1, dtype="int32")
+    hi = ops.full_like(lo, k - 1)
+    for _ in range(int(np.ceil(np.log2(k + 1)))):
+        mid = (lo + hi + 1) // 2
+        v = take_along_axis(xs, maximum(mid, 0), axis=-1)
+        ok = ops.logical_and(above(v) < rem, ops.isfinite(v))
+        active = lo < hi
+        lo = ops.where(ops.logical_and(active, ok), mid, lo)
+        hi = ops.where(ops.logical_and(active, ops.logical_not(ok)), mid - 1, hi)
+    v = ops.where(lo >= 0, take_along_axis(xs, maximum(lo, 0), axis=-1), np.inf)
+    group = ops.logical_and(ops.equal(x, v), alive)
+    target = rem - above(v) + ops.sum(ops.where(group, lo_b, zero), -1, keepdims=True)
+
+    def fill(lam):
+        filled = minimum(maximum(lam + zero, lo_b), up_b)
+        return ops.sum(ops.where(group, filled, zero), -1, keepdims=True)
+
+    lam_lo, lam_hi = ops.zeros_like(rem), ops.ones_like(rem)
+    for _ in range(64 if dtype_name(x) == "float64" else 40):
+        lam = 0.5 * (lam_lo + lam_hi)
+        low = fill(lam) < target
+        lam_lo, lam_hi = ops.where(low, lam, lam_lo), ops.where(low, lam_hi, lam)
+    lam = 0.5 * (lam_lo + lam_hi)
+    at_low = ops.logical_and(group, lam <= lo_b)
+    at_up = ops.logical_and(group, ops.logical_and(lam >= up_b, ops.logical_not(at_low)))
+    free = ops.logical_and(group, ops.logical_not(ops.logical_or(at_low, at_up)))
+    n_free = ops.sum(ops.cast(free, x.dtype), -1, keepdims=True)
+    bound = ops.where(at_low, lo_b, ops.where(at_up, up_b, zero))
+    share = divide_no_nan(target - ops.sum(bound, -1, keepdims=True), n_free)
+    upper = ops.logical_or(ops.logical_and(x > v, alive), at_up)
+    lower = ops.logical_not(ops.logical_or(upper, free))
+    y = ops.where(upper, up_b, ops.where(lower, lo_b, share))
+    state = ops.where(upper, ops.cast(UPPER, "int8"), ops.cast(LOWER, "int8"))
+    return y, ops.where(free, ops.cast(FREE, "int8"), state)
+
+
+def _not_solved(xs, ac, bc, y):
+    """[N, 1] mask of the feasible rows whose ``y`` (clipped into the box) does not sum to 1."""
+    k = xs.shape[-1]
+    eps = float(_info(xs).eps)
+    tol = 16.0 * eps * np.sqrt(k) + 4.0 * eps
+    off = ops.abs(ops.sum(_clip(y, ac, bc), -1, keepdims=True) - 1.0) > tol
+    if ac is not None:
+        off = ops.logical_and(off, ops.sum(ac, -1, keepdims=True) <= 1.0)
+    if bc is not None:
+        off = ops.logical_and(off, ops.sum(bc, -1, keepdims=True) >= 1.0)
+    return off
+
+
+def _limit_repair(xs, ac, bc, y, state):
+    """Rows the solver left unsolved (their sum is off) take the ``tau -> 0`` limit
+    (:func:`_solve_limit`). It happens only where the scaled logit gaps exceed what the
+    float type resolves (e.g. tied logits below an upper bound at ``tau = 1e-10``, where every
+    ``exp`` but the row max's underflows); there the limit is the solution up to rounding.
+    One row sum; the limit runs only when needed."""
+    off = _not_solved(xs, ac, bc, y)
+
+    def fix():
+        y2, state2 = _solve_limit(xs, ac, bc)
+        return ops.where(off, y2, y), ops.where(off, state2, state)
+
+    return ops.cond(ops.any(off), fix, lambda: (y, state))
+
+
 # --------------------------------------------------------------------------------------------
 # The differentiable kernel (class axis last) and the public op.
 # --------------------------------------------------------------------------------------------
@@ -495,7 +598,7 @@ def _bad_rows(xs, m_raw, t2, a2, b2, tol, checked):
     fail-loud contract: assertions vanish there).
 
     The logits part is folded into the forward pass (the row max and one sum): scaled logits
-    holding NaN or +inf, or all -inf; then the rules :data:`POSITIVE` (temperature) and
+    holding NaN or +inf, or all -inf; then the rules :data:`TEMPERATURE` (temperature) and
     :data:`PROBABILITY_BOUNDS` (each given bound). Where the rules were ``checked`` before the
     kernel, only ``x / tau`` overflowing to +inf is left to find (the row max).
     """
@@ -506,7 +609,7 @@ def _bad_rows(xs, m_raw, t2, a2, b2, tol, checked):
     if checked:
         return bad
     bad = ops.logical_or(bad, ops.isnan(ops.sum(xs, -1, keepdims=True)))
-    bad = ops.logical_or(bad, POSITIVE.invalid(t2))
+    bad = ops.logical_or(bad, TEMPERATURE.invalid(t2))
     if a2 is not None:
         other = 1.0 if b2 is None else b2
         bad = ops.logical_or(bad, PROBABILITY_BOUNDS.invalid(a2, other, tol, k, True)[:, None])
@@ -545,9 +648,12 @@ def _kernel(x, a, b, tau, method: str, clip: bool, solver=None):
         shape = ops.shape(x)
         x2 = ops.reshape(x, (-1, k))
         t2 = ops.reshape(ops.broadcast_to(tau, tuple(shape[:-1]) + (1,)), (-1, 1))
-        xs = x2 / t2
-        m_raw = ops.max(xs, -1, keepdims=True)
-        xs = xs - ops.where(ops.isfinite(m_raw), m_raw, ops.zeros_like(m_raw))
+        # Shift, then scale: the row max of (x - max x) / tau is exactly 0 however XLA
+        # rewrites the division (x / tau - max(x / tau) is not: XLA turns a constant tau
+        # into a multiplication by 1 / tau in one fusion and not in another, and at
+        # tau = 1e-10 the "0" came out 119, exp overflowed and the row went NaN).
+        m_raw = ops.max(x2, -1, keepdims=True)
+        xs = (x2 - ops.where(ops.isfinite(m_raw), m_raw, ops.zeros_like(m_raw))) / t2
 
         def flat(t):
             return None if t is None else ops.reshape(ops.broadcast_to(t, shape), (-1, k))
@@ -558,6 +664,8 @@ def _kernel(x, a, b, tau, method: str, clip: bool, solver=None):
         y, state = solver(xs, ac, bc)
         if method != "newton":
             y, state = _repair(xs, ac, bc, y, state)
+        if ac is not None or bc is not None:
+            y, state = _limit_repair(xs, ac, bc, y, state)
         if clip:
             y = _clip(y, ac, bc)
         y = nan_where(_bad_rows(xs, m_raw, t2, a2, b2, 10.0 * eps * k, checked), y)
@@ -684,8 +792,10 @@ def bcsoftmax(
       upper: upper bounds ``b``, same broadcasting, or None (``b = 1``). ``lower = upper = 0``
         masks a class. Both keep :data:`PROBABILITY_BOUNDS`: ``0 <= lower <= upper <= 1``,
         ``sum(lower) <= 1 <= sum(upper)``.
-      temperature: ``tau > 0`` (:data:`POSITIVE`): scalar or broadcastable to ``logits`` with
-        size 1 on ``axis``.
+      temperature: ``tau > 0``, a normal float (:data:`TEMPERATURE`; a subnormal one raises):
+        scalar or broadcastable to ``logits`` with size 1 on ``axis``. Below about 1e-10 the
+        scaled logit gaps exceed what the float type resolves, and the result is the
+        ``tau -> 0`` limit (the bounds' linear program, ties sharing by water filling).
       axis: the class axis.
       method: ``"newton"`` (default; safeguarded Newton on the pieces of ``phi``), ``"sort"``
         (spec Algorithm A) or ``"bisect"`` (spec Algorithm B). All finish with the closed-form
@@ -734,7 +844,7 @@ def bcsoftmax(
     a, b, tau = (_class_last(t, rank, ax) for t in (a, b, tau))
     tol = 10.0 * float(_info(x).eps) * k
     x = LOGITS.check(x, "logits")
-    tau = POSITIVE.check(tau, "temperature")
+    tau = TEMPERATURE.check(tau, "temperature")
     if a is not None:
         a = PROBABILITY_BOUNDS.check(a, "lower", 1.0 if b is None else b, tol, k, True)
     if b is not None:
