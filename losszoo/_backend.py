@@ -218,6 +218,11 @@ def in_shape_inference() -> bool:
     return in_symbolic_scope()
 
 
+LOOPS_READ_HOST = NAME == "torch"
+"""Whether ``keras.ops.while_loop`` / ``cond`` read their condition on the host: PyTorch runs
+them in Python, one sync with the device per trip (TensorFlow and JAX compile them)."""
+
+
 def in_graph_without_xla() -> bool:
     """Whether code is being traced into a TensorFlow graph that XLA will not compile (the
     one place where assertion ops run; under XLA they vanish, on JAX they do not exist)."""
@@ -310,8 +315,8 @@ def require_float64(feature: str) -> None:
 # keras.ops that lose float64 on PyTorch
 #
 # Keras 3.15's PyTorch backend promotes with ``dtypes.result_type`` on torch dtypes, which
-# reads float64 as float32: ``ops.maximum``, ``minimum``, ``cumsum`` and ``divide_no_nan``
-# (among others) of float64 tensors return float32 there. These
+# reads float64 as float32: ``ops.maximum``, ``minimum``, ``cumsum``, ``matmul`` and
+# ``divide_no_nan`` (among others) of float64 tensors return float32 there. These
 # replacements keep the inputs' dtype on PyTorch and are ``keras.ops`` elsewhere; kernels
 # that compute in float64 (or accept float64 input) use them.
 
@@ -335,7 +340,11 @@ def _dtype_preserving(name, torch_fn=None, operands=2):
         ]
         tensors = [x for x in xs if isinstance(x, torch.Tensor)]
         dtype = functools.reduce(torch.promote_types, [t.dtype for t in tensors])
-        xs = [torch.as_tensor(x, dtype=dtype, device=tensors[0].device) for x in xs]
+        # Python numbers become 0-d host tensors, which torch uses with tensors on any
+        # device (no copy to the device)
+        xs = [
+            x.to(dtype) if isinstance(x, torch.Tensor) else torch.tensor(x, dtype=dtype) for x in xs
+        ]
         return torch_fn(*xs, *args[operands:], **kwargs)
 
     return fn
@@ -355,8 +364,42 @@ def _torch_cumsum(x, axis=None):
 
 maximum = _dtype_preserving("maximum")
 minimum = _dtype_preserving("minimum")
+matmul = _dtype_preserving("matmul")
 divide_no_nan = _dtype_preserving("divide_no_nan", _torch_divide_no_nan)
 cumsum = _dtype_preserving("cumsum", _torch_cumsum, operands=1)
+
+
+# --------------------------------------------------------------------------------------------
+# Reductions that accept empty batches
+#
+# Keras 3.15's ``ops.max`` / ``ops.min`` raise "Cannot compute the max of an empty tensor"
+# for any tensor with a zero-size axis on TensorFlow (eagerly, with an assertion that reads
+# the size on the host at every call) and on PyTorch, even when the reduced axis is not
+# empty: a batch of 0 rows then fails instead of giving 0 results. These reduce a [0, K]
+# tensor over its class axis to [0] as JAX, XLA and NumPy do.
+
+
+def _reduction(name, tf_fn, torch_name):
+    keras_fn = getattr(keras.ops, name)
+    if NAME == "jax":
+        return keras_fn
+
+    @functools.wraps(keras_fn)
+    def fn(x, axis=None, keepdims=False):
+        if axis is None:  # a reduction to one number: empty input has none (Keras' error)
+            return keras_fn(x, axis=axis, keepdims=keepdims)
+        if TENSORFLOW:
+            return tf_fn(x, axis=axis, keepdims=keepdims)
+        import torch
+
+        x = keras.ops.convert_to_tensor(x)
+        return getattr(torch, torch_name)(x, dim=axis, keepdim=keepdims)
+
+    return fn
+
+
+reduce_max = _reduction("max", tf.reduce_max if TENSORFLOW else None, "amax")
+reduce_min = _reduction("min", tf.reduce_min if TENSORFLOW else None, "amin")
 
 
 # --------------------------------------------------------------------------------------------

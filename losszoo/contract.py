@@ -147,6 +147,8 @@ class Rule:
         """
         if not validation_enabled():
             return x
+        if _reads_one_flag(x, *others) and not _any_on_device(self.mask(ops, x, *others)):
+            return x  # valid; else the host values below name the rows
         value = static_value(x)
         known = [static_value(o) for o in others]
         if value is not None and all(k is not None for k in known):
@@ -164,6 +166,24 @@ class Rule:
         )
 
 
+def _reads_one_flag(*values) -> bool:
+    """Whether a check of these values reduces on the device and reads one flag instead of
+    copying them to the host: PyTorch tensors holding values (the others Python numbers or
+    such tensors). A tensor's copy to the host is a sync and ``numel`` bytes on a GPU; the
+    flag is one byte. Elsewhere (NumPy input, TensorFlow eager, JAX arrays) values are read
+    as before."""
+    return (
+        _backend.NAME == "torch"
+        and _backend.is_concrete(values[0])
+        and all(isinstance(v, (int, float)) or _backend.is_concrete(v) for v in values[1:])
+    )
+
+
+def _any_on_device(mask) -> bool:
+    """Whether any entry of a boolean tensor is true: reduced where it lives, one read."""
+    return bool(ops.any(mask))
+
+
 def rules_enforced(*tensors) -> bool:
     """Whether :meth:`Rule.check` stops bad values of these tensors here: validation is on and
     either their values are known (it raises) or a TensorFlow graph without XLA runs (it
@@ -174,11 +194,19 @@ def rules_enforced(*tensors) -> bool:
     return _backend.in_graph_without_xla() or all(map(_backend.is_concrete, tensors))
 
 
+def _row_max(xp, x):
+    """The maximum over the last axis: NumPy's, else :func:`losszoo._backend.reduce_max`
+    (Keras' ``max`` refuses a batch of 0 rows on TensorFlow and PyTorch)."""
+    if xp is np:
+        return np.max(x, axis=-1, initial=-np.inf)
+    return _backend.reduce_max(x, axis=-1)
+
+
 def _logits_mask(xp, z):
     """Rows holding NaN or +inf, or only -inf (``[...]``, the class axis reduced): the row max
     is NaN, +inf or -inf there. NumPy's and TensorFlow's max propagate NaN, so one reduction
     that reads ``z`` directly; elsewhere (XLA's max may skip NaN) NaN is tested on its own."""
-    bad = xp.logical_not(xp.isfinite(xp.max(z, axis=-1, initial=-np.inf)))
+    bad = xp.logical_not(xp.isfinite(_row_max(xp, z)))
     if xp is np or _backend.max_propagates_nan():
         return bad
     return bad | xp.any(xp.isnan(z), axis=-1)
@@ -313,7 +341,7 @@ def _possibility_mask(xp, pi, normalised=True):
     ok = finite & (pi >= 0)
     if normalised:
         ok = ok & (pi <= 1.0)
-    top = xp.max(xp.where(finite, pi, 0.0), axis=-1)
+    top = _row_max(xp, xp.where(finite, pi, 0.0))
     low_top = top < 1.0 - _MAX_ONE_TOL if normalised else top <= 0.0
     return xp.logical_not(xp.all(ok, axis=-1)) | low_top
 
@@ -377,6 +405,8 @@ def _check_all(x, name, text, ok, graph_check=None):
     else asserts it (TensorFlow graphs; ``graph_check(x, message)`` when given, one fused op
     where TensorFlow has one); a no-op when validation is off."""
     if not validation_enabled():
+        return x
+    if _reads_one_flag(x) and not _any_on_device(ops.logical_not(ok(ops, x))):
         return x
     value = static_value(x)
     if value is None:

@@ -22,7 +22,7 @@ import keras
 import numpy as np
 from keras import ops as kops
 
-from losszoo import ops
+from losszoo import _backend, ops
 from losszoo.contract import (
     LOGITS,
     check_bool,
@@ -312,7 +312,7 @@ class LogitBounding(_Bounded):
             # The norm of the unmasked logits (-inf classes are masked, not infinitely large),
             # as scale * ||logits / scale|| with scale = max |logit|: squares of 1e30 overflow.
             live = kops.where(kops.isfinite(logits), logits, 0.0)
-            scale = kops.stop_gradient(kops.max(kops.abs(live), -1, keepdims=True))
+            scale = kops.stop_gradient(_backend.reduce_max(kops.abs(live), -1, keepdims=True))
             scale = kops.where(scale > 0, scale, 1.0)
             unit = kops.sqrt(kops.sum(kops.square(live / scale), -1, keepdims=True))
             return scale * (unit * kops.tanh(lo)), scale * (unit * kops.tanh(hi))

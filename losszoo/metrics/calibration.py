@@ -103,7 +103,7 @@ class _BinnedTopLabel(keras.metrics.Metric):
         if sample_weight is not None:
             raise ValueError(f"{type(self).__name__} does not support sample weights.")
         labels, probs, bad = _labels_probs(y_true, y_pred)
-        conf = nan_where(bad, ops.max(probs, axis=-1))
+        conf = nan_where(bad, _backend.reduce_max(probs, axis=-1))
         correct = nan_where(bad, _top_label(labels, probs))
         idx = _bin_index(conf, self.counts.shape[0])
         _add_per_segment(self.counts, ops.ones_like(conf), idx)

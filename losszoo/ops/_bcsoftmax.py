@@ -29,7 +29,15 @@ from __future__ import annotations
 import numpy as np
 from keras import ops
 
-from losszoo._backend import custom_gradient, divide_no_nan, maximum, minimum, take_along_axis
+from losszoo._backend import (
+    custom_gradient,
+    divide_no_nan,
+    maximum,
+    minimum,
+    reduce_max,
+    reduce_min,
+    take_along_axis,
+)
 from losszoo.contract import (
     LOGITS,
     PROBABILITY_BOUNDS,
@@ -139,11 +147,11 @@ def _assemble(z, a, b, upper, lower, s, r):
 
 
 def _finite_min(t, axis=-1):
-    return ops.min(ops.where(ops.isfinite(t), t, np.inf), axis, keepdims=True)
+    return reduce_min(ops.where(ops.isfinite(t), t, np.inf), axis, keepdims=True)
 
 
 def _finite_max(t, axis=-1):
-    return ops.max(ops.where(ops.isfinite(t), t, -np.inf), axis, keepdims=True)
+    return reduce_max(ops.where(ops.isfinite(t), t, -np.inf), axis, keepdims=True)
 
 
 def _closed_form(x, a, b, upper, lower):
@@ -652,7 +660,7 @@ def _kernel(x, a, b, tau, method: str, clip: bool, solver=None):
         # rewrites the division (x / tau - max(x / tau) is not: XLA turns a constant tau
         # into a multiplication by 1 / tau in one fusion and not in another, and at
         # tau = 1e-10 the "0" came out 119, exp overflowed and the row went NaN).
-        m_raw = ops.max(x2, -1, keepdims=True)
+        m_raw = reduce_max(x2, -1, keepdims=True)
         xs = (x2 - ops.where(ops.isfinite(m_raw), m_raw, ops.zeros_like(m_raw))) / t2
 
         def flat(t):
@@ -694,7 +702,7 @@ def _kernel(x, a, b, tau, method: str, clip: bool, solver=None):
                     dist = dist_b if dist_a is None else dist_a
                 else:
                     dist = minimum(dist_a, dist_b)
-                slack = ops.max(ops.where(free, dist, zero), -1, keepdims=True)
+                slack = reduce_max(ops.where(free, dist, zero), -1, keepdims=True)
                 pinned = ops.logical_and(slack <= pin_tol, ops.logical_not(ops.isnan(ssum)))
                 pf = ops.logical_and(pinned, free)
                 if dist_b is None:

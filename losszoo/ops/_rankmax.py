@@ -111,11 +111,6 @@ def _prepare_logits(logits, name, k, margin, max_positives=None):
     known at run time, and then ``k < n`` is a graph assertion (NaN under XLA, see callers).
     """
     z, dtype = to_compute_dtype(logits, name)
-    if _backend.NAME == "torch" and dtype == "float64":
-        # keras.ops on PyTorch computes maximum, minimum, cumsum, matmul and divide_no_nan
-        # of float64 tensors in float32 (Keras' 64-to-32-bit promotion rule): compute it all
-        # in float32 rather than mix the two.
-        z = ops.cast(z, "float32")
     rank = static_rank(z)
     if rank is None or rank < 1:
         raise ValueError(f"`{name}` must have rank >= 1 with known rank, got shape {z.shape}.")
@@ -277,17 +272,17 @@ def _anchor(zy, top_v, k):
         return zy, None
     # min rather than top_v[:, k-1]: XLA:CPU lowers top_k to its fast kernel only when the
     # sorted values are consumed whole; a slice at k-1 turns it into a full sort (~100x).
-    zk = ops.min(top_v, axis=-1, keepdims=True)
+    zk = _backend.reduce_min(top_v, axis=-1, keepdims=True)
     # minimum(zy, zk) in this order: a tie z_y = z_[k] is case A (spec 2, TF/XLA notes).
-    return ops.minimum(zy, zk), zy > zk
+    return _backend.minimum(zy, zk), zy > zk
 
 
 def _capped_count(D, top_v, m, k, eta):
     """t* [N, P] (int32) and R_{t*} [N, P] from A4/A5 steps 7-11."""
     dt = (top_v[:, None, :] - m[:, :, None]) + eta  # [N, P, k], each >= eta
     # exclusive prefix sums
-    prefix = ops.concatenate([ops.zeros_like(dt[..., :1]), ops.cumsum(dt[..., :-1], -1)], -1)
-    R = ops.maximum(D[:, :, None] - prefix, dt)
+    prefix = ops.concatenate([ops.zeros_like(dt[..., :1]), _backend.cumsum(dt[..., :-1], -1)], -1)
+    R = _backend.maximum(D[:, :, None] - prefix, dt)
     remaining = ops.cast(k - ops.arange(k), D.dtype)
     bad = ops.cast(R < remaining * dt, "int32")
     ts = ops.minimum(ops.sum(bad, axis=-1), k - 1)
@@ -408,8 +403,8 @@ def _one_hot_ids(w):
     """
     col = ops.arange(ops.shape(w)[-1])
     digits = [ops.ones_like(col)] + [(col // 256**j) % 256 for j in range(3)]
-    sums = ops.matmul(w, ops.cast(ops.stack(digits, axis=1), w.dtype))  # [N, 4]: S, I_0..I_2
-    q = ops.divide_no_nan(sums[:, 1:], sums[:, :1])
+    sums = _backend.matmul(w, ops.cast(ops.stack(digits, axis=1), w.dtype))  # [N, 4]: S, I_0..I_2
+    q = _backend.divide_no_nan(sums[:, 1:], sums[:, :1])
     # Comparisons are false for NaN: such digits (and out-of-range ones) read 0.
     q = ops.where((q >= 0) & (q <= 255), ops.round(q), 0.0)
     y = q[:, :1] + 256 * q[:, 1:2] + 256**2 * q[:, 2:]  # exact: an integer below 2^24
@@ -481,8 +476,8 @@ def _dense_D_s(z, mu):
     # index first), so z_i = mu is outside.
     vals, perm = _top_k(ops.concatenate([mu, z], axis=-1), 2 * n)
     is_z = perm >= n
-    count = ops.cumsum(ops.cast(is_z, z.dtype), axis=-1)
-    total = ops.cumsum(ops.where(is_z, vals, 0.0), axis=-1)
+    count = _backend.cumsum(ops.cast(is_z, z.dtype), axis=-1)
+    total = _backend.cumsum(ops.where(is_z, vals, 0.0), axis=-1)
     # At a threshold entry: the z's sorted before it are exactly those > mu.
     D_sorted = ops.where(is_z, 0.0, total - count * vals)
     s_sorted = ops.where(is_z, 0.0, count)
@@ -497,7 +492,7 @@ def _dense_indicator_sum(a, perm, is_z):
     n = ops.shape(a)[-1]
     a_sorted = take_along_axis(a, ops.where(is_z, 0, perm), axis=-1)
     a_sorted = ops.where(is_z, 0.0, a_sorted)
-    after = ops.sum(a_sorted, axis=-1, keepdims=True) - ops.cumsum(a_sorted, axis=-1)
+    after = ops.sum(a_sorted, axis=-1, keepdims=True) - _backend.cumsum(a_sorted, axis=-1)
     return _unsort(ops.where(is_z, after, 0.0), perm)[:, n:]
 
 
@@ -505,7 +500,7 @@ def _dense_forward(z, w, k, eta):
     """Loss per row for dense non-negative label weights w [N, n] (any number of positives),
     and its gradient function (upstream [N] -> d loss / d z)."""
     # Shift by the row max so the prefix sums stay small (shift invariance, spec 1).
-    zc = z - ops.max(z, axis=-1, keepdims=True)
+    zc = z - _backend.reduce_max(z, axis=-1, keepdims=True)
     masked = (w > 0) & (z == -np.inf)
     has = (w > 0) & ~masked
     zy = ops.where(has, zc, 0.0)  # keeps masked (-inf) non-positives finite
@@ -655,7 +650,7 @@ def _rankmax_projection_ids(z, ids, w, k, eta):
             ts, Rs = _capped_count(D, top_v, m, k, eta)
         alpha = ops.cast(k - ts, z.dtype) / Rs
         has = (w > 0)[:, :, None]
-        p = ops.where(has, ops.minimum(alpha[:, :, None] * d, 1.0), 0.0)
+        p = ops.where(has, _backend.minimum(alpha[:, :, None] * d, 1.0), 0.0)
 
         def grad(u):
             inside = d > 0

@@ -54,7 +54,14 @@ from __future__ import annotations
 import numpy as np
 from keras import ops
 
-from losszoo._backend import custom_gradient
+from losszoo._backend import (
+    LOOPS_READ_HOST,
+    cumsum,
+    custom_gradient,
+    maximum,
+    reduce_max,
+    take_along_axis,
+)
 from losszoo.contract import (
     TARGETS,
     check_number,
@@ -102,13 +109,32 @@ def _chunks(z, chunk):
 def _chunk_maxima(z, chunk):
     """The maximum of each chunk of ``chunk`` classes; NaN for a chunk holding a NaN or
     ``+inf`` (one pass; ``max`` alone may skip NaNs under XLA)."""
-    m = ops.max(_chunks(ops.where(ops.isnan(z), np.inf, z), chunk), -1)
+    m = reduce_max(_chunks(ops.where(ops.isnan(z), np.inf, z), chunk), -1)
     return ops.where(ops.equal(m, np.inf), np.nan, m)
+
+
+def _sorted_threshold(z):
+    """The exact threshold of each row of ``z`` (maximum 0) by a sort (spec A1): with ``z``
+    in decreasing order and prefix sums ``c_j``, ``k = max{j : 1 + j z_(j) > c_j}`` and
+    ``tau = (c_k - 1) / k``. No loop: what PyTorch runs where a loop would read its
+    condition on the host at every trip. NaN for rows holding a NaN."""
+    ordered = ops.flip(ops.sort(z, axis=-1), axis=-1)
+    prefix = cumsum(ordered, axis=-1)
+    j = ops.arange(1, z.shape[-1] + 1, dtype=z.dtype)
+    size = ops.sum(ops.cast(1.0 + j * ordered > prefix, "int32"), -1, keepdims=True)
+    size = maximum(size, 1)  # 1 for a row of NaNs (poisoned below)
+    total = take_along_axis(prefix, size - 1, axis=-1)
+    tau = (total - 1.0) / ops.cast(size, z.dtype)
+    return ops.where(ops.any(ops.isnan(z), -1, keepdims=True), np.nan, tau)
 
 
 def _michelot(z, tau0):
     """Newton (Michelot) on ``sum_i (z_i - tau)_+ = 1`` from ``tau0`` ([..., 1]) at or left
-    of the root: the exact threshold of each row of ``z``; NaN for rows holding a NaN."""
+    of the root: the exact threshold of each row of ``z``; NaN for rows holding a NaN.
+    Where loops read the host at each trip (PyTorch), the sort of
+    :func:`_sorted_threshold` instead (``tau0`` unused)."""
+    if LOOPS_READ_HOST:
+        return _sorted_threshold(z)
 
     def support_size(tau):
         return ops.sum(ops.cast(z > tau, "int32"), axis=-1, keepdims=True)
@@ -122,7 +148,7 @@ def _michelot(z, tau0):
         # max() keeps the iterates monotone even under rounding, so the support can only
         # shrink and the loop cannot cycle.
         candidate = (total - 1.0) / ops.cast(count, z.dtype)
-        new_tau = ops.where(ops.isnan(candidate), candidate, ops.maximum(tau, candidate))
+        new_tau = ops.where(ops.isnan(candidate), candidate, maximum(tau, candidate))
         new_count = support_size(new_tau)
         return new_tau, new_count, ops.any(ops.not_equal(new_count, count))
 
@@ -143,6 +169,10 @@ def _threshold(x, shift=0.0, maxima=None):
 
     Returns ``tau`` with shape ``x.shape[:-1] + [1]``, without gradient.
     """
+    # Constants from here: a persistent TensorFlow tape records no op of the search, so a
+    # second ``tape.gradient`` never differentiates the ``cond`` below (XLA cannot compile
+    # that cond's rewrite for gradients: FakeParam of its loop's accumulators).
+    x = ops.stop_gradient(x)
     z = x - shift
     tau0 = -ops.ones_like(z[..., :1])  # f(-1) >= 0 because max(z) = 0
     chunk = _chunk_size(z.shape[-1])
@@ -150,10 +180,10 @@ def _threshold(x, shift=0.0, maxima=None):
         return ops.stop_gradient(_michelot(z, tau0))
     few = not _searches_candidates(z.shape[-1])
     if maxima is None:  # NaNs reach the threshold through the full search when `few`
-        maxima = ops.max(_chunks(z, chunk), -1) if few else _chunk_maxima(z, chunk)
+        maxima = reduce_max(_chunks(z, chunk), -1) if few else _chunk_maxima(z, chunk)
     # The chunk maxima's threshold: a lower bound (module docstring), NaN for a bad row.
     tau_max = _threshold(maxima)
-    tau0 = ops.maximum(tau0, tau_max)
+    tau0 = maximum(tau0, tau_max)
     if few:
         return ops.stop_gradient(_michelot(z, tau0))
     # The support lies in the chunks whose maximum exceeds tau_max; when there are at most
@@ -176,9 +206,9 @@ def _row_max(x):
     pass as the row max; otherwise None. Shifted by it, an all ``-inf`` row becomes NaN
     (``-inf - (-inf)``), as in softmax."""
     if not _searches_candidates(x.shape[-1]):
-        return ops.stop_gradient(ops.max(x, axis=-1, keepdims=True)), None
+        return ops.stop_gradient(reduce_max(x, axis=-1, keepdims=True)), None
     maxima = _chunk_maxima(x, _chunk_size(x.shape[-1]))
-    top = ops.stop_gradient(ops.max(maxima, axis=-1, keepdims=True))
+    top = ops.stop_gradient(reduce_max(maxima, axis=-1, keepdims=True))
     return top, ops.stop_gradient(maxima - top)
 
 

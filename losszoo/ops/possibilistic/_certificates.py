@@ -10,7 +10,7 @@ with the scans they share. Written with ``keras.ops``, called in float64.
 
 from keras import ops
 
-from losszoo._backend import maximum
+from losszoo._backend import maximum, reduce_max
 from losszoo.ops.possibilistic._config import _0
 
 
@@ -39,7 +39,7 @@ def _at_lambda(lp, ll, lu):
 
 
 def _normalize_log(x):
-    m = ops.max(x, axis=0, keepdims=True)
+    m = reduce_max(x, axis=0, keepdims=True)
     return x - (m + ops.log(ops.sum(ops.exp(x - m), axis=0, keepdims=True)))
 
 
@@ -61,7 +61,7 @@ def _violation_and_gap(x, lp, ll, lu, cst, lq=None):
     slack_low = d - cst["lo"]
     slack_up = cst["up"] - d
     viol = maximum(maximum(-slack_pref, -slack_low), -slack_up)
-    v = maximum(ops.max(ops.where(act, viol, zero), axis=0), _0)
+    v = maximum(reduce_max(ops.where(act, viol, zero), axis=0), _0)
     gap = ops.sum(ops.where(act, lp * slack_pref + ll * slack_low + lu * slack_up, zero), axis=0)
     if lq is not None:
         x_dual = _normalize_log(lq + _at_lambda(lp, ll, lu))
@@ -102,7 +102,7 @@ def _chain_violation_and_gap(red, m, slacks, xm, lams):
     dual function, so it certifies ``m`` whatever produced ``lam`` (see :func:`_violation_and_gap`).
     """
     var = red["var"][None]
-    big_v = maximum(ops.max(_fold(maximum, ops.where(var, -slacks, 0.0)), 0), _0)
+    big_v = maximum(reduce_max(_fold(maximum, ops.where(var, -slacks, 0.0)), 0), _0)
     comp = ops.sum(_fold(ops.add, ops.where(var, lams * slacks, 0.0)), axis=0)
     safe = ops.where(m > 0.0, m, 1.0)
     return big_v, comp + _kl_rows(m, ops.log(safe), xm)

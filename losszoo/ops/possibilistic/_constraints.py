@@ -58,7 +58,7 @@ def sanitize(pi):
     pi = ops.cast(pi, F64)
     finite = ops.all(ops.isfinite(pi), axis=-1)
     clipped = ops.where(ops.isfinite(pi), maximum(pi, _0), ops.zeros_like(pi))
-    top = ops.max(clipped, axis=-1)
+    top = _backend.reduce_max(clipped, axis=-1)
     valid = finite & (top > 0.0)
     safe_top = ops.where(valid, top, ops.ones_like(top))
     pi = ops.where(valid[:, None], clipped / safe_top[:, None], ops.ones_like(pi))
@@ -179,7 +179,7 @@ def _antipignistic_2d(floor_value):
     @_backend.custom_gradient
     def f(pi):
         clean = ops.where(ops.isfinite(pi), maximum(pi, _0), ops.zeros_like(pi))
-        top = ops.max(clean, axis=-1, keepdims=True)
+        top = _backend.reduce_max(clean, axis=-1, keepdims=True)
         valid = ops.all(ops.isfinite(pi), -1, keepdims=True) & (top > 0.0)
         safe_top = ops.where(valid, top, ops.ones_like(top))
         unit = clean / safe_top

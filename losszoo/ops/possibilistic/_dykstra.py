@@ -24,7 +24,7 @@ from losszoo.ops.possibilistic._certificates import (
 def _sweep(kind, x, lam_old, cst):
     """One sweep over the m1 constraints of one family; returns the new multipliers."""
     m1 = lam_old.shape[0]
-    z = ops.exp(x - ops.max(x, axis=0, keepdims=True))  # [K, B]; 0 outside support
+    z = ops.exp(x - _backend.reduce_max(x, axis=0, keepdims=True))  # [K, B]; 0 outside support
     suffix = _rcumsum(z, exclusive=True)  # sum_{k>r} z_k
     one = ops.ones_like(z[0])
     arrays = {"z": z[:-1], "z_next": z[1:], "lam_old": lam_old, "act": cst["act"]}

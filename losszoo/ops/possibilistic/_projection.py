@@ -74,7 +74,7 @@ def _project_2d(lq_full, cons: PossibilityConstraints, cfg: ProjectionConfig, ji
     lq = ops.where(
         in_support, maximum(_backend.take_along_axis(lq_full, order), np.log(cfg.q_clip)), -np.inf
     )
-    m = ops.max(lq, axis=-1, keepdims=True)
+    m = _backend.reduce_max(lq, axis=-1, keepdims=True)
     lq = lq - (m + ops.log(ops.sum(ops.exp(lq - m), axis=-1, keepdims=True)))
     n = cons.num_support
     has_strict = ops.any(cons.strict, axis=-1)
