@@ -187,6 +187,10 @@ def test_batch_compaction_keeps_every_row(monkeypatch):
     k, batch = 24, 40
     z = 3.0 * rng.normal(size=(batch, k))
     pi = graded(rng, batch, k)
+    # Compacted from 32 rows on here (the default, 128, keeps small batches in one copy).
+    monkeypatch.setattr(_interior_point, "_IPM_COMPACT_MIN_BATCH", 32)
+    compacted = tf.function(_interior_point._ipm_solve, jit_compile=True)
+    monkeypatch.setattr(_projection, "IPM_JIT", compacted)
     p, info = run(z, pi, max_cycles=1)
     iters = info.iterations
     assert len(set(iters.tolist())) > 2  # rows finish at different times

@@ -220,12 +220,22 @@ def _ipm_body(red, tol, gap_tol):
 
         # Mehrotra predictor-corrector: the affine step (no centring) measures how far the
         # complementarity can fall; sigma = (mu_aff / mu)^3 centres only as much as needed,
-        # and the corrector adds the second-order term ds_aff * dl_aff. Same factors.
-        _, ds_a, dl_a = direction(lam * s)
-        a_aff = minimum(one, max_step(var3, (s, ds_a), (lam, dl_a)))
-        mu_aff = mean_comp(s + a_aff * ds_a, lam + a_aff * dl_a)
-        sigma = ops.clip((mu_aff / ops.where(mu > 0.0, mu, 1.0)) ** 3, _IPM_SIGMA_FLOOR, _1)
-        du, ds, dl = direction(lam * s + ds_a * dl_a - sigma * mu)
+        # and the corrector adds the second-order term ds_aff * dl_aff. Same factors. The
+        # two solves are the two trips of one loop, so that the program holds one copy of
+        # the banded solve (its levels are unrolled): half the solve's compile.
+        def solve_trip(trip, rc, du, ds, dl):
+            du, ds_a, dl_a = direction(rc)
+            a_aff = minimum(one, max_step(var3, (s, ds_a), (lam, dl_a)))
+            mu_aff = mean_comp(s + a_aff * ds_a, lam + a_aff * dl_a)
+            sigma = ops.clip((mu_aff / ops.where(mu > 0.0, mu, 1.0)) ** 3, _IPM_SIGMA_FLOOR, _1)
+            return trip + 1, lam * s + ds_a * dl_a - sigma * mu, du, ds_a, dl_a
+
+        _, _, du, ds, dl = ops.while_loop(
+            lambda trip, *_: trip < 2,
+            solve_trip,
+            (ops.convert_to_tensor(0, "int32"), lam * s, ops.zeros_like(u), s, lam),
+            maximum_iterations=2,
+        )
         du_ext = ops.concatenate([du, zero[:1]], 0)  # dU_{J-1} = 0
         dm = ops.where(real, _prev(du_ext) - du_ext, 0.0)  # dm_j = dU_{j-1} - dU_j
         alpha = minimum(
@@ -291,8 +301,9 @@ def _ipm_body(red, tol, gap_tol):
 _IPM_CHAIN = ("w", "g", "c", "lo", "up", "real", "var")
 # Rows finish after 10 to 20 iterations and an iteration costs about in proportion to the
 # batch: once at most a quarter of the rows are active, they go on in a batch a quarter as
-# wide (one more compiled copy of the iteration).
-_IPM_COMPACT_MIN_BATCH = 32
+# wide (one more compiled copy of the iteration). Below 128 rows the iteration costs little
+# more than its kernel launches, so the copy (a quarter of the program) is not compiled.
+_IPM_COMPACT_MIN_BATCH = 128
 _IPM_COMPACT_FACTOR = 4
 
 
