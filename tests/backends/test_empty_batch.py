@@ -12,19 +12,12 @@ import numpy as np
 import pytest
 
 import losszoo
-from tests.backends.harness import BACKEND, MODES, compiled, float64, numpy, value_and_grad
+from tests.backends.harness import MODES, compiled, float64, numpy, value_and_grad
 
 K = 4
 Z = np.zeros((0, K), np.float32)
 IDS = np.zeros((0,), np.int32)
 PI = np.zeros((0, K), np.float32)
-
-# The possibilistic solver (owned by the possibilistic ops, reported, not fixed here) fails
-# on 0 rows elsewhere: its tie reduction calls Keras' segment_sum with num_segments = 0,
-# which Keras' PyTorch backend reads as "not given"; on JAX an integer modulo by zero.
-_TORCH_SEGMENT_SUM = pytest.mark.xfail(
-    BACKEND in ("torch", "jax"), reason="possibilistic solver on 0 rows", strict=True
-)
 
 OPS = {
     "sparsemax": (lambda z: losszoo.ops.sparsemax(z), (0, K)),
@@ -41,15 +34,10 @@ OPS = {
     "antipignistic": (lambda z: losszoo.ops.antipignistic(z + PI), (0, K)),
 }
 _FLOAT64 = {"possibilistic_projection", "antipignistic"}  # JAX: with x64 on
-_SEGMENT_SUM = {"possibilistic_projection"}
-
-
-def _params(names):
-    return [pytest.param(n, marks=_TORCH_SEGMENT_SUM) if n in _SEGMENT_SUM else n for n in names]
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("name", _params(sorted(OPS)))
+@pytest.mark.parametrize("name", sorted(OPS))
 def test_ops_of_an_empty_batch_are_empty_with_empty_gradients(name, mode):
     fn, shape = OPS[name]
     with float64() if name in _FLOAT64 else _nothing():
@@ -84,7 +72,7 @@ LOSSES = {
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("name", _params(sorted(LOSSES)))
+@pytest.mark.parametrize("name", sorted(LOSSES))
 def test_losses_of_an_empty_batch_are_what_keras_gives(name, mode):
     keras_ce = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     expected = numpy(compiled(lambda z: keras_ce(IDS, z), mode)(Z))

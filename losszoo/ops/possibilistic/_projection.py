@@ -177,6 +177,10 @@ def projection_from_z(z64, pi64, cfg, jit):
     In 'restrict' mode ``z`` is masked to the support. Rows breaking the rules (and, in
     'restrict' mode, rows whose whole support is masked by -inf) are NaN and not valid.
     """
+    if z64.shape[0] == 0:  # no rows: the solver's loops index one, so solve a dummy row
+        one = (1, z64.shape[1])
+        p, info, _ = projection_from_z(ops.zeros(one, F64), ops.ones(one, F64), cfg, jit)
+        return p[:0], ProjectionInfo(*(field[:0] for field in info)), z64
     zm = z64
     if cfg.support_mode == "restrict":
         pi, valid = sanitize(pi64)
