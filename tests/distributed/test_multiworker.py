@@ -22,6 +22,8 @@ import pytest
 
 import losszoo
 
+pytestmark = pytest.mark.tensorflow_only(reason="tf.distribute.MultiWorkerMirroredStrategy")
+
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 300
 LOSSES = ("sparsemax", "rankmax", "vote_kl", "safe_kl_dro", "kl_dro_sumexp", "cvar")

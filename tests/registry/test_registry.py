@@ -188,6 +188,7 @@ def _run(script, tmp_path):
     return result.stdout, result.stderr
 
 
+@pytest.mark.tensorflow_only(reason="the plugin name is also compiled into a tf_keras model")
 def test_plugins_load_at_import_for_compile_and_load_model(tmp_path):
     # issue 19 item 13: a plugin's name must resolve right after `import losszoo`, with no
     # losszoo lookup first, in compile (Keras 3 and tf_keras) and in load_model.

@@ -27,6 +27,8 @@ class TwoTower(keras.Model):
         super().__init__()
         self.users = keras.layers.Embedding(USERS, 8)
         self.items = keras.layers.Embedding(ITEMS, 8)
+        self.users.build()  # both towers exist before fit, as docs/api/retrieval.md does: the
+        self.items.build()  # item tower is used in compute_loss only (PyTorch, cvar: unbuilt)
         self.task = task
 
     def call(self, x):
