@@ -72,12 +72,16 @@ def _model_and_training(self, x=None, y=None, y_pred=None, sample_weight=None, t
     return self, bool(training)
 
 
+def _model_evaluating(self, *args, **kwargs):
+    return self, False
+
+
 def _optimizer_and_variables(self, *args, optimizer_variables=None, **kwargs):
     return self.optimizer, optimizer_variables
 
 
 def install_trainer_hook():
-    """Wrap ``Trainer._compute_loss`` to publish ``(model, training)`` while it runs.
+    """Wrap ``Trainer._compute_loss`` (and ``compute_metrics``) to publish ``(model, training)``.
 
     Idempotent; never called at import. The wrapper only pushes ``(model, training)`` to a
     thread-local stack around the original call. If this Keras has no such method, callers
@@ -101,6 +105,9 @@ def install_trainer_hook():
             )
         return
     _publish_during_call(Trainer, "_compute_loss", "trainer", _model_and_training)
+    # The compiled metrics see the same y_pred outside _compute_loss: publish the model there
+    # too (never training), so a metric on logits reads a softmax model's scores the same way.
+    _publish_during_call(Trainer, "compute_metrics", "trainer", _model_evaluating)
     if _backend.NAME == "jax":
         from keras.src.backend.jax.trainer import JAXTrainer  # no public equivalent (3.15.1)
 

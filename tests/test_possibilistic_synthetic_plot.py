@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.tensorflow_only(reason="the example runs on TensorFlow")
+
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "possibilistic_synthetic.py"
 
 
