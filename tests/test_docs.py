@@ -32,7 +32,6 @@ PENDING: dict[str, str] = {}
 # Examples written for TensorFlow (issue 32: not yet run on JAX / PyTorch), with the reason.
 _X64 = "float64 possibilistic solver (JAX: x64 mode), numpy() on tensors"
 TENSORFLOW_DOCTESTS = {
-    "losszoo/calibration/fit.py": "prints Keras' TensorFlow progress output",
     "losszoo/losses/possibilistic.py": _X64,
     "losszoo/ops/possibilistic/_constraints.py": _X64,
     "losszoo/ops/possibilistic/_losses.py": _X64,

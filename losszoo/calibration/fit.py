@@ -278,7 +278,7 @@ def fit_calibrator(
       >>> val_logits = 4 * rng.normal(size=(64, 3)).astype("float32")
       >>> y_val = np.where(rng.random(64) < 0.7, val_logits.argmax(1), rng.integers(0, 3, 64))
       >>> calibrated = losszoo.calibration.fit_calibrator(val_logits, None, y_val, "pb-c",
-      ...                                                 epochs=5)
+      ...                                                 epochs=5, verbose=0)
       >>> probs = calibrated.predict(val_logits[:4], verbose=0)
       >>> probs.shape, bool(np.allclose(probs.sum(-1), 1.0, atol=1e-5))
       ((4, 3), True)
