@@ -281,26 +281,35 @@ def movielens_table(results, args):
 # --------------------------------------------------------------------------- (b) catalogue
 
 
-def catalogue_case(kind, batch, args):
-    """One step-time / memory case; runs in its own process (see :func:`bench_catalogue`)."""
+def _two_tables(n, dim, sampled):
+    """Seeded user / item tables (100,000 users, ``n`` items), their Adagrad and a sampled
+    softmax task (log-uniform negatives, no in-batch ones): the setup both scale parts share."""
     import keras
-    import tensorflow as tf
 
-    import losszoo
     import losszoo.retrieval as R
 
-    n, dim = args.items, args.dim
     keras.utils.set_random_seed(0)
     users = keras.layers.Embedding(100_000, dim)
     items = keras.layers.Embedding(n, dim)
     users.build(None)
     items.build(None)
-    variables = [users.embeddings, items.embeddings]
-    optimizer = keras.optimizers.Adagrad(0.1)
-    sampler = R.LogUniformSampler(n)
     task = R.Retrieval(
-        sampler=sampler, num_sampled_negatives=args.sampled, in_batch_negatives=False, seed=0
+        sampler=R.LogUniformSampler(n),
+        num_sampled_negatives=sampled,
+        in_batch_negatives=False,
+        seed=0,
     )
+    return users, items, [users.embeddings, items.embeddings], keras.optimizers.Adagrad(0.1), task
+
+
+def catalogue_case(kind, batch, args):
+    """One step-time / memory case; runs in its own process (see :func:`bench_catalogue`)."""
+    import tensorflow as tf
+
+    import losszoo
+
+    n, dim = args.items, args.dim
+    users, items, variables, optimizer, task = _two_tables(n, dim, args.sampled)
     full = losszoo.get("softmax_cross_entropy", reduction="sum")
 
     def step(u, i):
@@ -317,7 +326,7 @@ def catalogue_case(kind, batch, args):
     times = []
     for it in range(args.steps + 2):
         u = tf.constant(rng.integers(0, 100_000, batch), tf.int32)
-        i = sampler.sample(batch, seed=it)  # positives: Zipf-like popularity
+        i = task.sampler.sample(batch, seed=it)  # positives: Zipf-like popularity
         start = time.perf_counter()
         float(step(u, i))
         times.append(time.perf_counter() - start)
@@ -404,24 +413,12 @@ def stream_case(kind, loss, n, batch, args):
     """One step-time / memory case of part (c), in its own process: ``kind`` is
     ``"streamed"`` (``catalogue_loss``), ``"materialised"`` (the registered loss on the
     ``[batch, n]`` scores) or ``"sampled"`` (the task, sampled softmax)."""
-    import keras
     import tensorflow as tf
 
     import losszoo
-    import losszoo.retrieval as R
 
     dim = args.dim
-    keras.utils.set_random_seed(0)
-    users = keras.layers.Embedding(100_000, dim)
-    items = keras.layers.Embedding(n, dim)
-    users.build(None)
-    items.build(None)
-    variables = [users.embeddings, items.embeddings]
-    optimizer = keras.optimizers.Adagrad(0.1)
-    sampler = R.LogUniformSampler(n)
-    task = R.Retrieval(
-        sampler=sampler, num_sampled_negatives=args.sampled, in_batch_negatives=False, seed=0
-    )
+    users, items, variables, optimizer, task = _two_tables(n, dim, args.sampled)
     registered = losszoo.get(STREAM_LOSSES[loss], reduction="sum")
 
     def step(u, i):
@@ -443,7 +440,7 @@ def stream_case(kind, loss, n, batch, args):
     times = []
     for it in range(args.steps + 1):
         u = tf.constant(np.random.default_rng(it).integers(0, 100_000, batch), tf.int32)
-        i = sampler.sample(batch, seed=it)
+        i = task.sampler.sample(batch, seed=it)
         start = time.perf_counter()
         float(step(u, i))
         times.append(time.perf_counter() - start)
