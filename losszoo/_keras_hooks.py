@@ -11,7 +11,8 @@ The hooks and why each is needed (Keras offers no public way for any of them):
   (``training=True``), ``test_step`` (``False``) and the symbolic build. A loss is called with
   ``(y_true, y_pred, sample_weight)`` only, so this is the one place where the model computing
   it and whether it trains are known: :func:`install_trainer_hook` wraps it so that
-  ``(model, training)`` is on a thread-local stack while it runs (:func:`current_trainer`).
+  ``(model, training, y_pred)`` is on a thread-local stack while it runs
+  (:func:`current_trainer`, :func:`current_predictions`).
 * ``keras.src.backend.jax.trainer.JAXTrainer.compute_loss_and_updates`` (Keras 3.15.1, JAX
   only): the optimiser variables' values of the step exist only as its argument
   (``optimizer_variables``) while ``fit`` runs; :func:`optimizer_scope` reads them, so a loss
@@ -33,6 +34,7 @@ import keras
 from losszoo import _backend
 
 __all__ = [
+    "current_predictions",
     "current_trainer",
     "install_trainer_hook",
     "optimizer_scope",
@@ -69,11 +71,11 @@ def _publish_during_call(cls, name, stack, entry):
 
 
 def _model_and_training(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
-    return self, bool(training)
+    return self, bool(training), y_pred
 
 
-def _model_evaluating(self, *args, **kwargs):
-    return self, False
+def _model_evaluating(self, x=None, y=None, y_pred=None, *args, **kwargs):
+    return self, False, y_pred
 
 
 def _optimizer_and_variables(self, *args, optimizer_variables=None, **kwargs):
@@ -119,7 +121,15 @@ def install_trainer_hook():
 def current_trainer():
     """``(model, training)`` of the innermost Keras 3 loss computation, or ``(None, None)``."""
     st = _stack("trainer")
-    return st[-1] if st else (None, None)
+    return st[-1][:2] if st else (None, None)
+
+
+def current_predictions():
+    """The model's whole output (``y_pred``, every output of a multi-output model) in the
+    innermost Keras 3 loss or metrics computation, or None: the losses find which output
+    they were given by identity in it."""
+    st = _stack("trainer")
+    return st[-1][2] if st else None
 
 
 def optimizer_scope(optimizer):

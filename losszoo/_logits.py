@@ -10,8 +10,9 @@ losses then train on the logits, by one rule (:func:`scores`), the same on every
    sigmoid attach on TensorFlow and PyTorch (``_keras_logits``, as Keras' cross-entropies
    read them).
 2. Else, inside Keras' ``fit`` / ``evaluate`` (the model computing the loss is known through
-   :func:`losszoo._keras_hooks.current_trainer`), when the output of a single-output
-   Functional or Sequential model is made by a Keras softmax over the last axis (a
+   :func:`losszoo._keras_hooks.current_trainer`), when the output of a Functional or
+   Sequential model that the loss is given (in a multi-output model: found by identity
+   among the step's outputs) is made by a Keras softmax over the last axis (a
    ``Softmax`` layer or a layer whose ``activation`` is ``keras.activations.softmax``), the
    scores are ``log(y_pred)``. That is ``z - logsumexp(z)``: the logits up to a per-row shift
    and rounding, so every loss invariant to such a shift (softmax cross-entropy, sparsemax,
@@ -24,7 +25,9 @@ losses then train on the logits, by one rule (:func:`scores`), the same on every
    were lost, or which outputs probabilities: BCSoftmax and the calibration heads),
    ``ValueError``: the logits cannot be recovered, so the model should output its scores.
 4. Else ``y_pred`` is the scores (also outside a Keras trainer: custom loops, direct calls,
-   subclassed models and multi-output models, where the output layer is not known).
+   and subclassed models, where the output layer is not known). A multi-output model whose
+   output the loss cannot match (it was given a converted copy) raises ``ValueError`` if any
+   of its outputs is made by a softmax, a sigmoid or a losszoo head.
 """
 
 import weakref
@@ -85,7 +88,7 @@ def scores(y_pred, shift_invariant: bool = True, loss_name: str = "the loss"):
     logits = attached_logits(y_pred)
     if logits is not None:
         return logits
-    layer, rank = _output_layer()
+    layer, rank = _output_layer(y_pred)
     if layer is None or _backend.in_shape_inference():  # Keras' build: placeholders
         return y_pred
     what = f"The model ends in {type(layer).__name__} {layer.name!r}"
@@ -112,23 +115,61 @@ def scores(y_pred, shift_invariant: bool = True, loss_name: str = "the loss"):
     return y_pred
 
 
-def _output_layer():
-    """``(layer, rank)``: the layer making the output of the single-output model computing
-    the loss and the output's rank, or ``(None, None)``."""
-    from losszoo._keras_hooks import current_trainer
+def _output_layer(y_pred):
+    """``(layer, rank)``: the layer making ``y_pred``, an output of the Functional or
+    Sequential model computing the loss, and its rank; ``(None, None)`` where no such model
+    is known (custom loops, subclassed models).
+
+    In a multi-output model the output is found by identity among the model's outputs in
+    this step (Keras passes each loss its own output object); where it cannot be found and
+    some output would need its logits, ``ValueError``: the loss cannot tell which it has."""
+    from losszoo._keras_hooks import current_predictions, current_trainer
 
     model, _ = current_trainer()
-    while model is not None:
-        try:
-            outputs = keras.tree.flatten(model.outputs)
-        except (AttributeError, ValueError):  # subclassed, or not built
-            break
-        history = getattr(outputs[0], "_keras_history", None) if len(outputs) == 1 else None
+    try:
+        outputs = keras.tree.flatten(model.outputs) if model is not None else []
+    except (AttributeError, ValueError):  # subclassed, or not built
+        outputs = []
+    if len(outputs) > 1:
+        predictions = keras.tree.flatten(current_predictions())
+        index = [i for i, p in enumerate(predictions) if p is y_pred]
+        if len(index) == 1 and len(predictions) == len(outputs):
+            outputs = [outputs[index[0]]]
+        elif any(_needs_logits(*_making_layer(o)) for o in outputs):
+            raise ValueError(
+                f"The model {model.name!r} has {len(outputs)} outputs, one of them made by "
+                "a softmax, a sigmoid or a losszoo head, and the loss was given an output "
+                "it cannot match to one of them (a converted copy), so it cannot tell "
+                "whether `y_pred` is scores; have those outputs be the logits."
+            )
+        else:
+            return None, None
+    return _making_layer(outputs[0]) if outputs else (None, None)
+
+
+def _making_layer(output):
+    """``(layer, rank)``: the layer that makes the symbolic ``output``, through nested
+    models."""
+    while True:
+        history = getattr(output, "_keras_history", None)
         layer = getattr(history, "operation", None)
         if not isinstance(layer, keras.Model):
-            return layer, len(outputs[0].shape) if layer is not None else None
-        model = layer  # a nested model: its own output layer
-    return None, None
+            return layer, len(output.shape) if layer is not None else None
+        try:  # a nested model: the output of its own that became this one
+            output = keras.tree.flatten(layer.outputs)[history.tensor_index]
+        except (AttributeError, ValueError, IndexError):
+            return None, None
+
+
+def _needs_logits(layer, rank) -> bool:
+    """Whether an output made by ``layer`` is not the scores (a softmax, a sigmoid, a losszoo
+    head)."""
+    return layer is not None and (
+        isinstance(layer, keras.layers.Softmax)
+        or getattr(layer, "activation", None)
+        in (keras.activations.softmax, keras.activations.sigmoid)
+        or type(layer).__module__.startswith("losszoo.heads.")
+    )
 
 
 def _is_softmax(layer, rank) -> bool:
