@@ -253,6 +253,32 @@ def in_xla_context() -> bool:
     return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
 
 
+def tape_recording() -> bool:
+    """Whether a TensorFlow ``GradientTape`` is recording (False on JAX and PyTorch).
+
+    ``tensorflow.python.eager.record`` (checked against TF 2.21): ``tf.GradientTape`` has no
+    public query.
+    """
+    if NAME != "tensorflow":
+        return False
+    from tensorflow.python.eager import record  # no public equivalent (TF 2.21)
+
+    return bool(record.could_possibly_record())
+
+
+def stop_recording():
+    """A context pausing every TensorFlow gradient tape (a no-op on JAX and PyTorch).
+
+    ``tensorflow.python.eager.record`` (checked against TF 2.21): only a tape's own
+    ``stop_recording`` is public, and the code that needs this does not hold the tape.
+    """
+    if NAME != "tensorflow":
+        return contextlib.nullcontext()
+    from tensorflow.python.eager import record  # no public equivalent (TF 2.21)
+
+    return record.stop_recording()
+
+
 def assert_all(condition, message: str, x):
     """``x`` depending on a graph assertion that ``condition`` (a bool tensor) holds
     everywhere. Only inside a TensorFlow graph without XLA; elsewhere ``x`` unchanged (eager

@@ -130,7 +130,7 @@ from losszoo.losses import _dro_alpha, _dro_trainer
 from losszoo.losses._base_loss import per_example, resolve_base_loss
 from losszoo.losses._dro_trainer import alpha_updates
 from losszoo.losses._targets import SampleWeightCheck
-from losszoo.ops import distribute
+from losszoo.ops.dro import distribute
 from losszoo.registry import register
 
 __all__ = [

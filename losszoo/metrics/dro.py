@@ -11,7 +11,7 @@ from losszoo.ops import (
     kl_dro_exact_state_result,
     kl_dro_exact_state_update,
 )
-from losszoo.ops.distribute import check_lam, replica_max
+from losszoo.ops.dro.distribute import check_lam, replica_max
 from losszoo.registry import register
 
 

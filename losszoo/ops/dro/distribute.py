@@ -1,5 +1,6 @@
 """DRO risks of the global batch, and the cross-replica sums and gathers they use (spec
-``shared/specs/safe_kl_dro.md``; kernels in :mod:`losszoo.ops._dro`).
+``shared/specs/safe_kl_dro.md``; kernels in the other modules of :mod:`losszoo.ops.dro`;
+also importable as ``losszoo.ops.distribute``).
 
 On JAX and PyTorch (``keras.distribution``) one program computes the global batch, so a batch
 reduction is already global: every ``*_global`` op is its single-device op and the
@@ -23,30 +24,12 @@ item 15). Other strategies (multi-worker) use collectives.
 
 from __future__ import annotations
 
-import contextlib
-
 from keras import ops
 
 from losszoo import _backend
 from losszoo.contract import check_bool, dtype_name, is_tensor
-from losszoo.ops._dro import (
-    _any,
-    _batch_lse_exp,
-    _batch_lse_parts,
-    _batch_lse_value,
-    _cvar_tail_mass,
-    _live_nan,
-    _poison,
-    _prepare,
-    _risk_and_stats,
-    _scalar_alpha,
-    check_lam,
-    check_rho,
-    cvar_risk,
-    kl_dro_batch_lse,
-    kl_dro_sumexp,
-    safe_kl_dro_solve_alpha,
-)
+from losszoo.ops.dro import _risks as risks
+from losszoo.ops.dro._risks import check_lam, check_rho
 
 __all__ = [
     "check_lam",
@@ -158,15 +141,6 @@ def _shown_as(x, shown):
     return f(x)
 
 
-def _no_gradient_recording():
-    """TensorFlow: pause the tape (keeps XLA free of ``cond`` gradients); a no-op elsewhere."""
-    if not _backend.TENSORFLOW:
-        return contextlib.nullcontext()
-    from tensorflow.python.eager import record  # no public equivalent
-
-    return record.stop_recording()
-
-
 if _backend.TENSORFLOW:
     import tensorflow as _tf
 
@@ -181,17 +155,17 @@ def kl_dro_batch_lse_global(losses, lam, sample_weight=None):
       0.0
     """
     if not in_replica_context():
-        return kl_dro_batch_lse(losses, lam, sample_weight)
+        return risks.kl_dro_batch_lse(losses, lam, sample_weight)
     lam = check_lam(lam)
-    l, s, original, bad = _prepare(losses, sample_weight)
-    bad = _replica_any(_any(bad, _live_nan(l, s)), dtype_name(l))
+    l, s, original, bad = risks.prepare(losses, sample_weight)
+    bad = _replica_any(risks.any_flag(bad, risks.live_nan(l, s)), dtype_name(l))
 
     def fn(l):
-        a, m = _batch_lse_parts(l, s, lam)
-        ex, m_safe, m_inf = _batch_lse_exp(a, s, replica_max(m))
+        a, m = risks.batch_lse_parts(l, s, lam)
+        ex, m_safe, m_inf = risks.batch_lse_exp(a, s, replica_max(m))
         tot, s_sum = replica_sum([ops.sum(ex), ops.sum(s)])
-        val = _batch_lse_value(lam, m_safe, m_inf, tot, s_sum)
-        return _poison(bad, val), _poison(bad, ops.divide_no_nan(ex, tot))
+        val = risks.batch_lse_value(lam, m_safe, m_inf, tot, s_sum)
+        return risks.poison(bad, val), risks.poison(bad, ops.divide_no_nan(ex, tot))
 
     return ops.cast(_global_share(fn, l), original)
 
@@ -200,9 +174,9 @@ def kl_dro_sumexp_global(losses, lam, sample_weight=None):
     """:func:`losszoo.ops.kl_dro_sumexp` of the global batch (``pi`` normalised by the global
     weight sum); ``V / N`` per replica as the module docstring describes."""
     if not in_replica_context():
-        return kl_dro_sumexp(losses, lam, sample_weight)
+        return risks.kl_dro_sumexp(losses, lam, sample_weight)
     lam = check_lam(lam)
-    l, s, original, bad = _prepare(losses, sample_weight)
+    l, s, original, bad = risks.prepare(losses, sample_weight)
     bad = _replica_any(bad, dtype_name(l))
     inv_lam = ops.convert_to_tensor(1.0 / lam, dtype_name(l))
 
@@ -212,7 +186,7 @@ def kl_dro_sumexp_global(losses, lam, sample_weight=None):
         pi = ops.where(live, ops.divide_no_nan(s, s_sum), ops.zeros_like(s))
         ex = ops.where(live, ops.exp(l * inv_lam), ops.zeros_like(l))
         (val,) = replica_sum([ops.sum(pi * ex)])
-        return _poison(bad, val), _poison(bad, pi * ex * inv_lam)
+        return risks.poison(bad, val), risks.poison(bad, pi * ex * inv_lam)
 
     return ops.cast(_global_share(fn, l), original)
 
@@ -222,21 +196,21 @@ def cvar_risk_global(losses, rho, sample_weight=None):
     all-gathered losses in replica order (ties split as on one device), each replica keeps
     its own slice; ``V / N`` per replica as the module docstring describes."""
     if not in_replica_context():
-        return cvar_risk(losses, rho, sample_weight)
+        return risks.cvar_risk(losses, rho, sample_weight)
     rho = check_rho(rho)
-    l, s, original, bad = _prepare(losses, sample_weight)
-    bad = _replica_any(_any(bad, _live_nan(l, s)), dtype_name(l))
+    l, s, original, bad = risks.prepare(losses, sample_weight)
+    bad = _replica_any(risks.any_flag(bad, risks.live_nan(l, s)), dtype_name(l))
     replica = _tf.distribute.get_replica_context().replica_id_in_sync_group
     n_local = _tf.shape(l)[:1]
     sizes, l_all, s_all = replica_gather([n_local, ops.stop_gradient(l), s])
     offset = ops.sum(sizes[:replica])
-    q = _tf.slice(_cvar_tail_mass(l_all, s_all, rho), offset[None], n_local)
+    q = _tf.slice(risks.cvar_tail_mass(l_all, s_all, rho), offset[None], n_local)
     q = ops.stop_gradient(q)
     inv_rho = ops.convert_to_tensor(1.0 / rho, dtype_name(l))
 
     def fn(l):
         (val,) = replica_sum([ops.sum(ops.where(q > 0, q * l, ops.zeros_like(l)))])
-        return _poison(bad, val * inv_rho), _poison(bad, q * inv_rho)
+        return risks.poison(bad, val * inv_rho), risks.poison(bad, q * inv_rho)
 
     return ops.cast(_global_share(fn, l), original)
 
@@ -267,23 +241,25 @@ def safe_kl_dro_risk_and_stats_global(
     """
     lam, rho = check_lam(lam), check_rho(rho)
     calibrate = check_bool(calibrate, "calibrate")
-    l, s, original, bad = _prepare(losses, sample_weight, ones=False)
+    l, s, original, bad = risks.prepare(losses, sample_weight, ones=False)
     dt = dtype_name(l)
-    alpha = ops.convert_to_tensor(alpha) if is_tensor(alpha) else _scalar_alpha(alpha, dt)
+    alpha = ops.convert_to_tensor(alpha) if is_tensor(alpha) else risks.scalar_alpha(alpha, dt)
     if solve_alpha is not None:
         # No cross-replica synchronisation is allowed inside the cond, so the global batch
         # is all-gathered before it (every replica then solves the same global problem).
         l_all = replica_gather(ops.stop_gradient(l))
         s_all = None if s is None else replica_gather(s)
         a_dt = dtype_name(alpha)
-        with _no_gradient_recording():
+        with _backend.stop_recording():  # keeps XLA free of cond gradients
             solved = ops.cond(
                 solve_alpha,
-                lambda: ops.cast(safe_kl_dro_solve_alpha(l_all, lam, rho, s_all), a_dt),
+                lambda: ops.cast(risks.safe_kl_dro_solve_alpha(l_all, lam, rho, s_all), a_dt),
                 lambda: ops.zeros([], a_dt),
             )
         alpha = ops.where(solve_alpha, solved, alpha)
-    value, stats = _risk_and_stats(l, _scalar_alpha(alpha, dt), s, bad, lam, rho, calibrate)
+    value, stats = risks.risk_and_stats(
+        l, risks.scalar_alpha(alpha, dt), s, bad, lam, rho, calibrate
+    )
     total = ops.cast(ops.size(l), dt) if s is None else ops.sum(s)
     if num_replicas() > 1:
         mean_w, curv = stats["mean_w"], stats["curvature"]
