@@ -8,6 +8,7 @@ from keras import ops as kops
 
 from losszoo import ops
 from losszoo.contract import PROBABILITY_BOUNDS, check_bool, check_choice, check_number, dtype_name
+from losszoo.heads._base import ScoresLayer
 from losszoo.ops import bcsoftmax_methods as METHODS
 from losszoo.registry import register
 
@@ -23,7 +24,7 @@ def _inverse_sigmoid(p):
     aliases=("box_constrained_softmax",),
     description="Box-constrained softmax: softmax(x/tau) projected into lower <= p <= upper",
 )
-class BCSoftmax(keras.layers.Layer):
+class BCSoftmax(ScoresLayer):
     """Box-constrained softmax head (Atarashi et al., 2025).
 
     ``p = argmax_{p in simplex, a <= p <= b} <x, p> - tau * sum_k p_k log p_k

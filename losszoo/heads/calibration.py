@@ -32,6 +32,7 @@ from losszoo.contract import (
     check_static_rank,
     nan_where,
 )
+from losszoo.heads._base import ScoresLayer
 from losszoo.ops import bcsoftmax_methods as METHODS
 from losszoo.registry import register
 
@@ -62,7 +63,7 @@ def _shapes(input_shape):
     return logits_shape, feat_shape
 
 
-class _Calibrator(keras.layers.Layer):
+class _Calibrator(ScoresLayer):
     def __init__(self, temperature=1.5, fit_temperature=True, **kwargs):
         kwargs.setdefault("dtype", "float32")
         super().__init__(**kwargs)

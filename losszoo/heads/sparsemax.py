@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import keras
-
 from losszoo import ops
 from losszoo._logits import attach_logits
 from losszoo.contract import check_number
+from losszoo.heads._base import ScoresLayer
 from losszoo.registry import register
 
 
@@ -15,7 +14,7 @@ from losszoo.registry import register
     kind="head",
     description="Sparsemax: Euclidean projection of scores onto the simplex (sparse outputs)",
 )
-class Sparsemax(keras.layers.Layer):
+class Sparsemax(ScoresLayer):
     """Sparsemax head: ``sparsemax(z) = argmin_{p in simplex} ||p - z||^2 = (z - tau)_+``.
 
     A drop-in replacement for a softmax output layer whose probabilities can be exactly

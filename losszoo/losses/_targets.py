@@ -179,9 +179,11 @@ def check_sample_weight(sample_weight, y_pred, name: str = "sample_weight"):
 class SampleWeightCheck:
     """Mixin for ``keras.losses.Loss`` subclasses: checks ``sample_weight`` by
     :func:`check_sample_weight` before Keras applies it (put it first in the bases), and
-    rejects label forms Keras would fail to convert (:func:`losszoo.contract.check_array_form`)."""
+    rejects label and score forms Keras would fail to convert, or convert with its own less
+    clear message (:func:`losszoo.contract.check_array_form`)."""
 
     def __call__(self, y_true, y_pred, sample_weight=None):
         check_array_form(y_true, "y_true")
+        check_array_form(y_pred, "y_pred")
         sample_weight = check_sample_weight(sample_weight, y_pred)
         return super().__call__(y_true, y_pred, sample_weight=sample_weight)

@@ -73,10 +73,3 @@ def test_text_raises_naming_the_argument():
                 losszoo.get(name)(np.array(["a", "b", "c"]), Z)
     # Numbers still go through (the check looks at the dtype only).
     assert np.isfinite(numpy(losszoo.ops.sparsemax_loss(DENSE, Z))).all()
-
-
-@pytest.mark.skipif(BACKEND != "tensorflow", reason="Keras converts text itself before")
-@pytest.mark.parametrize("head", ["TemperatureScaling", "ProbabilityBounding", "LogitBounding"])
-def test_text_into_a_calibration_head_names_logits(head):
-    with pytest.raises(TypeError, match="`logits` must hold real numbers"):
-        getattr(losszoo.heads, head)()(TEXT)
