@@ -17,9 +17,22 @@ The hooks and why each is needed (Keras offers no public way for any of them):
   only): the optimiser variables' values of the step exist only as its argument
   (``optimizer_variables``) while ``fit`` runs; :func:`optimizer_scope` reads them, so a loss
   can read the optimiser's current learning rate inside the pure JAX step.
-* ``tensorflow.python.eager.record.could_possibly_record`` (TensorFlow 2.21):
-  whether a ``GradientTape`` is recording (:func:`recording_gradients`); ``tf.GradientTape``
-  has no public query.
+* ``Model._compile_loss._flat_losses`` (Keras 3.15.1): the loss objects a model was compiled
+  with, a loss given by name included (made in the model's first train / evaluate call);
+  Keras keeps no public list (:func:`compiled_losses`).
+* ``Model._metrics`` (Keras 3.15.1): the safe-KL loss adds its diagnostics metrics to the
+  model that computes it (:func:`add_metrics`), so that they reach the logs and
+  ``model.metrics_names`` also for ``compile(loss="safe_kl_dro")``, where no instance exists
+  to pass as ``compile(metrics=loss.metrics)``, and on JAX, whose trainer threads only the
+  model's own metrics' variables (the loss's alpha state among them) through its pure step.
+* ``Model._compile_config.config["loss"]`` (Keras 3.15.1): ``model.save`` stores the
+  ``compile(loss=...)`` argument as given, a name for a loss compiled by name; the safe-KL
+  loss puts itself there (:func:`store_loss_in_compile_config`) so that a saved model keeps
+  its trained alpha.
+
+The one private TensorFlow module used, ``tensorflow.python.eager.record`` (whether a tape
+records, :func:`recording_gradients`; pausing the tapes), is reached through
+:func:`losszoo._backend.tape_recording` and :func:`losszoo._backend.stop_recording`.
 """
 
 from __future__ import annotations
@@ -34,11 +47,14 @@ import keras
 from losszoo import _backend
 
 __all__ = [
+    "add_metrics",
+    "compiled_losses",
     "current_predictions",
     "current_trainer",
     "install_trainer_hook",
     "optimizer_scope",
     "recording_gradients",
+    "store_loss_in_compile_config",
 ]
 
 _state = threading.local()
@@ -147,12 +163,35 @@ def recording_gradients(losses) -> bool:
     """Whether gradients of ``losses`` are being recorded: a TensorFlow ``GradientTape`` is
     recording; PyTorch autograd is on and ``losses`` requires a gradient. Always False on
     JAX, where differentiation is a transformation that the loss cannot see."""
-    if _backend.TENSORFLOW:
-        from tensorflow.python.eager import record  # no public equivalent (TF 2.21)
-
-        return bool(record.could_possibly_record())
     if _backend.NAME == "torch":
         import torch
 
         return bool(torch.is_grad_enabled() and getattr(losses, "requires_grad", False))
+    return _backend.tape_recording()  # False on JAX
+
+
+def compiled_losses(model) -> list:
+    """The loss objects of a Keras 3 model's ``compile(loss=...)``, flattened (``[]`` before
+    the first train / evaluate call of a model compiled by name, or without a model)."""
+    entries = getattr(getattr(model, "_compile_loss", None), "_flat_losses", None) or []
+    return [entry.loss for entry in entries]
+
+
+def add_metrics(model, metrics) -> bool:
+    """Append those of ``metrics`` that a Keras 3 model does not hold yet to its own metrics,
+    so that they reach its logs (nothing for ``model=None``). Whether any was appended."""
+    own = getattr(model, "_metrics", None)
+    new = [m for m in metrics if not any(x is m for x in own or ())]
+    if own is not None and new:
+        own.extend(new)
+        return True
     return False
+
+
+def store_loss_in_compile_config(model, loss):
+    """Make ``model.save`` store ``loss`` (with its state) instead of the name the model was
+    compiled with. Only a single loss given by name is replaced."""
+    compiled = getattr(getattr(model, "_compile_config", None), "config", None)
+    if isinstance(compiled, dict) and isinstance(compiled.get("loss"), str):
+        if any(x is loss for x in compiled_losses(model)):
+            compiled["loss"] = loss

@@ -1,9 +1,9 @@
 """The base loss of the DRO losses and metric: a Keras loss computed per example.
 
-:func:`resolve_base_loss` turns a name, config, instance or function into
-``fn(y_true, y_pred) -> per-example losses`` with the fail-loud label checks, reading
-attached logits (a model ending in Keras' softmax or a losszoo head) when the loss takes
-logits; :func:`per_example` calls it and insists on one value per example.
+:func:`per_example_loss` (public as ``losszoo.losses.per_example_loss``) turns a name,
+config, instance or function into ``fn(y_true, y_pred) -> per-example losses`` with the
+fail-loud label checks, reading attached logits (a model ending in Keras' softmax or a
+losszoo head) when the loss takes logits, and insisting on one value per example.
 """
 
 from __future__ import annotations
@@ -30,11 +30,28 @@ _SHIFT_INVARIANT = (
 )
 
 
-def resolve_base_loss(base_loss):
-    """Return ``(fn, config)`` where ``fn(y_true, y_pred)`` gives per-example losses.
+def per_example_loss(base_loss=None):
+    """A Keras loss computed per example, as the DRO losses and metric use it.
 
-    ``None`` is the default: sparse categorical cross-entropy on logits. ``fn`` checks the
-    labels and uses attached logits as :func:`_checked_base` describes.
+    Instances are re-created with ``reduction=None``. Fail-loud labels: class ids in
+    ``[0, K)`` for sparse categorical cross-entropy, no NaN in a floating ``y_true``
+    (eagerly a ``ValueError`` naming ``y_true``, in a graph an assertion, under XLA NaN
+    losses for the examples concerned). A loss on logits (``from_logits=True``) reads the
+    logits attached to ``y_pred`` (a model ending in Keras' softmax or a losszoo head).
+
+    Args:
+      base_loss: Keras loss name, config, instance or function; ``None`` (default): sparse
+        categorical cross-entropy on logits.
+
+    Returns:
+      ``(fn, config)``: ``fn(y_true, y_pred)`` gives one loss per example (shape
+      ``[batch, ...]``, float32, or float64 if the loss gives float64; a scalar raises
+      ``ValueError``), ``config`` is ``base_loss`` serialized (a name stays a name).
+
+    Example:
+      >>> fn, config = losszoo.losses.per_example_loss("mse")
+      >>> [float(v) for v in fn(np.zeros((2, 3)), np.ones((2, 3)))], config
+      ([1.0, 1.0], 'mse')
     """
     if base_loss is None:
         base_loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -79,7 +96,7 @@ def _checked_base(fn, takes_logits, sparse_ids):
     positive weight makes the risk NaN.
     """
 
-    def checked(y_true, y_pred):
+    def losses(y_true, y_pred):
         if takes_logits:  # "shift": the loss is invariant to a per-row shift of the logits
             y_pred = _logits.scores(y_pred, takes_logits == "shift", "this `base_loss`")
         if sparse_ids:
@@ -92,6 +109,18 @@ def _checked_base(fn, takes_logits, sparse_ids):
         values = ops.convert_to_tensor(fn(y_true, y_pred))
         return nan_where(_per_row(ops.isnan(y_true), values), values)
 
+    def checked(y_true, y_pred):
+        values = ops.convert_to_tensor(losses(y_true, y_pred))
+        if static_rank(values) == 0:
+            raise ValueError(
+                "`base_loss` returned a scalar; the DRO risk needs per-example losses. Pass a "
+                "Keras loss that reduces over the batch only via its `reduction` (instances "
+                "are re-created with reduction=None) or a function returning shape [batch, ...]."
+            )
+        if dtype_name(values) in ("float32", "float64"):
+            return values
+        return ops.cast(values, "float32")
+
     return checked
 
 
@@ -102,16 +131,3 @@ def _per_row(flags, values):
     if r is None or k is None or k < r or not shapes_compatible(flags.shape[:r], values.shape):
         return ops.any(flags)
     return ops.any(flags, axis=tuple(range(r, k))) if k > r else flags
-
-
-def per_example(fn, y_true, y_pred):
-    """``fn(y_true, y_pred)`` per example (float32, or float64 if it gives float64); a scalar
-    result raises (the risks need one loss per example)."""
-    values = ops.convert_to_tensor(fn(y_true, y_pred))
-    if static_rank(values) == 0:
-        raise ValueError(
-            "`base_loss` returned a scalar; the DRO risk needs per-example losses. Pass a "
-            "Keras loss that reduces over the batch only via its `reduction` (instances are "
-            "re-created with reduction=None) or a function returning shape [batch, ...]."
-        )
-    return values if dtype_name(values) in ("float32", "float64") else ops.cast(values, "float32")

@@ -1,11 +1,12 @@
-"""How the safe-KL loss tells a training step from evaluation, and its Keras 3 trainer glue.
+"""How the safe-KL loss tells a training step from evaluation.
 
 The first :class:`~losszoo.losses.SafeKLDRORisk` built installs
 :func:`losszoo._keras_hooks.install_trainer_hook` (Keras' private ``Trainer._compute_loss``
 publishes ``(model, training)`` while it runs); :func:`training_flag` reads it at trace time,
 with :func:`alpha_updates` as an override and "gradients are being recorded"
 (:func:`losszoo._keras_hooks.recording_gradients`) as the rule outside a Keras 3 trainer
-(see ``docs/design/dro.md``).
+(see ``docs/design/dro.md``). Its other Keras-private glue (its metrics in the model's logs,
+itself in the saved compile config) is in :mod:`losszoo._keras_hooks`.
 """
 
 from __future__ import annotations
@@ -55,26 +56,3 @@ def training_flag(update_alpha, losses=None):
             return training, trainer
         return recording_gradients(losses), None
     return bool(update_alpha), trainer
-
-
-def attach_metrics(trainer, metrics):
-    """Append ``metrics`` to a Keras 3 model's own metrics (once), so they reach the logs
-    (nothing outside a trainer: ``trainer`` is ``None``). Whether any was appended now."""
-    own = getattr(trainer, "_metrics", None)
-    new = [m for m in metrics if not any(x is m for x in own or ())]
-    if own is not None and new:
-        own.extend(new)
-        return True
-    return False
-
-
-def store_instance_in_compile_config(trainer, loss):
-    """Make ``model.save`` store ``loss`` (with its state), not the name the model was
-    compiled with: Keras serialises ``compile(loss=...)`` as given. Only a single loss given
-    by name is replaced."""
-    compiled = getattr(getattr(trainer, "_compile_config", None), "config", None)
-    if not isinstance(compiled, dict) or not isinstance(compiled.get("loss"), str):
-        return
-    entries = getattr(getattr(trainer, "_compile_loss", None), "_flat_losses", None) or []
-    if any(entry.loss is loss for entry in entries):
-        compiled["loss"] = loss

@@ -127,7 +127,7 @@ from keras import ops
 
 from losszoo import _backend, _keras_hooks, contract
 from losszoo.losses import _dro_alpha, _dro_trainer
-from losszoo.losses._base_loss import per_example, resolve_base_loss
+from losszoo.losses._base_loss import per_example_loss
 from losszoo.losses._dro_trainer import alpha_updates
 from losszoo.losses._targets import SampleWeightCheck
 from losszoo.ops.dro import distribute
@@ -201,11 +201,11 @@ class _BatchRiskLoss(SampleWeightCheck, keras.losses.Loss):
         dtype=None,
     ):
         super().__init__(name=name, reduction=reduction, dtype=dtype)
-        self._base_fn, self._base_config = resolve_base_loss(base_loss)
+        self._base_fn, self._base_config = per_example_loss(base_loss)
 
     def per_example_losses(self, y_true, y_pred):
         """The base loss per example (float32 or float64), shape ``[batch, ...]``."""
-        return per_example(self._base_fn, y_true, y_pred)
+        return self._base_fn(y_true, y_pred)
 
     def __call__(self, y_true, y_pred, sample_weight=None):
         with keras.name_scope(self.name):
@@ -453,8 +453,8 @@ class SafeKLDRORisk(_BatchRiskLoss):
     def _risk(self, l, s):
         self._check_distribution()
         training, trainer = _dro_trainer.training_flag(self.update_alpha, l)
-        attached = _dro_trainer.attach_metrics(trainer, self.metrics)
-        _dro_trainer.store_instance_in_compile_config(_keras_hooks.current_trainer()[0], self)
+        attached = _keras_hooks.add_metrics(trainer, self.metrics)
+        _keras_hooks.store_loss_in_compile_config(_keras_hooks.current_trainer()[0], self)
         state = ops.convert_to_tensor(self._state)
         if attached and _backend.NAME == "jax":
             # Attached inside this step (a loss compiled by name is made inside Keras' first
@@ -646,8 +646,7 @@ class CVaRLoss(_BatchRiskLoss):
 def find_dro_losses(model):
     """The :class:`SafeKLDRORisk` instances a compiled Keras 3 model uses (after its first
     train/evaluate call when compiled by name)."""
-    entries = getattr(getattr(model, "_compile_loss", None), "_flat_losses", None) or []
-    found = [entry.loss for entry in entries if isinstance(entry.loss, SafeKLDRORisk)]
+    found = [x for x in _keras_hooks.compiled_losses(model) if isinstance(x, SafeKLDRORisk)]
     user = getattr(model, "loss", None)
     if not found and user is not None:
         found = [obj for obj in keras.tree.flatten(user) if isinstance(obj, SafeKLDRORisk)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from losszoo.losses._base_loss import per_example, resolve_base_loss
+from losszoo.losses import per_example_loss
 from losszoo.ops import (
     kl_dro_exact_batch_max,
     kl_dro_exact_state_result,
@@ -61,7 +61,7 @@ class ExactKLDRORisk(keras.metrics.Metric):
     ):
         super().__init__(name=name, dtype=dtype)
         self.lam = check_lam(lam)
-        self._base_fn, self._base_config = resolve_base_loss(base_loss)
+        self._base_fn, self._base_config = per_example_loss(base_loss)
         # Under a multi-replica strategy every replica uses the same shift m (the
         # all-gathered batch maximum), so m is identical across replicas
         # ("only_first_replica") and acc, n are plain sums ("sum").
@@ -80,7 +80,7 @@ class ExactKLDRORisk(keras.metrics.Metric):
         )
 
     def update_state(self, y_true, y_pred, sample_weight=None):
-        l = per_example(self._base_fn, y_true, y_pred)
+        l = self._base_fn(y_true, y_pred)
         batch_max = replica_max(kl_dro_exact_batch_max(l, self.lam, sample_weight))
         m, acc, n = kl_dro_exact_state_update(
             self.m, self.acc, self.n, l, self.lam, sample_weight, batch_max=batch_max
