@@ -1,121 +1,8 @@
 """Keras losses: the safe-KL DRO risk (trains its own dual scalar alpha) and its baselines.
 
-Maths: :mod:`losszoo.ops._dro` and, over the global batch, :mod:`losszoo.ops.distribute`
-(spec ``shared/specs/safe_kl_dro.md``). This module holds the Keras classes; the base loss is
-resolved in ``losses/_base_loss.py``, alpha's update rule is ``losses/_dro_alpha.py`` and the
-Keras 3 trainer hook ``losses/_dro_trainer.py``.
-
-How alpha is trained under ``model.compile(loss="safe_kl_dro")`` + plain ``model.fit``
-----------------------------------------------------------------------------------------
-Keras 3 does not track variables owned by a loss passed to ``compile`` (they are never in
-``model.trainable_variables``), so the optimiser cannot train alpha. Instead the loss owns
-alpha (in one **non-trainable float32 state variable** ``[alpha, initialised, m, v, t]``,
-one read and one write per step, held by the loss's diagnostics metric so that Keras' JAX
-trainer threads it through its pure training step like any metric state) and moves it
-itself, inside the training step, from the exact statistics of the same fused pass as the
-risk (``sum pi w`` and the curvature ``sum pi w (1 - rho w)``):
-
-* ``alpha_optimizer="newton"`` (default): a damped Newton step on the stationarity equation
-  in log form, ``log sum pi w = 0``, with the exact curvature:
-  ``alpha += alpha_damping * lam * log(mean_w) * clip(mean_w / curvature, 1, 1/rho)``.
-  Scale-free (loss units via lam, independent of the model's learning rate), exact in one
-  step in the KL regime (rho w << 1), bounded per step. It removes the alpha lag of
-  gradient steps (which move alpha by at most ~lr per step, so when the losses fall fast
-  alpha stays far above them, every w ~ 0 and the model stops training; spec 2.6). Caveat:
-  its fixed point is ``E[log mean_w] = 0`` rather than ``E[mean_w] = 1``; when the batch
-  weights are very heavy-tailed (loss spread >> lam) the logged mean w stays below 1.
-  ``alpha_damping`` (default 0.1) is the fraction of the step taken.
-* ``alpha_optimizer="auto"`` mirrors the model's optimiser family: SGD (with the model's
-  momentum / Nesterov flag) when the compiled optimiser is ``keras.optimizers.SGD``, else
-  Adam (beta 0.9 / 0.999). Explicit ``"sgd"`` / ``"adam"`` are accepted.
-* The step size is ``alpha_lr_multiplier * lr`` where ``lr`` is the compiled optimiser's
-  *current* learning rate (schedules included) when ``alpha_learning_rate is None``
-  (default), or ``alpha_learning_rate``. This is the spec's reparametrisation
-  ``alpha = kappa * alpha_raw`` made explicit (spec 2.6): under Adam a multiplier kappa gives
-  about ``kappa * lr`` per step.
-* ``init_alpha_from_batch=True`` (default) sets alpha on the first training batch to the
-  batch's optimal alpha (bisection of ``sum pi w = 1``, spec 7 C0), inside the compiled
-  step behind an ``ops.cond`` on the flag in the state variable; until then evaluation uses
-  the batch solution without storing it.
-
-**When does alpha move?** Only in a training step. ``import losszoo`` changes nothing in
-Keras. The first :class:`SafeKLDRORisk` built in a process wraps Keras 3's private
-``Trainer._compute_loss`` (the single entry point that ``train_step`` and ``test_step``
-call, with ``training=True`` / ``False``) so that it publishes ``(model, training)`` to a
-thread-local context during the call; the loss reads it at trace time. Hence ``fit`` moves
-alpha; ``evaluate``, the validation pass of ``fit``, ``predict`` and the symbolic build never
-do; the same on the TensorFlow, JAX and PyTorch trainers. Outside a Keras 3 trainer (custom
-loops, tf_keras / TFRS) the loss falls back to "gradients are being recorded": on
-TensorFlow a recording GradientTape (tf_keras' ``train_step`` records, its ``test_step``
-does not), on PyTorch autograd on and losses that require a gradient; on JAX never (a
-``jax.grad`` is invisible to the loss: pass ``update_alpha=True`` or use
-:func:`alpha_updates`; alpha's variable can only be written eagerly or inside Keras'
-stateless training step). If a Keras release moves the private method, the loss warns once
-and uses that rule everywhere. On JAX the gradient rules (``"auto"``, ``"sgd"``, ``"adam"``)
-read the optimiser's learning rate when the step is traced; a schedule raises (give
-``alpha_learning_rate``).
-``update_alpha=True`` / ``False`` overrides both rules, and the context manager
-:func:`alpha_updates` overrides them temporarily.
-
-**Distribution.** Every DRO loss here has global-batch semantics. Under JAX's
-``keras.distribution.DataParallel`` one program sees the global batch, so the risks are those
-of one device. Under
-``MirroredStrategy`` (or any strategy with a replica context) N replicas give the same loss,
-gradients and alpha as one device with the same global batch. For the safe-KL risk the
-variables are mirrored with ``ONLY_FIRST_REPLICA`` aggregation and every replica applies the
-identical update computed from all-reduced sums (``sum s w``, ``sum s``), so alpha is one
-value across replicas and the update uses the exact global-batch gradient; the value is
-normalised by the global ``sum s`` so that Keras' sum over replicas gives the exact
-global-batch risk. The baselines compute the global risk with collectives in the forward
-pass only (``kl_dro_batch_lse``: shared max shift and all-reduced sums; ``kl_dro_sumexp``:
-global ``sum s``; ``cvar``: all-gathered losses, each replica keeping its slice of the tail
-masses); each replica returns ``risk / N`` with the exact gradient of the global risk for its
-own examples. Uneven splits (a ragged last batch) are exact too. Under a single-process
-``MirroredStrategy`` these cross-replica sums and gathers are plain copies inside
-``merge_call``, not collective ops: TF starts every ``MirroredStrategy``'s collective keys at
-the same numbers, so a loss's collectives under a second strategy in the same process met the
-first strategy's gradient all-reduce at the same keys and aborted (issue 19 item 15); other
-strategies (multi-worker) use collectives. Create the safe-KL loss (or compile with the
-string name) inside ``strategy.scope()``; an instance created outside the scope raises a
-clear error when used under a multi-replica strategy.
-
-**tf_keras and TFRS.** ``losszoo.tf_keras_loss("safe_kl_dro", ...)`` (and
-``compile(loss="safe_kl_dro")`` in a tf_keras model, ``TF_USE_LEGACY_KERAS=1`` for TFRS)
-computes the same risk and trains alpha: tf_keras' and TFRS' ``train_step`` record a
-GradientTape, so alpha moves there (same update as under Keras 3), and their
-``test_step`` / ``evaluate`` never move it. Differences from Keras 3: the diagnostics are not
-added to tf_keras' logs (read ``adapter.losszoo_loss.alpha``), and with
-``alpha_optimizer="auto" | "sgd" | "adam"`` and no ``alpha_learning_rate`` the step size is
-1e-3 (the model's optimiser is not visible), so prefer the default ``"newton"``. The same
-adapter makes the baselines (``cvar``, ``kl_dro_batch_lse``, ``kl_dro_sumexp``) compute their
-batch risk under tf_keras (before, tf_keras averaged the per-example base losses: plain ERM).
-
-**Diagnostics in the logs.** The loss owns three Keras metrics, ``<name>_alpha``,
-``<name>_mean_w`` (-> 1 at equilibrium) and ``<name>_saturation`` (``rho * max w``; near 1
-means the weight cap binds, CVaR regime), which read one shared vector variable (one update
-per step). On its first call inside a Keras train/test step it appends them to the model's
-metrics, so they appear in ``fit`` / ``evaluate`` logs (epoch averages, reset with the other
-metrics; ``val_`` versions in validation) and ``model.metrics_names`` names every value
-``evaluate`` returns. The current alpha is also ``loss.alpha`` (a float32 tensor read from the
-state; set it with ``loss.reset_alpha(value)``).
-
-**Cost.** On a small MLP (64-256-10, batch 256, Adam, CPU) a full ``fit`` step costs about
-1.04-1.13x the ERM step (``benchmarks/bench_dro.py``, interleaved medians on a noisy shared
-machine); the first-batch ``cond`` accounts for a few percent in graph mode
-(``init_alpha_from_batch=False`` removes it).
-
-**MirroredStrategy + jit_compile=True.** Not supported by Keras 3 / TF here even for plain
-ERM with 2 logical CPU devices (variable placed on the wrong device); use
-``jit_compile=False`` under MirroredStrategy.
-
-**Saving.** ``get_config`` stores the *current* alpha as ``alpha_init`` (and turns off the
-first-batch init once alpha has been initialised), so a model saved and loaded resumes with
-the same alpha (optimiser state of alpha is reset). Keras saves the ``loss`` given to
-``compile``; for a model compiled with the *string* ``"safe_kl_dro"`` that would be the
-name, and loading would build a fresh loss (alpha re-solved from the first batch). So the
-loss, when it first runs in that model's train/test step, puts itself in place of the name
-in the model's compile config (a single loss given by name; in a nested ``loss`` structure
-the names stay).
+The design (how and when alpha is trained, distribution, tf_keras and TFRS, diagnostics in
+the logs, saving, where the code is) is ``docs/design/dro.md``; the maths is in
+:mod:`losszoo.ops.dro` and spec ``shared/specs/safe_kl_dro.md``.
 """
 
 from __future__ import annotations
@@ -312,7 +199,7 @@ class SafeKLDRORisk(_BatchRiskLoss):
     ``w_i = sigmoid(.)/rho in (0, 1/rho)``, an unbiased estimate of the gradient of the
     full-data objective, whose minimum over alpha is within ``lam rho n max p*`` of the
     KL-DRO risk ``R = lam log mean exp(l/lam)`` (and tends to CVaR_rho as lam -> 0). alpha is
-    trained by the loss itself during ``fit`` (see the module docstring for the design);
+    trained by the loss itself during ``fit`` (see ``docs/design/dro.md`` for the design);
     evaluation and prediction never move it.
 
     Args:
@@ -328,7 +215,7 @@ class SafeKLDRORisk(_BatchRiskLoss):
         optimiser's current learning rate (fallback 1e-3 outside a Keras trainer).
       alpha_lr_multiplier: multiplies the step size above.
       alpha_optimizer: ``"newton"`` (default; damped Newton step with the exact curvature,
-        see the module docstring; ``alpha_learning_rate`` / ``alpha_lr_multiplier`` are
+        see ``docs/design/dro.md``; ``alpha_learning_rate`` / ``alpha_lr_multiplier`` are
         ignored), ``"auto"`` (SGD if the model's optimiser is SGD, else Adam), ``"sgd"`` or
         ``"adam"``.
       alpha_damping: fraction of the Newton step taken per training step, in (0, 1].
@@ -484,7 +371,7 @@ class SafeKLDRORisk(_BatchRiskLoss):
 
         Their mean is the risk (without sample weights). Keras' ``Loss.call`` contract only:
         training goes through ``__call__``, in Keras 3 and in tf_keras / TFRS alike (see
-        "tf_keras and TFRS" in the module docstring); this method never moves alpha.
+        "tf_keras and TFRS" in ``docs/design/dro.md``); this method never moves alpha.
         """
         l = self.per_example_losses(y_true, y_pred)
         a = ops.cast(self.alpha, contract.dtype_name(l))
@@ -541,7 +428,7 @@ class KLDROBatchLSE(_TemperedBatchRiskLoss):
 
     The exact KL-DRO risk of the batch (Levy et al. 2020); its expectation underestimates the
     full-data risk and its gradient is biased unless the batch is the whole data set. Under a
-    multi-replica strategy the risk is that of the global batch (see the module docstring,
+    multi-replica strategy the risk is that of the global batch (see ``docs/design/dro.md``,
     "Distribution"). Fail-loud behaviour as :func:`losszoo.ops.kl_dro_batch_lse`.
 
     Args:
