@@ -46,17 +46,6 @@ import keras
 
 from losszoo import _backend
 
-__all__ = [
-    "add_metrics",
-    "compiled_losses",
-    "current_predictions",
-    "current_trainer",
-    "install_trainer_hook",
-    "optimizer_scope",
-    "recording_gradients",
-    "store_loss_in_compile_config",
-]
-
 _state = threading.local()
 _HOOK = {"warned": False}
 
@@ -181,11 +170,10 @@ def add_metrics(model, metrics) -> bool:
     """Append those of ``metrics`` that a Keras 3 model does not hold yet to its own metrics,
     so that they reach its logs (nothing for ``model=None``). Whether any was appended."""
     own = getattr(model, "_metrics", None)
-    new = [m for m in metrics if not any(x is m for x in own or ())]
-    if own is not None and new:
+    new = [] if own is None else [m for m in metrics if not any(x is m for x in own)]
+    if new:
         own.extend(new)
-        return True
-    return False
+    return bool(new)
 
 
 def store_loss_in_compile_config(model, loss):

@@ -117,9 +117,8 @@ def _checked_base(fn, takes_logits, sparse_ids):
                 "Keras loss that reduces over the batch only via its `reduction` (instances "
                 "are re-created with reduction=None) or a function returning shape [batch, ...]."
             )
-        if dtype_name(values) in ("float32", "float64"):
-            return values
-        return ops.cast(values, "float32")
+        wide = dtype_name(values) in ("float32", "float64")  # else computed in float32
+        return values if wide else ops.cast(values, "float32")
 
     return checked
 

@@ -8,14 +8,14 @@ the logs, saving, where the code is) is ``docs/design/dro.md``; the maths is in
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import keras
 from keras import ops
 
 from losszoo import _backend, _keras_hooks, contract
-from losszoo.losses import _dro_alpha, _dro_trainer
+from losszoo.losses import _dro_alpha
 from losszoo.losses._base_loss import per_example_loss
-from losszoo.losses._dro_trainer import alpha_updates
 from losszoo.losses._targets import SampleWeightCheck
 from losszoo.ops.dro import distribute
 from losszoo.registry import register
@@ -31,6 +31,48 @@ __all__ = [
 
 
 # ----------------------------------------------------------------------------- helpers
+_state = threading.local()
+
+
+def _overrides():
+    if not hasattr(_state, "override"):
+        _state.override = []
+    return _state.override
+
+
+@contextlib.contextmanager
+def alpha_updates(enabled: bool):
+    """Force (``True``) or forbid (``False``) alpha updates of safe-KL losses in this block.
+
+    The decision is taken when a step is traced, so use it around the first call of a
+    ``tf.function`` (or around eager code).
+    """
+    _overrides().append(bool(enabled))
+    try:
+        yield
+    finally:
+        _overrides().pop()
+
+
+def _training_flag(update_alpha, losses=None):
+    """``(training, trainer)``: whether alpha moves in the step being traced, and the Keras 3
+    model computing the loss (``None`` outside one, or under :func:`alpha_updates`).
+
+    ``update_alpha`` is ``"auto"`` (a Keras 3 train step; outside a trainer,
+    :func:`losszoo._keras_hooks.recording_gradients` of ``losses``), ``True`` or ``False``;
+    :func:`alpha_updates` overrides all three.
+    """
+    override = _overrides()
+    if override:
+        return override[-1], None
+    trainer, training = _keras_hooks.current_trainer()
+    if update_alpha is not True and update_alpha is not False:
+        if trainer is not None:
+            return training, trainer
+        return _keras_hooks.recording_gradients(losses), None
+    return bool(update_alpha), trainer
+
+
 def _weights_with_mask(sample_weight, y_pred, shape_ref):
     mask = getattr(y_pred, "_keras_mask", None)
     if mask is None:
@@ -48,11 +90,7 @@ def _weights_with_mask(sample_weight, y_pred, shape_ref):
 
 def _init_scope():
     """TensorFlow: build state outside any graph being traced (``tf.init_scope``)."""
-    if not _backend.TENSORFLOW:
-        return contextlib.nullcontext()
-    import tensorflow as tf
-
-    return tf.init_scope()
+    return _backend.tf.init_scope() if _backend.TENSORFLOW else contextlib.nullcontext()
 
 
 # ----------------------------------------------------------------------------- base class
@@ -323,8 +361,7 @@ class SafeKLDRORisk(_BatchRiskLoss):
     def _check_distribution(self):
         if distribute.num_replicas() == 1:
             return
-        import tensorflow as tf  # only tf.distribute has replicas
-
+        tf = _backend.tf  # only tf.distribute has replicas
         value = self._state.value
         # Not a tf.Variable yet: created deferred in Keras' symbolic build (compile by name),
         # it is made when that build ends, inside the strategy's scope that Keras entered.
@@ -339,7 +376,7 @@ class SafeKLDRORisk(_BatchRiskLoss):
 
     def _risk(self, l, s):
         self._check_distribution()
-        training, trainer = _dro_trainer.training_flag(self.update_alpha, l)
+        training, trainer = _training_flag(self.update_alpha, l)
         attached = _keras_hooks.add_metrics(trainer, self.metrics)
         _keras_hooks.store_loss_in_compile_config(_keras_hooks.current_trainer()[0], self)
         state = ops.convert_to_tensor(self._state)
@@ -534,7 +571,5 @@ def find_dro_losses(model):
     """The :class:`SafeKLDRORisk` instances a compiled Keras 3 model uses (after its first
     train/evaluate call when compiled by name)."""
     found = [x for x in _keras_hooks.compiled_losses(model) if isinstance(x, SafeKLDRORisk)]
-    user = getattr(model, "loss", None)
-    if not found and user is not None:
-        found = [obj for obj in keras.tree.flatten(user) if isinstance(obj, SafeKLDRORisk)]
-    return found
+    user = keras.tree.flatten(getattr(model, "loss", None))
+    return found or [x for x in user if isinstance(x, SafeKLDRORisk)]

@@ -33,15 +33,12 @@ exist, such values make the result and its gradients NaN (a scalar flag folded i
 kernels, always on). Written once with ``keras.ops``: TensorFlow, JAX and PyTorch.
 """
 
-from losszoo.ops.dro import distribute
 from losszoo.ops.dro._exact import (
     kl_dro_exact_batch_max,
     kl_dro_exact_state_result,
     kl_dro_exact_state_update,
 )
 from losszoo.ops.dro._risks import (
-    check_lam,
-    check_rho,
     cvar_risk,
     kl_dro_batch_lse,
     kl_dro_sumexp,
@@ -54,5 +51,4 @@ from losszoo.ops.dro.distribute import (
     cvar_risk_global,
     kl_dro_batch_lse_global,
     kl_dro_sumexp_global,
-    safe_kl_dro_risk_and_stats_global,
 )

@@ -361,9 +361,7 @@ def _bisect_loop(l, s, lo, hi, c, iterations):
 
 _bisect = _bisect_loop
 if _backend.TENSORFLOW:  # eager TensorFlow runs the loop as one graph (inlined when traced)
-    import tensorflow as tf
-
-    _bisect = tf.function(_bisect_loop, reduce_retracing=True, autograph=False)
+    _bisect = _backend.tf.function(_bisect_loop, reduce_retracing=True, autograph=False)
 
 
 # ----------------------------------------------------------------------------- baselines

@@ -141,8 +141,7 @@ def _shown_as(x, shown):
     return f(x)
 
 
-if _backend.TENSORFLOW:
-    import tensorflow as _tf
+_tf = _backend.tf if _backend.TENSORFLOW else None  # tf.distribute: TensorFlow only
 
 
 # ----------------------------------------------------------------------------- global risks
