@@ -39,13 +39,68 @@ import time
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common  # noqa: E402
+
+
+def build_parser():
+    """The options (argparse only: defined before Keras is imported)."""
+    parser = _common.make_parser("calibrate_classifier", __doc__)
+    parser.add_argument(
+        "--dataset",
+        default="digits",
+        choices=["digits", "cifar100", "20news"],
+        help="data set (cifar100 and 20news are downloaded)",
+    )
+    parser.add_argument(
+        "--seeds", type=int, default=5, help="runs (seeds 0..N-1; base model retrained per seed)"
+    )
+    parser.add_argument(
+        "--train-frac",
+        type=float,
+        default=0.05,
+        help="digits: fraction of the data used to train the base model",
+    )
+    parser.add_argument(
+        "--val-frac",
+        type=float,
+        default=0.35,
+        help="digits: fraction used to fit the calibrators (the rest is test)",
+    )
+    parser.add_argument("--depth", type=int, default=4, help="base-model hidden layers")
+    parser.add_argument("--hidden", type=int, default=256, help="base-model hidden width")
+    parser.add_argument("--steps", type=int, default=2000, help="base-model Adam steps")
+    parser.add_argument("--batch-size", type=int, default=32, help="base-model minibatch")
+    parser.add_argument("--lr", type=float, default=3e-3, help="base-model Adam learning rate")
+    parser.add_argument(
+        "--calib-epochs",
+        type=int,
+        default=500,
+        help="epochs of each calibrator's fit on the validation split",
+    )
+    parser.add_argument(
+        "--methods",
+        default="ts,pb-c,pb-l,pb-c-l,lb-c,lb-l",
+        help="comma-separated calibrators (fit_calibrator method names)",
+    )
+    parser.add_argument(
+        "--diagram",
+        default="uncal,ts,pb-c,pb-l,lb-c,lb-l",
+        help="methods shown in the reliability diagram (first seed)",
+    )
+    parser.add_argument("--verbose", action="store_true", help="also print a line per fitted model")
+    return parser
+
+
+if __name__ == "__main__":  # --help and bad options answer here, before Keras starts
+    build_parser().parse_args()
+
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-import _common  # noqa: E402
 import losszoo  # noqa: E402,F401
 from losszoo import calibration as C  # noqa: E402
 
@@ -223,50 +278,7 @@ def acceptance_checks(per_seed, methods):
 
 
 def main(argv=None):
-    parser = _common.make_parser(SCRIPT, __doc__)
-    parser.add_argument(
-        "--dataset",
-        default="digits",
-        choices=["digits", "cifar100", "20news"],
-        help="data set (cifar100 and 20news are downloaded)",
-    )
-    parser.add_argument(
-        "--seeds", type=int, default=5, help="runs (seeds 0..N-1; base model retrained per seed)"
-    )
-    parser.add_argument(
-        "--train-frac",
-        type=float,
-        default=0.05,
-        help="digits: fraction of the data used to train the base model",
-    )
-    parser.add_argument(
-        "--val-frac",
-        type=float,
-        default=0.35,
-        help="digits: fraction used to fit the calibrators (the rest is test)",
-    )
-    parser.add_argument("--depth", type=int, default=4, help="base-model hidden layers")
-    parser.add_argument("--hidden", type=int, default=256, help="base-model hidden width")
-    parser.add_argument("--steps", type=int, default=2000, help="base-model Adam steps")
-    parser.add_argument("--batch-size", type=int, default=32, help="base-model minibatch")
-    parser.add_argument("--lr", type=float, default=3e-3, help="base-model Adam learning rate")
-    parser.add_argument(
-        "--calib-epochs",
-        type=int,
-        default=500,
-        help="epochs of each calibrator's fit on the validation split",
-    )
-    parser.add_argument(
-        "--methods",
-        default="ts,pb-c,pb-l,pb-c-l,lb-c,lb-l",
-        help="comma-separated calibrators (fit_calibrator method names)",
-    )
-    parser.add_argument(
-        "--diagram",
-        default="uncal,ts,pb-c,pb-l,lb-c,lb-l",
-        help="methods shown in the reliability diagram (first seed)",
-    )
-    parser.add_argument("--verbose", action="store_true", help="also print a line per fitted model")
+    parser = build_parser()
     args = parser.parse_args(argv)
     args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     out_dir = _common.output_dir(args.out, SCRIPT)

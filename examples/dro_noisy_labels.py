@@ -27,12 +27,34 @@ import time
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
+
+
+def build_parser():
+    """The options (argparse only: defined before Keras is imported)."""
+    p = _common.make_parser("dro_noisy_labels", __doc__)
+    p.add_argument("--epochs", type=int, default=40, help="training epochs per run")
+    p.add_argument("--seeds", type=int, default=3, help="runs per method (seeds 0..N-1)")
+    p.add_argument("--lam", type=float, default=1.0, help="KL-DRO temperature lambda")
+    p.add_argument("--rho", type=float, default=0.1, help="safe-KL DRO level rho")
+    p.add_argument("--batch", type=int, default=32, help="minibatch size")
+    p.add_argument(
+        "--lr", default="erm=3e-3,safe_kl=1e-3,sumexp=3e-4", help="Adam step size per method"
+    )
+    p.add_argument("--quick", action="store_true", help="5 epochs and 1 seed")
+    p.add_argument("--verbose", action="store_true", help="also print a line per run")
+    return p
+
+
+if __name__ == "__main__":  # --help and bad options answer here, before Keras starts
+    build_parser().parse_args()
+
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
 import losszoo  # noqa: E402,F401
 from losszoo.losses import KLDROSumExp, SafeKLDRORisk  # noqa: E402
 
@@ -82,17 +104,7 @@ def make_loss(method, args):
 
 
 def main(argv=None):
-    p = _common.make_parser(SCRIPT, __doc__)
-    p.add_argument("--epochs", type=int, default=40, help="training epochs per run")
-    p.add_argument("--seeds", type=int, default=3, help="runs per method (seeds 0..N-1)")
-    p.add_argument("--lam", type=float, default=1.0, help="KL-DRO temperature lambda")
-    p.add_argument("--rho", type=float, default=0.1, help="safe-KL DRO level rho")
-    p.add_argument("--batch", type=int, default=32, help="minibatch size")
-    p.add_argument(
-        "--lr", default="erm=3e-3,safe_kl=1e-3,sumexp=3e-4", help="Adam step size per method"
-    )
-    p.add_argument("--quick", action="store_true", help="5 epochs and 1 seed")
-    p.add_argument("--verbose", action="store_true", help="also print a line per run")
+    p = build_parser()
     args = p.parse_args(argv)
     if args.quick:
         args.epochs, args.seeds = 5, 1

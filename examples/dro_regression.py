@@ -26,12 +26,40 @@ import time
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
+
+
+def build_parser():
+    """The options (argparse only: defined before Keras is imported)."""
+    p = _common.make_parser("dro_regression", __doc__)
+    p.add_argument(
+        "--datasets",
+        default="diabetes,heavy_tailed",
+        help="comma-separated data sets (diabetes, heavy_tailed)",
+    )
+    p.add_argument("--batches", default="10,50,200", help="comma-separated batch sizes |D|")
+    p.add_argument("--epochs", type=int, default=30, help="SGD epochs per run")
+    p.add_argument("--seeds", type=int, default=5, help="runs per setting (seeds 0..N-1)")
+    p.add_argument("--lam", default="diabetes=1,heavy_tailed=2", help="temperature per data set")
+    p.add_argument("--rho", type=float, default=1e-3, help="safe-KL DRO level rho")
+    p.add_argument(
+        "--grid",
+        default="1e-6,3e-6,1e-5,3e-5,1e-4,3e-4,1e-3,3e-3",
+        help="step sizes tried per method and batch size (on seed 0)",
+    )
+    p.add_argument("--quick", action="store_true", help="5 epochs, 2 seeds, 3 step sizes")
+    return p
+
+
+if __name__ == "__main__":  # --help and bad options answer here, before Keras starts
+    build_parser().parse_args()
+
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
 from losszoo import ops  # noqa: E402
 
 SCRIPT = "dro_regression"
@@ -139,23 +167,7 @@ def run(X, y, method, batch, lr, lam, rho, epochs, seed):
 
 
 def main(argv=None):
-    p = _common.make_parser(SCRIPT, __doc__)
-    p.add_argument(
-        "--datasets",
-        default="diabetes,heavy_tailed",
-        help="comma-separated data sets (diabetes, heavy_tailed)",
-    )
-    p.add_argument("--batches", default="10,50,200", help="comma-separated batch sizes |D|")
-    p.add_argument("--epochs", type=int, default=30, help="SGD epochs per run")
-    p.add_argument("--seeds", type=int, default=5, help="runs per setting (seeds 0..N-1)")
-    p.add_argument("--lam", default="diabetes=1,heavy_tailed=2", help="temperature per data set")
-    p.add_argument("--rho", type=float, default=1e-3, help="safe-KL DRO level rho")
-    p.add_argument(
-        "--grid",
-        default="1e-6,3e-6,1e-5,3e-5,1e-4,3e-4,1e-3,3e-3",
-        help="step sizes tried per method and batch size (on seed 0)",
-    )
-    p.add_argument("--quick", action="store_true", help="5 epochs, 2 seeds, 3 step sizes")
+    p = build_parser()
     args = p.parse_args(argv)
     if args.quick:
         args.epochs, args.seeds, args.grid = 5, 2, "1e-5,1e-4,1e-3"

@@ -28,13 +28,47 @@ import time
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common  # noqa: E402
+
+
+def build_parser():
+    """The options (argparse only: defined before Keras is imported)."""
+    parser = _common.make_parser("possibilistic_synthetic", __doc__)
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="4 configurations, 3 learning rates per model, 3 runs (the default)",
+    )
+    parser.add_argument(
+        "--full",
+        action="store_true",
+        help="the paper's 36 configurations, 27 learning rates, 10 runs",
+    )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="one configuration, the paper's learning rates, 1 run, 2 epochs",
+    )
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=None,
+        help="final runs per configuration (None: 3 quick, 10 full)",
+    )
+    parser.add_argument("--verbose", action="store_true", help="also print a line per grid point")
+    return parser
+
+
+if __name__ == "__main__":  # --help and bad options answer here, before Keras starts
+    build_parser().parse_args()
+
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-import _common  # noqa: E402
 from losszoo import ops  # noqa: E402
 from losszoo.ops.possibilistic import ProjectionConfig  # noqa: E402
 
@@ -243,29 +277,7 @@ def plot_accuracies(rows, runs, png):
 
 
 def main(argv=None):
-    parser = _common.make_parser(SCRIPT, __doc__)
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="4 configurations, 3 learning rates per model, 3 runs (the default)",
-    )
-    parser.add_argument(
-        "--full",
-        action="store_true",
-        help="the paper's 36 configurations, 27 learning rates, 10 runs",
-    )
-    parser.add_argument(
-        "--smoke",
-        action="store_true",
-        help="one configuration, the paper's learning rates, 1 run, 2 epochs",
-    )
-    parser.add_argument(
-        "--runs",
-        type=int,
-        default=None,
-        help="final runs per configuration (None: 3 quick, 10 full)",
-    )
-    parser.add_argument("--verbose", action="store_true", help="also print a line per grid point")
+    parser = build_parser()
     args = parser.parse_args(argv)
     epochs = None
     if args.smoke:

@@ -29,13 +29,51 @@ from typing import Any
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common  # noqa: E402
+
+SMOKE_TRAIN, SMOKE_VAL = 1024, 320  # --smoke: the first training and validation digits
+
+
+def build_parser():
+    """The options (argparse only: defined before Keras is imported)."""
+    parser = _common.make_parser("tour", __doc__)
+    parser.add_argument("--epochs", type=int, default=30, help="training epochs per method")
+    parser.add_argument(
+        "--calib-epochs",
+        type=int,
+        default=500,
+        help="epochs of each calibrator's fit on the validation split (the paper's protocol)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="data split and initialisation seed")
+    parser.add_argument(
+        "--only", action="append", help="run only entries whose name contains this (repeatable)"
+    )
+    parser.add_argument(
+        "--verbose",
+        type=int,
+        default=0,
+        choices=(0, 1, 2),
+        help="0: one progress bar per method; 1, 2: Keras' fit log",
+    )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="every method at its smallest settings: 1 epoch, 2 calibrator epochs, the first "
+        f"{SMOKE_TRAIN} training and {SMOKE_VAL} validation digits; writes tour_smoke.md",
+    )
+    return parser
+
+
+if __name__ == "__main__":  # --help and bad options answer here, before Keras starts
+    build_parser().parse_args()
+
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-import _common  # noqa: E402
 import losszoo  # noqa: E402
 
 SCRIPT = "tour"
@@ -64,7 +102,6 @@ def load_digits(seed: int) -> Digits:
 
 
 # Whole batches of 64 in --smoke: each method's step is compiled for one batch shape only.
-SMOKE_TRAIN, SMOKE_VAL = 1024, 320
 
 
 def smoke_subset(data: Digits) -> Digits:
@@ -238,31 +275,7 @@ point."""
 
 
 def main(argv=None) -> int:
-    parser = _common.make_parser(SCRIPT, __doc__)
-    parser.add_argument("--epochs", type=int, default=30, help="training epochs per method")
-    parser.add_argument(
-        "--calib-epochs",
-        type=int,
-        default=500,
-        help="epochs of each calibrator's fit on the validation split (the paper's protocol)",
-    )
-    parser.add_argument("--seed", type=int, default=0, help="data split and initialisation seed")
-    parser.add_argument(
-        "--only", action="append", help="run only entries whose name contains this (repeatable)"
-    )
-    parser.add_argument(
-        "--verbose",
-        type=int,
-        default=0,
-        choices=(0, 1, 2),
-        help="0: one progress bar per method; 1, 2: Keras' fit log",
-    )
-    parser.add_argument(
-        "--smoke",
-        action="store_true",
-        help="every method at its smallest settings: 1 epoch, 2 calibrator epochs, the first "
-        f"{SMOKE_TRAIN} training and {SMOKE_VAL} validation digits; writes tour_smoke.md",
-    )
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.smoke:
         args.epochs, args.calib_epochs = 1, 2
