@@ -133,6 +133,10 @@ class _BatchRiskLoss(SampleWeightCheck, keras.losses.Loss):
         return self._base_fn(y_true, y_pred)
 
     def __call__(self, y_true, y_pred, sample_weight=None):
+        # Keras' Loss.__call__ is bypassed (the risk is not a weighted mean): check the array
+        # forms here, before the base loss converts them less clearly.
+        contract.check_array_form(y_true, "y_true")
+        contract.check_array_form(y_pred, "y_pred")
         with keras.name_scope(self.name):
             l = self.per_example_losses(y_true, y_pred)
             s = _weights_with_mask(sample_weight, y_pred, l)

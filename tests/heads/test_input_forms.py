@@ -44,3 +44,14 @@ def test_features_given_as_text_are_named():
     logits = np.zeros((1, 3), "float32")
     with pytest.raises(TypeError, match="`features` must hold real numbers"):
         head([logits, TEXT])
+
+
+@pytest.mark.parametrize("name", ["cvar", "safe_kl_dro", "kl_dro_batch_lse", "kl_dro_sumexp"])
+def test_a_dro_risk_given_text_names_the_argument(name):
+    # The DRO risks override Keras' Loss.__call__; text reached the base loss (a raw JAX
+    # "Error interpreting argument to stage", PyTorch "Invalid dtype: str32").
+    risk = keras.losses.get(name)
+    with pytest.raises(TypeError, match="`y_pred` must hold real numbers"):
+        risk(np.array([0]), TEXT)
+    with pytest.raises(TypeError, match="`y_true` must hold real numbers"):
+        risk(np.array(["a"]), np.zeros((1, 3), "float32"))
