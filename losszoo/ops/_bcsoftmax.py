@@ -8,11 +8,14 @@ For logits ``x`` in R^K, temperature ``tau > 0`` and bounds ``a <= y <= b`` (pap
 with the one scalar ``nu`` per row that solves ``sum_k clip(exp(x_k/tau - nu), a_k, b_k) = 1``;
 feasible iff ``a <= b`` and ``sum(a) <= 1 <= sum(b)``. On the coordinates at neither bound,
 ``y_F = s * softmax(x_F / tau)`` with ``s`` the mass the bounds leave (paper Thm. 3).
-``method="newton"`` (default) is a safeguarded Newton search on the pieces of that equation,
-``"sort"`` and ``"bisect"`` are the spec's Algorithms A and B; all three end with the closed
-form, so they are exact. Gradients are hand-derived (paper eqs. 23-25, erratum E5 fixed),
-O(K) per row. The solver, the gradient (pinned rows included) and the numerics:
-``docs/design/bcsoftmax.md``. Spec: ``shared/specs/bcsoftmax.md``.
+``method="newton"`` (default) takes the classes that can sit at their upper bound from one
+``top_k`` and solves for ``nu`` with monotone Newton steps on a model that keeps those classes
+exact, so its work does not grow at low temperatures (1-4 passes over the row); rows it cannot
+finish go to a safeguarded Newton search. ``"sort"`` and ``"bisect"`` are the spec's
+Algorithms A and B; all end with the closed form, so they are exact. Gradients are
+hand-derived (paper eqs. 23-25, erratum E5 fixed), O(K) per row. The solver, the gradient
+(pinned rows included) and the numerics: ``docs/design/bcsoftmax.md``. Spec:
+``shared/specs/bcsoftmax.md``.
 
 A ``-inf`` logit masks its class (``y_k = max(lower_k, 0)``); ``a_k = b_k = 0`` masks it too.
 Bounds outside ``[0, 1]`` by at most 1e-5 are clamped; half precision is computed in float32.
@@ -25,6 +28,8 @@ validation off, the affected rows come back NaN.
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 from keras import ops
@@ -397,6 +402,217 @@ def _solve_newton(x, a, b):
     )
 
 
+# The candidate solver (method="newton"): at most floor(1 / min(upper)) classes sit at their
+# upper bound. With bounds known only when the program runs, the solver takes _N_UPPER
+# candidates; rows with more classes at the upper bound go to the safeguarded Newton solver.
+_N_UPPER = 16
+_N_UPPER_MAX = 64
+_MAX_STEPS = 8
+
+
+def n_upper_candidates(upper, k: int) -> int:
+    """How many upper-set candidates :func:`_solve_candidates` takes for ``upper`` (the
+    argument as given) and ``k`` classes: ``floor(1 / min positive upper)`` where the values
+    are Python numbers or numpy arrays (never read from a device), else :data:`_N_UPPER`;
+    at most :data:`_N_UPPER_MAX` and ``k``."""
+    m = _N_UPPER
+    if isinstance(upper, (int, float, list, tuple, np.ndarray, np.generic)):
+        pos = np.asarray(upper, np.float64)
+        pos = pos[pos > 0]
+        if pos.size and np.all(np.isfinite(pos)):
+            m = int(np.floor((1.0 + 1e-6) / float(np.min(pos))))
+    return max(1, min(m, _N_UPPER_MAX, k))
+
+
+def _solve_candidates(x, a, b, n_upper=_N_UPPER, uniform_upper=False):
+    """Exact BCSoftmax whose work does not grow with the temperature (docs/design/bcsoftmax.md).
+
+    With ``c = exp(nu)``, ``phi(c) = sum_k clip(e_k / c, a_k, b_k)`` (``e = exp(x - sigma)``) is
+    non-increasing and its upper clips make Newton from either side add one class at a time
+    at low temperatures. Here:
+
+    1. The classes that can be at the upper bound are among the ``m = n_upper`` largest keys
+       ``x - log b`` (``top_k``; ``x`` itself where ``uniform_upper``: one bound per row). The
+       ``(m+1)``-th key gives ``c_lo`` with ``phi(c_lo) >= 1`` when ``m >= 1 / min b``, and no
+       other class reaches its upper bound for ``c >= c_lo``.
+    2. Each step solves the model ``A + E / c + sum_cand clip(e_j / c, a_j, b_j) = 1`` exactly:
+       the candidates as they are (their breakpoints are searched, O(m^2) per row), the other
+       classes linearised in ``1 / c`` at the current point (``A``: lower-bound mass, ``E``:
+       free mass). That part is convex in ``1 / c``, so the model is below ``phi``: the steps
+       rise monotonically to the root from ``c_lo`` and land on it once the pattern of the
+       other classes stops changing (1-4 passes over the row at every temperature tried).
+    3. The closed form on the final pattern (paper Thm. 3). ``sigma`` is the largest logit
+       outside the candidates, so the free mass never underflows where it matters.
+
+    Rows the steps cannot finish (more than ``m`` classes at the upper bound, no convergence
+    in :data:`_MAX_STEPS`, or a non-finite ``c``) are solved by :func:`_solve_newton` (under
+    an ``ops.cond``, only when some row needs it).
+    """
+    k = x.shape[-1]
+    if a is None and b is None:
+        e = ops.exp(x)
+        return e / ops.sum(e, -1, keepdims=True), ops.zeros_like(x, dtype="int8")
+    eps = float(_info(x).eps)
+    cap = 80.0 if dtype_name(x) == "float32" else 700.0  # exp(cap) is finite
+    a_cmp, b_cmp = _comparison_bounds(x, a, b)
+    zero = ops.zeros_like(x)
+    neg_inf = ops.full_like(x[:, :1], -np.inf)
+    m = 0 if b is None else min(n_upper, k)
+    if m:
+        if uniform_upper:
+            key = x
+        else:
+            pos = b > 0
+            key = ops.where(pos, x - ops.log(ops.where(pos, b, 1.0)), -np.inf)
+        # Unsorted: XLA's CPU TopK turns into a sort of the whole row when a sorted result is
+        # sliced (128x1024: 50 ms against 2 ms).
+        top, idx = ops.top_k(key, min(m + 1, k), sorted=False)
+        if m < k:
+            tau_key = reduce_min(top, -1, keepdims=True)  # the (m+1)-th largest key
+            valid = top > tau_key  # at most m; ties with the (m+1)-th key stay outside
+            others = key <= tau_key
+            if uniform_upper:
+                sigma = tau_key
+            else:
+                sigma = reduce_max(ops.where(others, x, -np.inf), -1, keepdims=True)
+        else:
+            tau_key, valid, sigma = neg_inf, top > -np.inf, neg_inf
+            others = ops.zeros_like(x, dtype="bool")
+        sigma = ops.where(ops.isfinite(sigma), sigma, ops.zeros_like(sigma))
+        c_lo = ops.exp(tau_key - sigma)  # 0 where every class is a candidate
+        if uniform_upper:
+            c_lo = c_lo / b[:, :1]
+        e = ops.exp(minimum(x - sigma, cap))
+        ec, bv, bcm = (take_along_axis(t, idx, axis=-1) for t in (e, b, b_cmp))
+        av = acm = None
+        if a is not None:
+            av, acm = (take_along_axis(t, idx, axis=-1) for t in (a, a_cmp))
+        others = ops.logical_and(others, b_cmp >= 0)  # b = 0: at the bound, mass 0
+    else:
+        others = ops.ones_like(x, dtype="bool")
+        c_lo = ops.zeros_like(x[:, :1])
+        e = ops.exp(x)
+    e_others = ops.sum(ops.where(others, e, zero), -1, keepdims=True)
+
+    def cand_pattern(c):
+        """The candidates' U and L masks at ``c`` ([N, 1], or [N, J, 1] for J points)."""
+        v, e_, bm, am = valid, ec, bcm, acm
+        if len(c.shape) == 3:
+            v, e_, bm = v[:, None, :], e_[:, None, :], bm[:, None, :]
+            am = None if am is None else am[:, None, :]
+        up = ops.logical_and(v, e_ > bm * c)
+        if am is None:
+            return up, None
+        low = ops.logical_and(v, e_ <= am * c)  # wins over `up` (only where a = b)
+        return ops.logical_and(up, ops.logical_not(low)), low
+
+    def cand_sums(c):
+        """The candidates' bound mass and free mass ``sum_F e`` at ``c``, [N, 1] each."""
+        if not m:
+            return ops.zeros_like(c), ops.zeros_like(c)
+        up, low = cand_pattern(c)
+        free = ops.logical_and(valid, ops.logical_not(up))
+        bound = ops.where(up, bv, 0.0)
+        if low is not None:
+            free = ops.logical_and(free, ops.logical_not(low))
+            bound = ops.where(low, av, bound)
+        free_mass = ops.sum(ops.where(free, ec, 0.0), -1, keepdims=True)
+        return ops.sum(bound, -1, keepdims=True), free_mass
+
+    def others_at(c):
+        """``A`` (lower-bound mass) and ``E`` (free mass) of the other classes at ``c``."""
+        if a is None:
+            return ops.zeros_like(c), e_others
+        low = ops.logical_and(others, e <= a_cmp * c)
+        free = ops.logical_and(others, ops.logical_not(low))
+        mass_a = ops.sum(ops.where(low, a, zero), -1, keepdims=True)
+        return mass_a, ops.sum(ops.where(free, e, zero), -1, keepdims=True)
+
+    def model_root(mass_a, mass_e, c0):
+        """The root ``c >= c0`` of ``A + E / c + sum_cand clip(e_j / c, a_j, b_j) = 1``: the
+        last candidate breakpoint with the model >= 1, then the closed form of the pattern
+        just after it."""
+        beta, nxt, mid = c0, ops.full_like(c0, np.inf), c0
+        if m:
+            pts = [c0, ops.where(valid, ec / ops.where(valid, bv, 1.0), c0)]
+            if av is not None:
+                ok = ops.logical_and(valid, av > 0)
+                pts.append(ops.where(ok, ec / ops.where(ok, av, 1.0), c0))
+            pts = ops.concatenate(pts, -1)
+            pts = ops.where(ops.logical_and(ops.isfinite(pts), pts > c0), pts, c0)  # [N, J]
+            cj = pts[:, :, None]
+            up, low = cand_pattern(cj)
+            yj = ops.where(up, bv[:, None, :], ec[:, None, :] / cj)
+            if low is not None:
+                yj = ops.where(low, av[:, None, :], yj)
+            yj = ops.where(valid[:, None, :], yj, 0.0)
+            model = mass_a + mass_e / pts + ops.sum(yj, -1)
+            beta = reduce_max(ops.where(model >= 1.0, pts, c0), -1, keepdims=True)
+            nxt = -reduce_max(ops.where(pts > beta, -pts, -np.inf), -1, keepdims=True)
+            mid = ops.where(ops.isfinite(nxt), 0.5 * beta + 0.5 * nxt, maximum(2.0 * beta, 1.0))
+        bound_c, free_c = cand_sums(mid)
+        s = 1.0 - mass_a - bound_c
+        ef = mass_e + free_c
+        ok = ops.logical_and(s > 0, ef > 0)
+        c_new = ops.where(ok, ef / ops.where(ok, s, 1.0), beta)
+        return minimum(maximum(c_new, beta), nxt)
+
+    def residual(c, mass_a, mass_e):
+        """``phi(c) - 1`` from the sums; returns (converged, left of the root, s, E_F)."""
+        bound_c, free_c = cand_sums(c)
+        s = 1.0 - mass_a - bound_c
+        ef = mass_e + free_c
+        resid = ef / c - s
+        pinned = ops.logical_and(ops.equal(ef, 0.0), ops.abs(s) <= 10.0 * eps * k)
+        conv = ops.logical_or(ops.abs(resid) <= 8.0 * eps, pinned)
+        left = ops.logical_and(resid < -8.0 * eps, ops.logical_not(pinned))
+        return conv, left, s, ef
+
+    # First step: the other classes all free (E / c is below their part of phi).
+    c = model_root(ops.zeros_like(c_lo), e_others, c_lo)
+    mass_a, mass_e = others_at(c)
+    conv, left, s, ef = residual(c, mass_a, mass_e)
+    if a is not None:
+
+        def cond(i, c, mass_a, mass_e, done, bad):
+            return ops.logical_not(ops.all(ops.logical_or(done, bad)))
+
+        def body(i, c, mass_a, mass_e, done, bad):
+            active = ops.logical_not(ops.logical_or(done, bad))
+            c2 = model_root(mass_a, mass_e, c)
+            a2, e2 = others_at(c2)
+            conv2, left2, _, _ = residual(c2, a2, e2)
+            return (
+                i + 1,
+                ops.where(active, c2, c),
+                ops.where(active, a2, mass_a),
+                ops.where(active, e2, mass_e),
+                ops.logical_or(done, ops.logical_and(active, conv2)),
+                ops.logical_or(bad, ops.logical_and(active, left2)),
+            )
+
+        start = ops.convert_to_tensor(0, "int32")
+        out = ops.while_loop(
+            cond, body, (start, c, mass_a, mass_e, conv, left), maximum_iterations=_MAX_STEPS
+        )
+        _, c, mass_a, mass_e, conv, left = out
+        conv, left, s, ef = residual(c, mass_a, mass_e)
+    bad = ops.logical_or(ops.logical_not(conv), left)
+    bad = ops.logical_or(bad, ops.logical_not(ops.isfinite(c)))
+    if m:
+        # a candidate whose exp was capped is only exact at its upper bound
+        capped = ops.logical_and(valid, take_along_axis(x, idx, axis=-1) - sigma >= cap)
+        capped = ops.logical_and(capped, ops.logical_not(cand_pattern(c)[0]))
+        bad = ops.logical_or(bad, ops.any(capped, -1, keepdims=True))
+    y, state = _assemble(e, a, b, *_pattern_at(e, a_cmp, b_cmp, c), s, ef)
+
+    def fallback():
+        y2, state2 = _solve_newton(x, a, b)
+        return ops.where(bad, y2, y), ops.where(bad, state2, state)
+
+    return ops.cond(ops.any(bad), fallback, lambda: (y, state))
+
+
 def _log_keys(x, a, b):
     def key(t):
         return ops.where(t > 0, x - ops.log(ops.where(t > 0, t, 1.0)), np.inf)
@@ -476,7 +692,7 @@ def _solve_bisect(x, a, b):
     return _finalize_at(x, a, b, u, lk, lo)
 
 
-_SOLVERS = {"newton": _solve_newton, "sort": _solve_sort, "bisect": _solve_bisect}
+_SOLVERS = {"newton": _solve_candidates, "sort": _solve_sort, "bisect": _solve_bisect}
 
 
 def _repair(xs, ac, bc, y, state):
@@ -636,11 +852,15 @@ def _reduce_to(g, target):
     return ops.reshape(g, ops.shape(target))
 
 
-def _kernel(x, a, b, tau, method: str, clip: bool, solver=None):
+def _kernel(x, a, b, tau, method: str, clip: bool, solver=None, n_upper: int = _N_UPPER):
     """BCSoftmax of compute-dtype tensors with the class axis last (``a``, ``b`` may be None),
     with its hand-derived gradient to every tensor input. ``solver(x, a, b) -> (y, state)``
-    replaces ``method``'s (the benchmarks' floor rows pass one with ``nu`` given)."""
+    replaces ``method``'s (the benchmarks' floor rows pass one with ``nu`` given);
+    ``n_upper``: the upper-set candidates of ``method="newton"``."""
     k = x.shape[-1]
+    if solver is None and method == "newton":
+        uniform = b is not None and (static_rank(b) == 0 or b.shape[-1] == 1)
+        solver = functools.partial(_solve_candidates, n_upper=n_upper, uniform_upper=uniform)
     solver = solver or _SOLVERS[method]
     eps = float(_info(x).eps)
     # whether bad input was stopped before the kernel (an error or a graph assertion)
@@ -805,8 +1025,10 @@ def bcsoftmax(
         scaled logit gaps exceed what the float type resolves, and the result is the
         ``tau -> 0`` limit (the bounds' linear program, ties sharing by water filling).
       axis: the class axis.
-      method: ``"newton"`` (default; safeguarded Newton on the pieces of ``phi``), ``"sort"``
-        (spec Algorithm A) or ``"bisect"`` (spec Algorithm B). All finish with the closed-form
+      method: ``"newton"`` (default; the upper-bound candidates from one ``top_k`` of size
+        ``floor(1 / min upper)`` where ``upper`` is a Python number or numpy array, else 16,
+        then monotone Newton steps; the same work at every temperature), ``"sort"`` (spec
+        Algorithm A) or ``"bisect"`` (spec Algorithm B). All finish with the closed-form
         solve on the identified clamp pattern.
       clip: clip the result into ``[lower, upper]`` so the box holds exactly (the sum is then 1
         up to about ``K * eps``).
@@ -857,4 +1079,5 @@ def bcsoftmax(
         a = PROBABILITY_BOUNDS.check(a, "lower", 1.0 if b is None else b, tol, k, True)
     if b is not None:
         b = PROBABILITY_BOUNDS.check(b, "upper", 0.0 if a is None else a, tol, k, False)
-    return ops.cast(undo(_kernel(x, a, b, tau, method, clip)), dtype)
+    n_upper = n_upper_candidates(upper, k)
+    return ops.cast(undo(_kernel(x, a, b, tau, method, clip, n_upper=n_upper)), dtype)
