@@ -21,7 +21,8 @@ def _sparsemax_ref(z):
 def _data(n=5, k=9, seed=0):
     r = np.random.default_rng(seed)
     z = (r.normal(size=(n, k)) * 2).astype(np.float32)
-    q = np.eye(k, dtype=np.float32)[r.integers(0, k, n)]
+    q = np.zeros((n, k), np.float32)  # one-hot rows (np.eye(k) would be k^2 floats: 4 GB)
+    q[np.arange(n), r.integers(0, k, n)] = 1.0
     return z, q
 
 

@@ -26,7 +26,8 @@ def _data(full_search):
     if full_search:  # a support spread over far more than 64 chunks: the cond's other branch
         z[1] = 0.0
         z[1, ::4] = 1e-4 * r.normal(size=K // 4)
-    q = np.eye(K, dtype=np.float32)[[5, 70, 8000]]
+    q = np.zeros((3, K), np.float32)  # one-hot rows, without the K x K identity
+    q[np.arange(3), [5, 70, 8000]] = 1.0
     u = r.uniform(0.5, 1.5, size=(3, K)).astype(np.float32)
     return z, q, u
 
