@@ -4,7 +4,7 @@ The whole suite runs on the Keras backend ``KERAS_BACKEND`` names (TensorFlow if
 pytest process per backend: ``KERAS_BACKEND=jax python -m pytest tests``.
 
 What only TensorFlow has (tf_keras, TensorFlow Recommenders, ``tf.distribute``, the
-``tf.function`` / XLA harness of ``tests/helpers.py`` and ``tests/contract``) is marked
+``tf.function`` / XLA harness of ``tests/helpers.py``) is marked
 ``tensorflow_only``:
 
 - a whole module: ``pytestmark = pytest.mark.tensorflow_only(reason="...")`` after its imports.

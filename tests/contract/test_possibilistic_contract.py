@@ -1,30 +1,31 @@
 """Fail-loud contract (issue 9) for the possibilistic ops and losses.
 
-Bad labels / logits raise naming the argument eagerly and in graphs; under XLA the affected
-rows come back NaN. Valid inputs agree across modes and with the certified Dykstra oracle.
+Bad labels / logits raise naming the argument eagerly and in graphs; under XLA and jax.jit the
+affected rows come back NaN (every mode of the backend: tests/contract). Valid inputs agree
+across modes and with the certified Dykstra oracle.
 """
 
 from __future__ import annotations
 
 import hypothesis
 import hypothesis.strategies as st
+import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import losszoo
 from losszoo import ops
 from losszoo.losses import PossibilisticProjectionLoss
 from tests.contract import (
+    COMPILED_MODES,
     CONTRACT_SETTINGS,
+    ERRORS,
+    NAN_MODES,
     Modes,
     assert_hparam_rejected,
     assert_modes_agree,
     assert_rejects,
-)
-
-pytestmark = pytest.mark.tensorflow_only(
-    reason="the fail-loud contract harness (tests/contract) runs eager, tf.function and XLA"
+    examples,
 )
 
 K = 4
@@ -51,7 +52,7 @@ def test_issue9_nan_logit_is_not_zero_loss():
         ops.possibilistic_projection_loss([[1.0, 0.5, 0.2]], [[np.nan, 1.0, 0.0]])
     with losszoo.validation(False):
         loss = ops.possibilistic_projection_loss([[1.0, 0.5, 0.2]], [[np.nan, 1.0, 0.0]])
-    assert np.isnan(loss.numpy()).all()
+    assert np.isnan(keras.ops.convert_to_numpy(loss)).all()
     z = np.array([[np.nan, 1.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]])
     assert_rejects(LOSS, z, GOOD_PI, name="logits", rows=[0], suite=SUITE)
 
@@ -75,18 +76,20 @@ def test_invalid_possibility_rejected_or_nan(bad_row):
 def test_keras_loss_out_of_range_ids_and_nan_labels_under_xla():
     # Issue 9: class id 7 with K=4 and NaN labels trained with finite losses under XLA.
     loss = PossibilisticProjectionLoss(reduction=None)
-    z = tf.constant(GOOD_Z, tf.float32)
-    xla = tf.function(lambda y, p: loss(y, p), jit_compile=True)
-    with losszoo.validation(False):
-        out = xla(tf.constant([7, 1]), z).numpy()
-    assert np.isnan(out[0]) and np.isfinite(out[1])
+    z = GOOD_Z.astype(np.float32)
+    runner = Modes(lambda y, p: loss(y, p))
     nan_labels = np.array([[np.nan, 1.0, 0.0, 0.0], GOOD_PI[1]], np.float32)
-    out = xla(tf.constant(nan_labels), z).numpy()
-    assert np.isnan(out[0]) and np.isfinite(out[1])
+    for mode in NAN_MODES:
+        with losszoo.validation(False):
+            out = np.asarray(runner(mode, np.array([7, 1]), z))
+        assert np.isnan(out[0]) and np.isfinite(out[1])
+        out = np.asarray(runner(mode, nan_labels, z))
+        assert np.isnan(out[0]) and np.isfinite(out[1])
     with pytest.raises(ValueError, match="`y_true`"):
         loss(nan_labels, z)
-    with pytest.raises((ValueError, tf.errors.InvalidArgumentError), match="`y_true`"):
-        loss(tf.constant([7, 1]), z)
+    for mode in ("eager", *(m for m in COMPILED_MODES if m not in NAN_MODES)):
+        with pytest.raises(ERRORS, match="`y_true`"):
+            runner(mode, np.array([7, 1]), z)
 
 
 def test_hyper_parameters_rejected_naming_the_argument():
@@ -134,10 +137,11 @@ def _valid_case(draw):
 
 
 @hypothesis.given(_valid_case())
-@CONTRACT_SETTINGS
+@hypothesis.settings(CONTRACT_SETTINGS, max_examples=examples(15))
 def test_valid_inputs_agree_across_modes_and_with_dykstra(case):
     z, pi = case
-    ref = ops.possibilistic_projection(z, pi, method="dykstra", max_cycles=20000)[0].numpy()
+    ref = ops.possibilistic_projection(z, pi, method="dykstra", max_cycles=20000)[0]
+    ref = keras.ops.convert_to_numpy(ref)
     assert_modes_agree(PROJ, z, pi, reference=ref, atol=1e-6, suite=SUITE)
     assert_modes_agree(LOSS, z, pi, atol=1e-6, grad_wrt=(0,), suite=SUITE)
 
@@ -204,19 +208,26 @@ def test_constraint_options_rejected_naming_the_argument():
 class _NoneBatch(Modes):
     """:class:`Modes` whose graph and XLA programs are traced with a ``None`` batch dim
     (as Keras traces a dataset with a partial last batch); gradients as in :class:`Modes`
-    (static shapes: tests/ops/test_possibilistic.py checks them at a None batch dim)."""
+    (static shapes: tests/ops/test_possibilistic.py checks them at a None batch dim).
+    TensorFlow only: JAX and PyTorch trace concrete shapes."""
 
     def __init__(self, fn, k):
         super().__init__(fn)
-        spec = [tf.TensorSpec([None, k], tf.float64)] * 2
-        self._graph = tf.function(fn, input_signature=spec, autograph=False)
-        self._xla = tf.function(fn, input_signature=spec, jit_compile=True, autograph=False)
+        self.k = k
+
+    def compile(self, fn, mode):
+        import tensorflow as tf
+
+        spec = [tf.TensorSpec([None, self.k], tf.float64)] * 2
+        return tf.function(fn, input_signature=spec, jit_compile=(mode == "xla"), autograph=False)
 
 
 LOSS_NONE = _NoneBatch(_loss, K)
 PROJ_NONE = _NoneBatch(_proj, K)
+_NONE_BATCH = "a None batch dim exists only in TensorFlow's traced signatures"
 
 
+@pytest.mark.tensorflow_only(reason=_NONE_BATCH)
 @hypothesis.given(_valid_case())
 @CONTRACT_SETTINGS
 def test_none_batch_dim_agrees_with_eager(case):
@@ -226,6 +237,7 @@ def test_none_batch_dim_agrees_with_eager(case):
     assert_modes_agree(LOSS_NONE, z, pi, atol=1e-10, suite=SUITE)
 
 
+@pytest.mark.tensorflow_only(reason=_NONE_BATCH)
 def test_none_batch_dim_bad_input_rejected_or_nan():
     z = np.array([[np.inf, 0.0, -1.0, 0.5], GOOD_Z[1]])
     assert_rejects(LOSS_NONE, z, GOOD_PI, name="logits", rows=[0], suite=SUITE)

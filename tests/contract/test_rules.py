@@ -1,19 +1,15 @@
-"""contract.LOGITS in every TensorFlow mode against an independent NumPy reference.
+"""contract.LOGITS in every mode of the backend against an independent NumPy reference.
 
 On TensorFlow outside XLA the rule is one max reduction (TensorFlow's Max propagates NaN);
-under XLA it adds a NaN pass. Both must flag exactly the rows holding a NaN or a +inf, or
-only -inf, wherever those sit in the row.
+under XLA, on JAX and on PyTorch it adds a NaN pass. Every mode must flag exactly the rows
+holding a NaN or a +inf, or only -inf, wherever those sit in the row.
 """
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from losszoo.contract import LOGITS
-
-pytestmark = pytest.mark.tensorflow_only(
-    reason="tf.function graph assertions of losszoo.contract's rules"
-)
+from tests.contract import MODES, Modes
 
 
 def _rows(k, rng):
@@ -47,16 +43,16 @@ def _rows(k, rng):
 def test_logits_mask_matches_numpy_in_every_mode(k):
     z, want = _rows(k, np.random.default_rng(k))
     assert want.any() and not want.all()
-    masks = {
-        "eager": LOGITS.invalid(tf.constant(z)),
-        "graph": tf.function(LOGITS.invalid)(tf.constant(z)),
-        "xla": tf.function(LOGITS.invalid, jit_compile=True)(tf.constant(z)),
-    }
-    for mode, got in masks.items():
+    runner = Modes(LOGITS.invalid)
+    for mode in MODES:
+        got = runner(mode, z)
         np.testing.assert_array_equal(np.asarray(got), want, err_msg=mode)
 
 
+@pytest.mark.tensorflow_only(reason="graph assertions exist only in TensorFlow graphs")
 def test_logits_graph_assertion_names_the_argument_for_each_bad_kind():
+    import tensorflow as tf
+
     check = tf.function(
         lambda z: LOGITS.check(z, "logits"), input_signature=[tf.TensorSpec([None, None])]
     )

@@ -1,5 +1,6 @@
 """Fail-loud contract (issue 9) for sparsemax, sparsemax_loss, the Sparsemax head and
-SparsemaxLoss: hypothesis drives random valid and invalid inputs in eager, graph and XLA."""
+SparsemaxLoss: hypothesis drives random valid and invalid inputs in every mode of the backend
+(tests/contract)."""
 
 import hypothesis
 import hypothesis.strategies as st
@@ -18,20 +19,16 @@ from tests.contract import (
     assert_hparam_rejected,
     assert_modes_agree,
     assert_rejects,
+    examples,
 )
-from tests.helpers import load_reference
-
-pytestmark = pytest.mark.tensorflow_only(
-    reason="the fail-loud contract harness (tests/contract) runs eager, tf.function and XLA; "
-    "sparse and ragged inputs"
-)
+from tests.references import load_reference
 
 ref = load_reference("rankmax_sparsemax")
 # A failure is reported as generated: shrinking XLA-compiled examples takes minutes.
 _NO_SHRINK = (hypothesis.Phase.explicit, hypothesis.Phase.reuse, hypothesis.Phase.generate)
 B, K = 4, 6  # one shape for every example: one graph and one XLA program per function
 # Gradient checks retrace per example (the harness builds a fresh tf.function): fewer of them.
-GRAD_SETTINGS = hypothesis.settings(CONTRACT_SETTINGS, phases=_NO_SHRINK, max_examples=6)
+GRAD_SETTINGS = hypothesis.settings(CONTRACT_SETTINGS, phases=_NO_SHRINK, max_examples=examples(6))
 BAD_SETTINGS = hypothesis.settings(CONTRACT_SETTINGS, phases=_NO_SHRINK, max_examples=10)
 
 # Scores with frequent ties (values drawn from a small grid) and offsets up to 1e8; float64
@@ -218,6 +215,7 @@ def test_keras_loss_bad_shapes_and_sums_rejected():
     )
 
 
+@pytest.mark.tensorflow_only(reason="tf.RaggedTensor / tf.SparseTensor labels")
 def test_ragged_labels_rejected_sparse_labels_read():
     import tensorflow as tf
 
