@@ -25,6 +25,10 @@ The hooks and why each is needed (Keras offers no public way for any of them):
   ``model.metrics_names`` also for ``compile(loss="safe_kl_dro")``, where no instance exists
   to pass as ``compile(metrics=loss.metrics)``, and on JAX, whose trainer threads only the
   model's own metrics' variables (the loss's alpha state among them) through its pure step.
+* ``Model._compile_config.config["metrics"]`` (Keras 3.15.1): the metric objects given to
+  ``compile``, which the TensorFlow and PyTorch trainers put into ``model.metrics`` only in the
+  first step's ``compute_metrics``, after the loss has run: the possibilistic projection loss
+  finds its diagnostics there (:func:`model_metrics`).
 * ``Model._compile_config.config["loss"]`` (Keras 3.15.1): ``model.save`` stores the
   ``compile(loss=...)`` argument as given, a name for a loss compiled by name; the safe-KL
   loss puts itself there (:func:`store_loss_in_compile_config`) so that a saved model keeps
@@ -164,6 +168,23 @@ def compiled_losses(model) -> list:
     the first train / evaluate call of a model compiled by name, or without a model)."""
     entries = getattr(getattr(model, "_compile_loss", None), "_flat_losses", None) or []
     return [entry.loss for entry in entries]
+
+
+def model_metrics(model) -> list:
+    """Every metric object of a Keras 3 model: ``model.metrics`` with the ``compile_metrics``
+    entry opened, and the objects given as ``compile(metrics=..., weighted_metrics=...)``,
+    which Keras' TensorFlow and PyTorch trainers collect only in the first step's
+    ``compute_metrics``, after the loss ran (``Model._compile_config``)."""
+    found = []
+    for metric in getattr(model, "metrics", None) or []:
+        inner = getattr(metric, "metrics", None)
+        found.extend(inner if isinstance(inner, list) else [metric])
+    compiled = getattr(getattr(model, "_compile_config", None), "config", None) or {}
+    for key in ("metrics", "weighted_metrics"):
+        for metric in keras.tree.flatten(compiled.get(key)):
+            if isinstance(metric, keras.metrics.Metric) and not any(x is metric for x in found):
+                found.append(metric)
+    return found
 
 
 def add_metrics(model, metrics) -> bool:

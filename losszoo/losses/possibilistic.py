@@ -7,19 +7,19 @@
 
 The maths lives in :mod:`losszoo.ops.possibilistic`; these classes handle config and labels.
 :class:`ProjectionDiagnostic` exposes the projection's convergence (mean / p90 cycles,
-non-converged count) as Keras metrics. Every backend (float64 inside: on JAX with
-``jax_enable_x64``).
+non-converged count) as Keras metrics, updated by the loss in its own call during
+``fit`` / ``evaluate`` (``model.compile(..., metrics=loss.metrics)``). Every backend (float64
+inside: on JAX with ``jax_enable_x64``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import threading
 
 import keras
 from keras import ops as kops
 
-from losszoo import _backend, _logits, ops
+from losszoo import _backend, _keras_hooks, _logits, ops
 from losszoo.contract import check_choice, check_number, dense_labels, to_compute_dtype
 from losszoo.losses._targets import SampleWeightCheck, is_sparse, one_hot_targets
 from losszoo.ops.possibilistic import ProjectionConfig
@@ -76,11 +76,15 @@ class PossibilisticProjectionLoss(SampleWeightCheck, keras.losses.Loss):
     ``pi``). Invalid labels (NaN, negative, > 1, maximum below 1, ids out of range) and
     invalid logits (NaN, +inf, a row of only -inf) raise naming the argument, eagerly and
     in graphs. Under XLA: assertions vanish,
-    so the affected rows' loss is NaN instead (never a finite number). Diagnostics of the
-    last call are available to :class:`ProjectionDiagnostic` metrics: ``model.compile(...,
-    metrics=loss.diagnostic_metrics())`` logs the mean and p90 solver work per example
-    (interior-point iterations plus Dykstra cycles) and the count of non-certified
-    projections.
+    so the affected rows' loss is NaN instead (never a finite number).
+
+    Diagnostics: ``model.compile(..., loss=loss, metrics=loss.metrics)`` logs
+    ``projection_mean_cycles``, ``projection_p90_cycles`` and ``projection_nonconverged``
+    (the mean and p90 solver work per example, interior-point iterations plus Dykstra
+    cycles, and the count of non-certified projections; see :class:`ProjectionDiagnostic`).
+    The loss updates them in its own call, from the projection it computes anyway: one
+    projection per step on every backend. Any :class:`ProjectionDiagnostic` built on this
+    loss and compiled into the same model is updated the same way.
 
     Args:
       tol: feasibility tolerance of the projection (max constraint violation).
@@ -104,7 +108,7 @@ class PossibilisticProjectionLoss(SampleWeightCheck, keras.losses.Loss):
 
     Example:
       >>> loss = losszoo.losses.PossibilisticProjectionLoss()
-      >>> model.compile("adam", loss=loss, metrics=loss.diagnostic_metrics())
+      >>> model.compile("adam", loss=loss, metrics=loss.metrics)
       >>> abs(float(loss([[1.0, 0.5, 0.1]], [[2.0, 1.0, -1.0]]))) < 1e-12   # q admissible
       True
     """
@@ -144,7 +148,7 @@ class PossibilisticProjectionLoss(SampleWeightCheck, keras.losses.Loss):
         self.projection_config = dataclasses.asdict(self.config)
         self.from_logits = bool(from_logits)
         _logits.track_models()
-        self._store = threading.local()
+        self._metrics = None  # made on first use of `metrics`
 
     def compute(self, y_true, y_pred):
         """Per-example loss and the projection diagnostics (a ``ProjectionInfo``)."""
@@ -155,31 +159,46 @@ class PossibilisticProjectionLoss(SampleWeightCheck, keras.losses.Loss):
 
     def call(self, y_true, y_pred):
         loss, info = self.compute(y_true, y_pred)
-        if _backend.TENSORFLOW:
-            import tensorflow as tf
-
-            self._store.info = info
-            self._store.graph = tf.compat.v1.get_default_graph()
+        model, _ = _keras_hooks.current_trainer()
+        if model is not None and not _backend.in_shape_inference():
+            # Stateful updates in program order: TensorFlow's automatic control
+            # dependencies, Keras' stateless scope on JAX (the metrics are model metrics),
+            # eagerly on PyTorch.
+            mine = [
+                m
+                for m in _keras_hooks.model_metrics(model)
+                if isinstance(m, ProjectionDiagnostic) and m.loss is self
+            ]
+            if mine:
+                work = _solver_work(info, self.config)
+                for metric in mine:
+                    metric._accumulate(work, info)
         return loss
 
-    def latest_diagnostics(self):
-        """Diagnostics of the last call made in the current TensorFlow graph and thread, else
-        None (always None on JAX / PyTorch, where the metric recomputes the projection: JAX
-        computes the loss inside its gradient transformation, whose values cannot leave it).
-        """
-        info = getattr(self._store, "info", None)
-        if info is None:
-            return None
-        import tensorflow as tf
-
-        return info if self._store.graph is tf.compat.v1.get_default_graph() else None
+    @property
+    def metrics(self):
+        """This loss's diagnostic metrics, ``projection_mean_cycles``,
+        ``projection_p90_cycles`` and ``projection_nonconverged`` (the same objects at every
+        access): pass them as ``model.compile(..., loss=loss, metrics=loss.metrics)``; the
+        loss updates them in its own call."""
+        if self._metrics is None:
+            self._metrics = [ProjectionDiagnostic(self, stat) for stat in _STATS]
+        return list(self._metrics)
 
     def diagnostic_metrics(self):
-        """Keras metrics reporting this loss's projection cycles and convergence."""
-        return [ProjectionDiagnostic(self, stat) for stat in _STATS]
+        """The same as :attr:`metrics`."""
+        return self.metrics
 
     def get_config(self):
         return {**super().get_config(), **self.projection_config, "from_logits": self.from_logits}
+
+
+def _solver_work(info, config):
+    """Solver work per row, float64: interior-point iterations plus Dykstra (finishing)
+    cycles; with Dykstra alone both fields hold the same cycles, so they count once."""
+    if config.solver == "dykstra":
+        return kops.cast(info.cycles, "float64")
+    return kops.cast(info.iterations, "float64") + kops.cast(info.cycles, "float64")
 
 
 @register(
@@ -190,12 +209,19 @@ class PossibilisticProjectionLoss(SampleWeightCheck, keras.losses.Loss):
 class ProjectionDiagnostic(keras.metrics.Metric):
     """Convergence of a :class:`PossibilisticProjectionLoss`'s projections, as a metric.
 
-    ``statistic``: ``"mean_cycles"`` (mean over examples and batches), ``"p90_cycles"``
-    (mean over batches of the batch's 90th percentile) or ``"nonconverged"`` (number of
-    valid examples whose projection is not certified, or for the paper rule stopped at
-    ``max_cycles`` without meeting it, summed over the epoch). During ``fit``/``evaluate``
-    the metric reads the diagnostics the loss computed in the same step (no extra cost);
-    used on its own it recomputes the projection from ``(y_true, y_pred)``.
+    ``statistic``: ``"mean_cycles"`` (solver work per example, interior-point iterations
+    plus Dykstra cycles, averaged over every example since the last reset), ``"p90_cycles"``
+    (each batch's 90th percentile of that work, linear interpolation, averaged over the
+    batches since the last reset with equal weight: a partial last batch counts as one
+    batch) or ``"nonconverged"`` (number of valid examples whose projection is not
+    certified, or for the paper rule stopped at ``max_cycles`` without meeting it, summed
+    since the last reset). Sample weights are ignored.
+
+    Where the values come from: during ``fit`` / ``evaluate`` of a model compiled with
+    ``loss`` (the same object) the loss adds each step's values in its own call, from the
+    projection it computes anyway, and :meth:`update_state` does nothing. Anywhere else
+    (used on its own, or by name with a loss of its own) :meth:`update_state` computes the
+    projection of ``(y_true, y_pred)`` itself.
 
     Args:
       loss: the :class:`PossibilisticProjectionLoss` (or its config dict); default: a new
@@ -205,7 +231,11 @@ class ProjectionDiagnostic(keras.metrics.Metric):
 
     Example:
       >>> loss = PossibilisticProjectionLoss()
-      >>> model.compile("adam", loss=loss, metrics=loss.diagnostic_metrics())
+      >>> model.compile("adam", loss=loss, metrics=loss.metrics)  # the loss updates them
+      >>> metric = ProjectionDiagnostic(loss, "nonconverged")     # on its own: computes
+      >>> metric.update_state([[1.0, 0.5, 0.1]], [[2.0, 1.0, -1.0]])
+      >>> float(metric.result())
+      0.0
     """
 
     def __init__(self, loss=None, statistic: str = "mean_cycles", name=None, dtype=None):
@@ -223,28 +253,32 @@ class ProjectionDiagnostic(keras.metrics.Metric):
         self.count = self.add_variable(shape=(), initializer="zeros", name="count")
 
     def update_state(self, y_true, y_pred, sample_weight=None):
-        info = self.loss.latest_diagnostics()
-        if info is None:
-            _, info = self.loss.compute(y_true, y_pred)
-        # Solver work per row: interior-point iterations plus Dykstra (finishing) cycles;
-        # with Dykstra alone both keys hold the same cycles, so take them once.
-        dykstra_only = self.loss.config.solver == "dykstra"
-        cycles = info.cycles if dykstra_only else info.iterations + info.cycles
+        """Add the projection diagnostics of ``(y_true, y_pred)``; nothing where the loss
+        adds them (a Keras step of a model compiled with it) or in Keras' shape build."""
+        if _backend.in_shape_inference():
+            return
+        model, _ = _keras_hooks.current_trainer()
+        if model is not None and any(x is self.loss for x in _keras_hooks.compiled_losses(model)):
+            return
+        _, info = self.loss.compute(y_true, y_pred)
+        self._accumulate(_solver_work(info, self.loss.config), info)
+
+    def _accumulate(self, work, info):
+        """Add one batch: ``work`` from :func:`_solver_work`, ``info`` its ProjectionInfo."""
         if self.statistic == "mean_cycles":
-            value = kops.sum(kops.cast(cycles, "float64"))
-            count = kops.cast(kops.size(cycles), "float64")
+            value, count = kops.sum(work), kops.cast(kops.size(work), "float64")
         elif self.statistic == "p90_cycles":
-            value, count = kops.quantile(kops.cast(cycles, "float64"), 0.9), 1.0
+            value, count = kops.quantile(work, 0.9), 1.0
         else:
-            value = kops.sum(kops.cast(info.valid & ~info.converged, "float64"))
-            count = 0.0
+            value, count = kops.sum(kops.cast(info.valid & ~info.converged, "float64")), 0.0
         self.total.assign_add(kops.cast(value, self.dtype))
         self.count.assign_add(kops.cast(count, self.dtype))
 
     def result(self):
+        total = kops.convert_to_tensor(self.total)  # a tensor, never the variable (JAX)
         if self.statistic == "nonconverged":
-            return self.total
-        return kops.divide_no_nan(self.total, self.count)
+            return total
+        return kops.divide_no_nan(total, kops.convert_to_tensor(self.count))
 
     def get_config(self):
         return {**super().get_config(), "loss": self.loss.get_config(), "statistic": self.statistic}
