@@ -11,7 +11,8 @@ feasible iff ``a <= b`` and ``sum(a) <= 1 <= sum(b)``. On the coordinates at nei
 ``method="newton"`` (default) takes the classes that can sit at their upper bound from one
 ``top_k`` and solves for ``nu`` with monotone Newton steps on a model that keeps those classes
 exact, so its work does not grow at low temperatures (1-4 passes over the row); rows it cannot
-finish go to a safeguarded Newton search. ``"sort"`` and ``"bisect"`` are the spec's
+finish go to a safeguarded Newton search, which also solves every row when the temperature is a
+number of at least 1 (few steps there, and no ``top_k``). ``"sort"`` and ``"bisect"`` are the spec's
 Algorithms A and B; all end with the closed form, so they are exact. Gradients are
 hand-derived (paper eqs. 23-25, erratum E5 fixed), O(K) per row. The solver, the gradient
 (pinned rows included) and the numerics: ``docs/design/bcsoftmax.md``. Spec:
@@ -37,6 +38,7 @@ from keras import ops
 from losszoo._backend import (
     custom_gradient,
     divide_no_nan,
+    jit_on_jax,
     maximum,
     minimum,
     reduce_max,
@@ -422,6 +424,18 @@ def n_upper_candidates(upper, k: int) -> int:
         if pos.size and np.all(np.isfinite(pos)):
             m = int(np.floor((1.0 + 1e-6) / float(np.min(pos))))
     return max(1, min(m, _N_UPPER_MAX, k))
+
+
+def _warm(temperature) -> bool:
+    """Whether ``temperature`` (as given) is a number known to be at least 1 when the program
+    is built. There the safeguarded Newton solver needs few steps and skips the candidates'
+    ``top_k``, which costs 0.5-0.9 softmax passes on XLA:CPU: it was 1.2-2x faster than the
+    candidate solver at T = 10 and at T = 1 (128x1024), 5-7x slower at T = 0.1 (BENCHMARKS.md,
+    "BCSoftmax at any temperature")."""
+    if isinstance(temperature, (int, float, np.ndarray, np.generic)):
+        t = np.asarray(temperature, np.float64)
+        return bool(t.size) and bool(np.all(t >= 1.0))
+    return False
 
 
 def _solve_candidates(x, a, b, n_upper=_N_UPPER, uniform_upper=False):
@@ -852,6 +866,7 @@ def _reduce_to(g, target):
     return ops.reshape(g, ops.shape(target))
 
 
+@functools.partial(jit_on_jax, static_argnames=("method", "clip", "solver", "n_upper"))
 def _kernel(x, a, b, tau, method: str, clip: bool, solver=None, n_upper: int = _N_UPPER):
     """BCSoftmax of compute-dtype tensors with the class axis last (``a``, ``b`` may be None),
     with its hand-derived gradient to every tensor input. ``solver(x, a, b) -> (y, state)``
@@ -1027,7 +1042,8 @@ def bcsoftmax(
       axis: the class axis.
       method: ``"newton"`` (default; the upper-bound candidates from one ``top_k`` of size
         ``floor(1 / min upper)`` where ``upper`` is a Python number or numpy array, else 16,
-        then monotone Newton steps; the same work at every temperature), ``"sort"`` (spec
+        then monotone Newton steps; the same work at every temperature; a temperature given
+        as a number >= 1 uses the safeguarded Newton search, faster there), ``"sort"`` (spec
         Algorithm A) or ``"bisect"`` (spec Algorithm B). All finish with the closed-form
         solve on the identified clamp pattern.
       clip: clip the result into ``[lower, upper]`` so the box holds exactly (the sum is then 1
@@ -1080,4 +1096,7 @@ def bcsoftmax(
     if b is not None:
         b = PROBABILITY_BOUNDS.check(b, "upper", 0.0 if a is None else a, tol, k, False)
     n_upper = n_upper_candidates(upper, k)
-    return ops.cast(undo(_kernel(x, a, b, tau, method, clip, n_upper=n_upper)), dtype)
+    solver = _solve_newton if method == "newton" and _warm(temperature) else None
+    return ops.cast(
+        undo(_kernel(x, a, b, tau, method, clip, solver=solver, n_upper=n_upper)), dtype
+    )

@@ -51,6 +51,8 @@ row's loss and gradient are NaN.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from keras import ops
 
@@ -58,6 +60,7 @@ from losszoo._backend import (
     LOOPS_READ_HOST,
     cumsum,
     custom_gradient,
+    jit_on_jax,
     maximum,
     reduce_max,
     take_along_axis,
@@ -222,6 +225,7 @@ def _prepare(logits, axis: int, name: str):
     return z, dtype, undo
 
 
+@jit_on_jax
 @custom_gradient
 def _sparsemax_last_axis(z):
     top, maxima = _row_max(z)
@@ -301,6 +305,13 @@ def _sparsemax_loss_last_axis(q, z, tol: float, threshold=_threshold):
     return f(z, q)
 
 
+@functools.partial(jit_on_jax, static_argnames=("tol",))
+def _sparsemax_loss_default(q, z, tol: float):
+    """:func:`_sparsemax_loss_last_axis` with the exact threshold (compiled once per shape
+    on JAX, see :func:`losszoo._backend.jit_on_jax`)."""
+    return _sparsemax_loss_last_axis(q, z, tol)
+
+
 def sparsemax_loss(labels, logits, axis: int = -1, *, labels_name: str = "labels"):
     """Per-example sparsemax loss ``L(z; q) = 1/2||p||^2 + 1/2||q||^2 - <z - tau, q>``.
 
@@ -345,4 +356,4 @@ def sparsemax_loss(labels, logits, axis: int = -1, *, labels_name: str = "labels
         q = q_last
     tol = _sum_tolerance(dtype_name(labels), dtype_name(z))
     q = TARGETS.check(q, labels_name, tol)
-    return ops.cast(_sparsemax_loss_last_axis(q, z, tol), dtype)
+    return ops.cast(_sparsemax_loss_default(q, z, tol), dtype)

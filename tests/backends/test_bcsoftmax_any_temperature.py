@@ -19,6 +19,18 @@ TEMPERATURES = (0.05, 0.1, 1.0, 10.0)
 TRACED = MODES[-1]
 
 
+def _dynamic(tau):
+    """``tau`` as a tensor: a temperature given as a number >= 1 takes the safeguarded Newton
+    solver (faster there), so the candidate solver is tested at every T through a tensor."""
+    return ops.convert_to_tensor(np.float32(tau))
+
+
+def test_numbers_of_at_least_one_take_the_safeguarded_solver():
+    assert impl._warm(1.0) and impl._warm(10) and impl._warm(np.array([2.0, 1.0]))
+    assert not impl._warm(0.99) and not impl._warm(np.array([2.0, 0.5]))
+    assert not impl._warm(ops.convert_to_tensor(5.0))  # values unknown when built
+
+
 def bisect_reference(x, a, b, tau):
     """float64: 200 bisection steps on ``nu`` in ``sum clip(exp(x/tau - nu), a, b) = 1``, then
     the closed form on the pattern at the bracket (exact when no breakpoint is inside it).
@@ -109,7 +121,7 @@ def test_values_and_gradients_at_every_temperature(kind, tau):
     lower, upper = BOUNDS[kind](k)
 
     def f(x):
-        return bcsoftmax(x, lower, upper, tau)
+        return bcsoftmax(x, lower, upper, _dynamic(tau))
 
     y, (gx,) = value_and_grad(f, x, mode=TRACED)
     want, state = bisect_reference(
@@ -161,7 +173,7 @@ def test_small_rows_against_brute_force_with_ties_and_masks(tau):
             continue
         xs.append(x), as_.append(a), bs.append(b)
     x, a, b = np.stack(xs), np.stack(as_), np.stack(bs)
-    got = numpy(compiled(lambda x, a, b: bcsoftmax(x, a, b, tau), TRACED)(x, a, b))
+    got = numpy(compiled(lambda x, a, b: bcsoftmax(x, a, b, _dynamic(tau)), TRACED)(x, a, b))
     for row in range(len(x)):
         alive = np.isfinite(x[row])
         want = a[row].astype(np.float64)
@@ -179,7 +191,7 @@ def test_more_classes_at_the_upper_bound_than_candidates():
     b = np.full((8, 1), 0.1, np.float32)
     b[::2] = 0.015
     for tau in (0.05, 1.0):
-        f = compiled(lambda x, b: bcsoftmax(x, 0.1 / k, b, tau), TRACED)
+        f = compiled(lambda x, b: bcsoftmax(x, 0.1 / k, b, _dynamic(tau)), TRACED)
         y = numpy(f(x, b))
         want, _ = bisect_reference(x, 0.1 / k, b, tau)
         np.testing.assert_allclose(y, want, atol=1e-6)
@@ -189,7 +201,7 @@ def test_huge_logits_and_offsets():
     rng = np.random.default_rng(4)
     x = rng.normal(0, 1e4, (8, 64)).astype(np.float32)
     for tau in (0.05, 10.0):
-        y = numpy(compiled(lambda x: bcsoftmax(x + 1e6, 0.1 / 64, 0.2, tau), TRACED)(x))
+        y = numpy(compiled(lambda x: bcsoftmax(x + 1e6, 0.1 / 64, 0.2, _dynamic(tau)), TRACED)(x))
         want, _ = bisect_reference(x.astype(np.float64), 0.1 / 64, 0.2, tau)
         np.testing.assert_allclose(y, want, atol=1e-6)
 

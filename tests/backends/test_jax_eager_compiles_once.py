@@ -1,0 +1,36 @@
+"""On JAX an eager call of a kernel with loops compiles once per shape (``jit_on_jax``).
+
+Outside any ``jit`` JAX ran such kernels op by op and compiled each ``while_loop`` / ``cond``
+anew at every call (their bodies are new closures): 4-5 s per BCSoftmax call and 0.9 s per
+sparsemax call at 64x512 on a loaded 2-core machine, against 0.01 and 0.001 s now.
+"""
+
+import numpy as np
+import pytest
+
+import losszoo
+from losszoo.ops import _bcsoftmax, _sparsemax
+from tests.backends.harness import BACKEND
+
+pytestmark = pytest.mark.skipif(BACKEND != "jax", reason="JAX-only: the eager jit cache")
+
+
+def test_repeated_eager_calls_reuse_one_program():
+    rng = np.random.default_rng(0)
+    kernels = (
+        _bcsoftmax._kernel,
+        _sparsemax._sparsemax_last_axis,
+        _sparsemax._sparsemax_loss_default,
+    )
+    before = [k._cache_size() for k in kernels]
+    q = np.zeros((8, 37), "float32")
+    q[np.arange(8), rng.integers(0, 37, 8)] = 1.0
+    for _ in range(3):  # new values, same shapes
+        x = rng.normal(size=(8, 37)).astype("float32")
+        y = np.asarray(losszoo.ops.bcsoftmax(x, 0.001, 0.2, 0.3))
+        p = np.asarray(losszoo.ops.sparsemax(x))
+        l = np.asarray(losszoo.ops.sparsemax_loss(q, x))
+        np.testing.assert_allclose(y.sum(-1), 1.0, atol=1e-5)
+        np.testing.assert_allclose(p.sum(-1), 1.0, atol=1e-5)
+        assert np.all(l >= 0)
+    assert [k._cache_size() - b for k, b in zip(kernels, before)] == [1, 1, 1]
