@@ -475,13 +475,37 @@ def jit_on_jax(fn, static_argnames=()):
     unchanged elsewhere. For kernels with loops or branches called outside any ``jit``:
     JAX runs such a call op by op and compiles each ``while_loop`` / ``cond`` anew at every
     call (their bodies are new closures), 0.9-5 s per call at 64x512 on 2 cores; under one
-    cached ``jit`` they compile once per shape. Inside a ``jit`` or a gradient transformation
-    the inner ``jit`` is inlined, so nothing changes there."""
+    cached ``jit`` they compile once per shape (also under an eager ``jax.grad``). Inside a
+    staged trace (``jax.jit``, ``jax.export``, Keras' compiled step) ``fn`` is called as it
+    is: a nested ``jit`` there would add nothing, and TensorFlow could not load the exported
+    StableHLO of a calibrated model that held one."""
     if NAME != "jax":
         return fn
     import jax
 
-    return functools.wraps(fn)(jax.jit(fn, static_argnames=static_argnames))
+    jitted = jax.jit(fn, static_argnames=static_argnames)
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        staged = any(
+            isinstance(x, jax.core.Tracer) and _staged(x) for x in jax.tree_util.tree_leaves(args)
+        )
+        return (fn if staged else jitted)(*args, **kwargs)
+
+    wrapper._cache_size = jitted._cache_size
+    return wrapper
+
+
+def _staged(tracer) -> bool:
+    """Whether a JAX tracer (or one it wraps, under ``grad`` / ``vmap``) is being staged into
+    a program rather than evaluated."""
+    import jax
+
+    while isinstance(tracer, jax.core.Tracer):
+        if type(tracer).__name__ == "DynamicJaxprTracer":
+            return True
+        tracer = getattr(tracer, "primal", getattr(tracer, "val", None))
+    return False
 
 
 def compiled(fn, static_argnames=()):

@@ -11,9 +11,9 @@ feasible iff ``a <= b`` and ``sum(a) <= 1 <= sum(b)``. On the coordinates at nei
 ``method="newton"`` (default) takes the classes that can sit at their upper bound from one
 ``top_k`` and solves for ``nu`` with monotone Newton steps on a model that keeps those classes
 exact, so its work does not grow at low temperatures (1-4 passes over the row); rows it cannot
-finish go to a safeguarded Newton search, which also solves every row when the temperature is a
-number of at least 1 (few steps there, and no ``top_k``). ``"sort"`` and ``"bisect"`` are the spec's
-Algorithms A and B; all end with the closed form, so they are exact. Gradients are
+finish go to a safeguarded Newton search, which also solves every row unless the temperature
+is a number below 1 (few steps at T >= 1, and no ``top_k``). ``"sort"`` and ``"bisect"``
+are the spec's Algorithms A and B; all end with the closed form, so they are exact. Gradients are
 hand-derived (paper eqs. 23-25, erratum E5 fixed), O(K) per row. The solver, the gradient
 (pinned rows included) and the numerics: ``docs/design/bcsoftmax.md``. Spec:
 ``shared/specs/bcsoftmax.md``.
@@ -426,15 +426,17 @@ def n_upper_candidates(upper, k: int) -> int:
     return max(1, min(m, _N_UPPER_MAX, k))
 
 
-def _warm(temperature) -> bool:
-    """Whether ``temperature`` (as given) is a number known to be at least 1 when the program
-    is built. There the safeguarded Newton solver needs few steps and skips the candidates'
-    ``top_k``, which costs 0.5-0.9 softmax passes on XLA:CPU: it was 1.2-2x faster than the
-    candidate solver at T = 10 and at T = 1 (128x1024), 5-7x slower at T = 0.1 (BENCHMARKS.md,
-    "BCSoftmax at any temperature")."""
+def _use_candidates(temperature) -> bool:
+    """Whether ``method="newton"`` takes the candidate solver: for a temperature given as a
+    number below 1. At T >= 1 the safeguarded Newton search needs few steps and skips the
+    candidates' ``top_k`` (0.5-0.9 softmax passes on XLA:CPU; it was 1.2-2x faster at T = 10
+    and at T = 1, 128x1024, and 5-7x slower at T = 0.1: BENCHMARKS.md, "New default
+    solver"). A temperature given as a tensor (a calibrator's trained one) also keeps the
+    safeguarded search: JAX lowers ``top_k`` to a StableHLO composite that TensorFlow 2.21
+    cannot load, so a calibrated model exported on JAX could not be served by TensorFlow."""
     if isinstance(temperature, (int, float, np.ndarray, np.generic)):
         t = np.asarray(temperature, np.float64)
-        return bool(t.size) and bool(np.all(t >= 1.0))
+        return bool(t.size) and bool(np.all(t < 1.0))
     return False
 
 
@@ -1042,8 +1044,8 @@ def bcsoftmax(
       axis: the class axis.
       method: ``"newton"`` (default; the upper-bound candidates from one ``top_k`` of size
         ``floor(1 / min upper)`` where ``upper`` is a Python number or numpy array, else 16,
-        then monotone Newton steps; the same work at every temperature; a temperature given
-        as a number >= 1 uses the safeguarded Newton search, faster there), ``"sort"`` (spec
+        then monotone Newton steps, the same work at every temperature, for a temperature
+        given as a number below 1; otherwise the safeguarded Newton search), ``"sort"`` (spec
         Algorithm A) or ``"bisect"`` (spec Algorithm B). All finish with the closed-form
         solve on the identified clamp pattern.
       clip: clip the result into ``[lower, upper]`` so the box holds exactly (the sum is then 1
@@ -1096,7 +1098,7 @@ def bcsoftmax(
     if b is not None:
         b = PROBABILITY_BOUNDS.check(b, "upper", 0.0 if a is None else a, tol, k, False)
     n_upper = n_upper_candidates(upper, k)
-    solver = _solve_newton if method == "newton" and _warm(temperature) else None
+    solver = None if method != "newton" or _use_candidates(temperature) else _solve_newton
     return ops.cast(
         undo(_kernel(x, a, b, tau, method, clip, solver=solver, n_upper=n_upper)), dtype
     )

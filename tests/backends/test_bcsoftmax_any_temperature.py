@@ -20,15 +20,22 @@ TRACED = MODES[-1]
 
 
 def _dynamic(tau):
-    """``tau`` as a tensor: a temperature given as a number >= 1 takes the safeguarded Newton
-    solver (faster there), so the candidate solver is tested at every T through a tensor."""
+    """``tau`` as a tensor (values unknown when the program is built)."""
     return ops.convert_to_tensor(np.float32(tau))
 
 
-def test_numbers_of_at_least_one_take_the_safeguarded_solver():
-    assert impl._warm(1.0) and impl._warm(10) and impl._warm(np.array([2.0, 1.0]))
-    assert not impl._warm(0.99) and not impl._warm(np.array([2.0, 0.5]))
-    assert not impl._warm(ops.convert_to_tensor(5.0))  # values unknown when built
+@pytest.fixture(autouse=True)
+def _candidates_at_every_temperature(monkeypatch):
+    """``bcsoftmax`` takes the candidate solver for numbers below 1 only; these tests check
+    that solver at every temperature."""
+    monkeypatch.setattr(impl, "_use_candidates", lambda temperature: True)
+
+
+def test_the_dispatch_rule(monkeypatch):
+    monkeypatch.undo()  # the real rule
+    assert impl._use_candidates(0.05) and impl._use_candidates(np.array([0.5, 0.1]))
+    assert not impl._use_candidates(1.0) and not impl._use_candidates(np.array([2.0, 0.5]))
+    assert not impl._use_candidates(ops.convert_to_tensor(0.1))  # values unknown when built
 
 
 def bisect_reference(x, a, b, tau):
