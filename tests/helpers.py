@@ -10,6 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 import losszoo
+from tests.contract import assert_nests_close, weighted_output_sum  # noqa: F401 (one copy)
 from tests.references import REPO_ROOT, SPECS_DIR, load_reference  # noqa: F401
 
 
@@ -133,33 +134,6 @@ def assert_xla_matches_eager(f, *args, atol=1e-6, rtol=1e-6, grad_wrt=(0,)):
     eager = run(*args)
     compiled = tf.function(run, jit_compile=True)(*args)
     assert_nests_close(compiled, eager, atol=atol, rtol=rtol, err_msg="XLA differs from eager")
-
-
-def weighted_output_sum(out):
-    """One float64 scalar from every floating output of ``out`` (any nest): a fixed,
-    position-dependent weighting of the finite entries, so its gradient is a full
-    vector-Jacobian product and non-finite entries do not poison it."""
-    total = tf.constant(0.0, tf.float64)
-    for o in _float_outputs(out):
-        flat = tf.cast(tf.reshape(o, [-1]), tf.float64)
-        w = 1.0 + 0.5 * tf.sin(tf.range(tf.size(flat), dtype=tf.float64))
-        total += tf.reduce_sum(tf.where(tf.math.is_finite(flat), w * flat, 0.0))
-    return total
-
-
-def assert_nests_close(got, want, atol, rtol, err_msg):
-    """Two nests of arrays agree: floats to tolerance (NaN where NaN), others exactly."""
-    for g, w in zip(tf.nest.flatten(got), tf.nest.flatten(want)):
-        if g is None or w is None:
-            assert g is None and w is None, f"{err_msg}: one side is None"
-            continue
-        g, w = np.asarray(tf.convert_to_tensor(g)), np.asarray(tf.convert_to_tensor(w))
-        if np.issubdtype(w.dtype, np.floating):
-            np.testing.assert_allclose(
-                g.astype(np.float64), w.astype(np.float64), atol=atol, rtol=rtol, err_msg=err_msg
-            )
-        else:
-            np.testing.assert_array_equal(g, w, err_msg=err_msg)
 
 
 def _registered_entry(obj):
