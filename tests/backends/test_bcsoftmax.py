@@ -9,7 +9,7 @@ import losszoo
 from losszoo import heads
 from losszoo.calibration import fit_calibrator
 from losszoo.ops._bcsoftmax import METHODS
-from tests.backends.harness import (
+from tests.harness import (
     MODES,
     compiled,
     finite_difference,

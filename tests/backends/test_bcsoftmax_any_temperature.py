@@ -13,7 +13,7 @@ from keras import ops
 
 from losszoo.ops import _bcsoftmax as impl
 from losszoo.ops import bcsoftmax
-from tests.backends.harness import BACKEND, MODES, compiled, float64, numpy, value_and_grad
+from tests.harness import BACKEND, MODES, compiled, float64, numpy, value_and_grad
 
 TEMPERATURES = (0.05, 0.1, 1.0, 10.0)
 TRACED = MODES[-1]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from losszoo.ops import bcsoftmax
-from tests.backends.harness import BACKEND, MODES, compiled, numpy, value_and_grad
+from tests.harness import BACKEND, MODES, compiled, numpy, value_and_grad
 
 TINY = (1e-10, 1e-20, 1e-30)
 SUBNORMAL = (1e-38, 1e-44)

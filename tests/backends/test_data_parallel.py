@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.backends.harness import BACKEND
+from tests.harness import BACKEND
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,7 +8,7 @@ import pytest
 
 import losszoo
 from losszoo import ops
-from tests.backends.harness import (
+from tests.harness import (
     BACKEND,
     MODES,
     compiled,

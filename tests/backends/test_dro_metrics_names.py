@@ -10,7 +10,7 @@ import pytest
 
 import losszoo  # noqa: F401  (registers "safe_kl_dro")
 from losszoo.losses import SafeKLDRORisk
-from tests.backends.harness import BACKEND
+from tests.harness import BACKEND
 
 DIAG = ["safe_kl_dro_alpha", "safe_kl_dro_mean_w", "safe_kl_dro_saturation"]
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from losszoo import ops
-from tests.backends.harness import float64, numpy
+from tests.harness import float64, numpy
 from tests.references import load_reference
 
 R = load_reference("safe_kl_dro")

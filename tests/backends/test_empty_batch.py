@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import losszoo
-from tests.backends.harness import MODES, compiled, float64, numpy, value_and_grad
+from tests.harness import MODES, compiled, float64, numpy, value_and_grad
 
 K = 4
 Z = np.zeros((0, K), np.float32)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.backends.harness import BACKEND
+from tests.harness import BACKEND
 
 pytest.importorskip("matplotlib")
 pytest.importorskip("sklearn")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import losszoo
-from tests.backends.harness import (
+from tests.harness import (
     MODES,
     compiled,
     finite_difference,

@@ -10,7 +10,7 @@ import pytest
 
 import losszoo
 from losszoo.ops import _bcsoftmax, _sparsemax
-from tests.backends.harness import BACKEND
+from tests.harness import BACKEND
 
 pytestmark = pytest.mark.skipif(BACKEND != "jax", reason="JAX-only: the eager jit cache")
 

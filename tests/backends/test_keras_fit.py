@@ -12,7 +12,7 @@ import pytest
 
 import losszoo
 import losszoo.retrieval as R
-from tests.backends.harness import BACKEND
+from tests.harness import BACKEND
 from tests.references import load_reference
 from tests.retrieval._common import softmax_ce, towers
 

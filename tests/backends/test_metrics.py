@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import losszoo
-from tests.backends.harness import BACKEND, MODES, compiled, numpy
+from tests.harness import BACKEND, MODES, compiled, numpy
 from tests.references import load_reference
 
 N, D, K = 50, 4, 3

@@ -11,7 +11,7 @@ from scipy import optimize
 
 import losszoo
 from losszoo.ops.possibilistic import ProjectionConfig
-from tests.backends.harness import (
+from tests.harness import (
     BACKEND,
     MODES,
     compiled,

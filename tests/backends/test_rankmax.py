@@ -7,7 +7,7 @@ import pytest
 
 import losszoo
 from losszoo.ops import rankmax, rankmax_loss
-from tests.backends.harness import BACKEND, MODES, compiled, float64, numpy, value_and_grad
+from tests.harness import BACKEND, MODES, compiled, float64, numpy, value_and_grad
 from tests.references import load_reference
 
 ref = load_reference("rankmax_sparsemax")

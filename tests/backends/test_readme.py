@@ -13,7 +13,7 @@ import pytest
 from sybil import Sybil
 from sybil.parsers.markdown import PythonCodeBlockParser
 
-from tests.backends.harness import BACKEND, float64
+from tests.harness import BACKEND, float64
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

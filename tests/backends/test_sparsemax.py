@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import losszoo
-from tests.backends.harness import MODES, compiled, numpy, value_and_grad
+from tests.harness import MODES, compiled, numpy, value_and_grad
 from tests.references import load_reference
 
 

@@ -11,7 +11,7 @@ import pytest
 
 import losszoo
 from losszoo import calibration as C
-from tests.backends.harness import float64
+from tests.harness import float64
 
 N, D, K = 50, 4, 3
 METRICS = losszoo.names("metric")

@@ -1,7 +1,7 @@
 """The fail-loud contract (README, "Bad input"), as reusable test assertions, on every backend.
 
 Every public function is run in each execution mode of the running Keras backend
-(:data:`MODES`, as in ``tests/backends/harness.py``):
+(:data:`MODES`, as in ``tests/harness.py``):
 
 * TensorFlow: eagerly, inside a ``tf.function`` graph, and under
   ``tf.function(jit_compile=True)`` (``"eager"``, ``"graph"``, ``"xla"``);

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import losszoo
-from tests.backends.harness import BACKEND, float64, numpy
+from tests.harness import BACKEND, float64, numpy
 
 Z = np.random.default_rng(0).normal(size=(3, 4)).astype("float32")
 DENSE = np.eye(4, dtype="float32")[[0, 2, 1]]

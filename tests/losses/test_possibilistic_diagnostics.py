@@ -17,7 +17,7 @@ import pytest
 
 import losszoo
 from losszoo.losses import PossibilisticProjectionLoss, ProjectionDiagnostic
-from tests.backends.harness import BACKEND, float64
+from tests.harness import BACKEND, float64
 
 N, D, K, BATCH = 80, 5, 4, 32  # batches of 32, 32 and a partial 16
 NAMES = ["projection_mean_cycles", "projection_p90_cycles", "projection_nonconverged"]

@@ -16,7 +16,7 @@ from keras import ops
 
 import losszoo
 from losszoo import _logits
-from tests.backends.harness import BACKEND, float64, numpy, value_and_grad
+from tests.harness import BACKEND, float64, numpy, value_and_grad
 
 D, K, N, BATCH = 6, 5, 40, 16  # 40 rows in batches of 16: the last batch is partial
 JITS = (False, "auto", True) if BACKEND in ("tensorflow", "jax") else (False, "auto")

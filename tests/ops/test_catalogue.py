@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import losszoo
-from tests.backends.harness import BACKEND, MODES, compiled, numpy, value_and_grad
+from tests.harness import BACKEND, MODES, compiled, numpy, value_and_grad
 
 catalogue_loss = losszoo.ops.catalogue_loss
 COMPILED = MODES[-1]  # xla on TensorFlow, jit on JAX and PyTorch (eager)

@@ -12,7 +12,7 @@ import pytest
 
 import losszoo
 from losszoo.retrieval.full_catalogue import FullCatalogueRetrieval
-from tests.backends.harness import numpy
+from tests.harness import numpy
 
 
 def _problem(seed=0, b=6, n=700, d=4):

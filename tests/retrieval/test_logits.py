@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import losszoo.retrieval as R
-from tests.backends.harness import MODES, compiled, numpy
+from tests.harness import MODES, compiled, numpy
 from tests.retrieval._common import towers
 
 IDS = np.array([3, 1, 3, 2, 5, 1], np.int32)  # rows 0/2 and 1/5 share an item

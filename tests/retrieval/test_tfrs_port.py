@@ -14,7 +14,7 @@ import pytest
 
 import losszoo.retrieval as R
 from losszoo.retrieval import tfrs
-from tests.backends.harness import BACKEND, numpy
+from tests.harness import BACKEND, numpy
 from tests.retrieval._common import softmax_ce, towers
 
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "tfrs_tutorial_port.py"
