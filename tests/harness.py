@@ -117,3 +117,104 @@ def finite_difference(fn, x, upstream_fn=None, eps=1e-6):
 
 # Float64 available inside a block (JAX: ``jax_enable_x64`` on, then restored).
 float64 = enable_float64
+
+
+# ------------------------------------------------ added for the folded method suites (issue 32)
+TRACED_MODES = tuple(m for m in MODES if m == "xla" or (m == "jit" and BACKEND == "jax"))
+"""The modes without runtime checks (XLA, ``jax.jit``): bad values come back as NaN rows."""
+
+
+def errors():
+    """The exception types a checked mode raises for bad values: ``ValueError`` / ``TypeError``
+    and, in a TensorFlow graph, ``tf.errors.InvalidArgumentError``."""
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        return (ValueError, TypeError, tf.errors.InvalidArgumentError)
+    return (ValueError, TypeError)
+
+
+def upstream(shape):
+    """The fixed weighting :func:`value_and_grad` applies to ``fn``'s output (float64)."""
+    return np.random.default_rng(7).uniform(0.5, 1.5, size=shape)
+
+
+def jacobian(fn, x, mode: str = "eager"):
+    """The Jacobian ``d fn(x)[i] / d x[j]`` (``[m, n]``, numpy) of a function of a vector ``x``
+    (``[n]``) that maps the rows of a batch independently (it acts on the last axis): each
+    output entry's gradient is taken from its own copy of ``x`` in one batched call."""
+    x = np.asarray(x)
+    m = numpy(fn(x[None]))[0].shape[-1]
+    pick = np.eye(m, dtype=x.dtype)
+    _, (g,) = value_and_grad(
+        lambda xs: ops.sum(fn(xs) * ops.convert_to_tensor(pick), axis=-1),
+        np.tile(x, (m, 1)),
+        mode=mode,
+    )
+    return g / upstream((m,))[:, None]
+
+
+def classification_data(n=256, k=6, d=10, seed=0):
+    """Features ``[n, d]`` and class ids ``[n]`` from a random linear teacher (learnable)."""
+    r = np.random.default_rng(seed)
+    x = r.normal(size=(n, d)).astype(np.float32)
+    return x, np.argmax(x @ r.normal(size=(d, k)), axis=1)
+
+
+def small_mlp(k=6, d=10):
+    """A tiny MLP emitting ``k`` logits."""
+    return keras.Sequential(
+        [keras.Input((d,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(k)]
+    )
+
+
+def assert_fit_smoke(model, x, y, epochs=3, **fit_kwargs):
+    """``model.fit`` runs with finite losses that go down; returns the History."""
+    fit_kwargs.setdefault("verbose", 0)
+    history = model.fit(x, y, epochs=epochs, **fit_kwargs)
+    losses = np.asarray(history.history["loss"])
+    assert np.all(np.isfinite(losses)), f"non-finite training loss: {losses}"
+    assert losses[-1] < losses[0], f"training loss did not decrease: {losses}"
+    return history
+
+
+def assert_config_roundtrip(obj):
+    """``get_config``/``from_config``, Keras (de)serialization via JSON, and the registry name."""
+    import json
+
+    import losszoo
+
+    config = obj.get_config()
+    assert type(obj).from_config(config).get_config() == config, "from_config changed the config"
+    serialized = json.loads(json.dumps(keras.saving.serialize_keras_object(obj)))
+    restored = keras.saving.deserialize_keras_object(serialized)
+    assert type(restored) is type(obj), f"deserialized as {type(restored)}"
+    assert restored.get_config() == config, "Keras serialization changed the config"
+    entry = next((e for e in losszoo.entries() if e.cls is type(obj)), None)
+    assert entry is not None, f"{type(obj).__name__} is not registered in losszoo"
+    assert losszoo.get_class(entry.name, entry.kind).from_config(config).get_config() == config
+    return restored
+
+
+def assert_mixed_precision(build_model, x, y, loss, epochs=2, batch_size=32):
+    """Under ``mixed_float16`` the model trains with finite losses; the loss value is float32,
+    and so are the outputs of a model ending in a losszoo head. Returns ``(model, history)``."""
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = build_model()
+        if isinstance(loss, keras.losses.Loss):
+            loss = type(loss).from_config(loss.get_config())
+        model.compile(optimizer=keras.optimizers.Adam(1e-2), loss=loss)
+        history = model.fit(x, y, epochs=epochs, batch_size=batch_size, verbose=0)
+        assert np.all(np.isfinite(history.history["loss"])), history.history
+        loss_obj = keras.losses.get(loss)
+        preds = model(x[:8])
+        if isinstance(loss_obj, keras.losses.Loss):
+            value = loss_obj(y[:8], preds)
+            assert keras.backend.standardize_dtype(value.dtype) == "float32", value.dtype
+        if type(model.layers[-1]).__module__.startswith("losszoo."):
+            assert keras.backend.standardize_dtype(preds.dtype) == "float32", preds.dtype
+        return model, history
+    finally:
+        keras.mixed_precision.set_global_policy(previous)

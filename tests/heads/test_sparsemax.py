@@ -1,28 +1,20 @@
-"""Sparsemax head: values, config, save/load by name, mixed precision, distribution."""
+"""Sparsemax head on the running backend: values on any axis, config, fit / save / load by
+name, mixed precision. MirroredStrategy: ``test_sparsemax_tensorflow.py``."""
 
 import keras
 import numpy as np
-import pytest
 
 import losszoo
 from losszoo.heads import Sparsemax
-from tests.helpers import (
-    assert_config_roundtrip,
-    assert_mirrored_matches_single,
-    assert_mixed_precision,
-    load_reference,
-)
-
-pytestmark = pytest.mark.tensorflow_only(
-    reason="tf.GradientTape / tf.function / XLA checks (tests/helpers.py)"
-)
+from tests.harness import assert_config_roundtrip, assert_mixed_precision, numpy
+from tests.references import load_reference
 
 ref = load_reference("rankmax_sparsemax")
 
 
 def test_layer_matches_reference_on_any_axis():
-    z = np.random.default_rng(0).normal(size=(4, 7, 3))
-    out = Sparsemax(axis=1)(z).numpy()
+    z = np.random.default_rng(0).normal(size=(4, 7, 3)).astype(np.float32)
+    out = numpy(Sparsemax(axis=1)(z))
     want = np.stack([[ref.sparsemax(z[b, :, c])[0] for c in range(3)] for b in range(4)], 0)
     np.testing.assert_allclose(out, np.moveaxis(want, 1, 2), atol=1e-6)
 
@@ -45,7 +37,7 @@ def test_model_with_head_trains_saves_and_loads_without_custom_objects(tmp_path)
     # the loss trained on the head's logits: it equals the sparsemax loss of those logits
     logits_model = keras.Model(inputs, model.layers[-1].input)
     logits = logits_model.predict(x, verbose=0)
-    want = losszoo.ops.sparsemax_loss(np.eye(4)[y], logits).numpy().mean()
+    want = numpy(losszoo.ops.sparsemax_loss(np.eye(4, dtype=np.float32)[y], logits)).mean()
     np.testing.assert_allclose(model.evaluate(x, y, verbose=0), want, rtol=1e-4)
 
     path = tmp_path / "model.keras"
@@ -67,11 +59,5 @@ def build_head_model():
 
 def test_mixed_precision_head_outputs_float32():
     x = np.random.default_rng(2).normal(size=(64, 5)).astype(np.float32)
-    y = np.eye(4)[np.argmax(x[:, :4], 1)]
+    y = np.eye(4, dtype=np.float32)[np.argmax(x[:, :4], 1)]
     assert_mixed_precision(build_head_model, x, y, "mse")
-
-
-def test_mirrored_strategy_with_head():
-    x = np.random.default_rng(3).normal(size=(32, 5)).astype(np.float32)
-    y = np.eye(4)[np.argmax(x[:, :4], 1)]
-    assert_mirrored_matches_single(build_head_model, x, y, "mse", learning_rate=0.5)
