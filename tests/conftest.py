@@ -154,13 +154,44 @@ def _fresh_keras_state():
     keras.mixed_precision.set_global_policy("float32")
 
 
-def pytest_terminal_summary(terminalreporter):
-    """Print how the fail-loud contract tests' inputs fared (see tests/contract/__init__.py)."""
+#: Contract outcomes the pytest-xdist workers sent back (on the controlling process).
+_WORKER_OUTCOMES: list = []
+
+
+def _contract_outcomes() -> list:
+    """This process' contract outcomes as ``[[suite, kind, mode, outcome, count], ...]``."""
     if "tests.contract" not in __import__("sys").modules:
+        return []
+    from tests import contract
+
+    return [[*key, n] for key, n in contract.OUTCOMES.items()]
+
+
+def pytest_sessionfinish(session):
+    """On a pytest-xdist worker: hand the contract outcomes to the controlling process."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["losszoo_contract_outcomes"] = _contract_outcomes()
+
+
+def pytest_testnodedown(node, error):
+    """On the controlling process: collect a finished worker's contract outcomes."""
+    _WORKER_OUTCOMES.extend(getattr(node, "workeroutput", {}).get("losszoo_contract_outcomes", []))
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Print how the fail-loud contract tests' inputs fared (see tests/contract/__init__.py),
+    summed over the pytest-xdist workers when the run has them."""
+    import collections
+
+    outcomes = collections.Counter()
+    for *key, n in _contract_outcomes() + _WORKER_OUTCOMES:
+        outcomes[tuple(key)] += n
+    if not outcomes:
         return
     from tests import contract
 
-    table = contract.outcome_table()
+    table = contract.outcome_table(outcomes)
     if not table["per_suite"]:
         return
     bad = sum(table["summary"]["bad"].values())

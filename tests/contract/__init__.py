@@ -405,11 +405,12 @@ def assert_hparam_rejected(build, name: str, values, suite: str = ""):
 BAD_NUMBERS = (float("nan"), float("inf"), -float("inf"))
 
 
-def outcome_table() -> dict:
-    """The recorded outcomes as ``{input kind: {outcome: count}}`` plus per-suite detail."""
+def outcome_table(outcomes=None) -> dict:
+    """The recorded outcomes (``outcomes``, a mapping like :data:`OUTCOMES`; this process'
+    own by default) as ``{input kind: {outcome: count}}`` plus per-suite detail."""
     summary: dict = {"bad": collections.Counter(), "valid": collections.Counter()}
     per_suite: dict = collections.defaultdict(collections.Counter)
-    for (suite, kind, mode, outcome), n in OUTCOMES.items():
+    for (suite, kind, mode, outcome), n in (OUTCOMES if outcomes is None else outcomes).items():
         if suite.startswith("_"):  # the harness' own self-tests
             continue
         summary[kind][f"{mode}:{outcome}"] += n
