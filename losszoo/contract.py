@@ -216,7 +216,14 @@ LOGITS = Rule(
     "must not hold NaN or +inf, nor rows that are all -inf (-inf masks a class)", _logits_mask
 )
 """Scores of classes (class axis last): finite, or ``-inf`` to mask a class, and at least
-one class left per row. Under XLA a row breaking it comes out NaN."""
+one class left per row. Under XLA a row breaking it comes out NaN.
+
+The logits policy of every op: its logits keep this rule, a row breaking it comes out NaN
+in every mode, and eagerly and in graphs the op raises naming the argument (the checked
+form: Rankmax, BCSoftmax, the possibilistic ops), unless its docstring names the cheaper
+form kept for speed: ``sparsemax`` / ``sparsemax_loss`` only poison (folded into the
+threshold's passes, no host read); ``softmax_cross_entropy`` raises for NaN and poisons
+``+inf`` and all ``-inf`` rows."""
 
 
 def _ids_mask(xp, ids, num_classes, low=0):
@@ -628,6 +635,85 @@ def check_array_form(labels, name: str) -> None:
             return
         if dtype.kind in "USO":
             raise TypeError(f"`{name}` must hold real numbers, got {dtype} (text or ragged).")
+
+
+# --------------------------------------------------------------------------------------------
+# Labels in the Keras forms: class ids [B] / [B, 1] or dense targets [B, K], read once, by the op
+
+
+def is_class_ids(labels, logits) -> bool:
+    """True when ``labels`` holds class ids: one rank below ``logits``, or a trailing 1.
+
+    Keras' rule (``SparseCategoricalCrossentropy`` takes ids ``[B]`` or ``[B, 1]``,
+    ``CategoricalCrossentropy`` targets ``[B, K]``), by shape, never by dtype. Labels of the
+    logits' rank whose last axis has no static size are dense (TFRS's ``tf.eye(B)``).
+    """
+    true_rank, pred_rank = static_rank(labels), static_rank(logits)
+    if true_rank is None or pred_rank is None:
+        raise ValueError("`y_true` and `y_pred` must have a known rank.")
+    if true_rank == pred_rank - 1:
+        return True
+    return true_rank == pred_rank and labels.shape[-1] == 1 and logits.shape[-1] != 1
+
+
+def num_classes(logits):
+    """The size of ``logits``' last axis: a Python int when static, else a scalar tensor."""
+    n = logits.shape[-1]
+    return int(n) if n is not None else ops.shape(logits)[-1]
+
+
+def class_ids_and_invalid(labels, logits, name: str = "labels"):
+    """Class ids (``[...]`` or ``[..., 1]``) as int32 ``logits.shape[:-1]``, and the mask of
+    ids breaking :data:`CLASS_IDS` (tested in their own dtype, before a cast could wrap them;
+    ``K`` may be dynamic). Those ids are 0 in the result (safe to gather) and the callers
+    poison their rows (:func:`nan_where`); eagerly and in graphs they raise first."""
+    labels = ops.convert_to_tensor(labels)
+    if static_rank(labels) is not None and static_rank(labels) == static_rank(logits):
+        labels = ops.squeeze(labels, -1)
+    check_real(labels, name, bool_ok=False)
+    n = num_classes(logits)
+    if not isinstance(n, int):  # a tensor must match the ids' dtype
+        n = ops.cast(n, labels.dtype)
+    labels = CLASS_IDS.check(labels, name, n)
+    bad = CLASS_IDS.invalid(labels, n)
+    return ops.cast(ops.where(bad, ops.zeros_like(labels), labels), "int32"), bad
+
+
+def one_hot_targets(labels, logits, name: str = "labels"):
+    """One-hot rows in ``logits``' dtype for class ids (a dynamic ``K`` works under XLA);
+    rows of invalid ids are all NaN."""
+    ids, invalid = class_ids_and_invalid(labels, logits, name)
+    classes = ops.arange(num_classes(logits), dtype=ids.dtype)
+    one_hot = ops.cast(ops.equal(ids[..., None], classes), logits.dtype)
+    return nan_where(invalid[..., None], one_hot)
+
+
+def target_distribution(labels, logits, normalize: bool = True, name: str = "labels"):
+    """Ids or dense targets (a ``tf.SparseTensor`` densified) as ``(q, has_target)``.
+
+    ``q`` has ``logits``' shape and dtype: one-hot rows for ids, dense rows checked by
+    :data:`NON_NEGATIVE` and divided by their sum when ``normalize`` (a row summing to 0
+    stays 0). ``has_target`` (``logits.shape[:-1]``) is 1 for rows with a positive total,
+    else 0. Rows of invalid ids or dense entries are NaN in both (what survives under XLA;
+    eagerly and in graphs they raise first, naming ``name``).
+    """
+    labels = dense_labels(labels, name)
+    if is_class_ids(labels, logits):
+        q = one_hot_targets(labels, logits, name)
+        return q, ops.sum(q, axis=-1)  # 1, or NaN for an invalid id
+    if not shapes_compatible(tuple(labels.shape), tuple(logits.shape)):
+        raise ValueError(
+            f"`{name}` must hold class ids of shape {tuple(logits.shape[:-1])} (or with a "
+            f"trailing 1) or targets of the shape of the scores {tuple(logits.shape)}; got "
+            f"shape {tuple(labels.shape)}."
+        )
+    q = NON_NEGATIVE.check(ops.cast(labels, logits.dtype), name)
+    bad = ops.any(NON_NEGATIVE.invalid(q), axis=-1)
+    total = ops.sum(q, axis=-1, keepdims=True)
+    has_target = nan_where(bad, ops.cast(total[..., 0] > 0, q.dtype))
+    if normalize:
+        q = ops.divide_no_nan(q, total)
+    return nan_where(bad[..., None], q), has_target
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,9 +1,12 @@
-"""The base loss of the DRO losses and metric: a Keras loss computed per example.
+"""The base of losszoo's Keras losses: one class over an op, and the DRO per-example loss.
 
-:func:`per_example_loss` (public as ``losszoo.losses.per_example_loss``) turns a name,
-config, instance or function into ``fn(y_true, y_pred) -> per-example losses`` with the
-fail-loud label checks, reading attached logits (a model ending in Keras' softmax or a
-losszoo head) when the loss takes logits, and insisting on one value per example.
+:class:`OpLoss` holds an op and its config and does, once for every loss, what Keras needs
+around it: the sample-weight and array-form checks, the attached logits
+(:func:`losszoo._logits.scores`) and the compute dtype; the op reads and checks the labels
+(ids ``[B]`` / ``[B, 1]`` or dense ``[B, K]``). :func:`per_example_loss` (public as
+``losszoo.losses.per_example_loss``) turns a name, config, instance or function into
+``fn(y_true, y_pred) -> per-example losses`` with the fail-loud label checks, for the DRO
+losses and metric.
 """
 
 from __future__ import annotations
@@ -11,16 +14,19 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from losszoo import _logits
+from losszoo import _backend, _logits
 from losszoo.contract import (
+    check_array_form,
     check_not_nan,
+    class_ids_and_invalid,
     dtype_name,
     is_floating,
     nan_where,
     shapes_compatible,
     static_rank,
+    to_compute_dtype,
+    validation_enabled,
 )
-from losszoo.losses._targets import class_ids_and_invalid
 
 # Base losses on logits invariant to a per-row shift of them (see losszoo._logits.scores).
 _SHIFT_INVARIANT = (
@@ -130,3 +136,121 @@ def _per_row(flags, values):
     if r is None or k is None or k < r or not shapes_compatible(flags.shape[:r], values.shape):
         return ops.any(flags)
     return ops.any(flags, axis=tuple(range(r, k))) if k > r else flags
+
+
+def check_sample_weight(sample_weight, y_pred, name: str = "sample_weight"):
+    """Reject ``sample_weight`` that does not fit the per-example losses of ``y_pred``.
+
+    The losses have ``y_pred``'s shape without its class axis. ``sample_weight`` must
+    broadcast to that shape after Keras' own alignment (a trailing 1 dropped, or one added
+    when the losses end in 1), without growing it; e.g. ``[B]``, ``[B, 1]`` or a scalar for
+    ``[B]`` losses. Static sizes are checked at once (eagerly and at trace time, raising
+    ``ValueError`` naming ``name``); sizes known only at run time (TensorFlow graphs) get a
+    graph assertion (skipped with ``losszoo.set_validation(False)``).
+
+    Returns:
+      ``sample_weight`` (a tensor, with the assertion attached when one was needed), or None.
+    """
+    if sample_weight is None:
+        return None
+    sample_weight = ops.convert_to_tensor(sample_weight)
+    scores = ops.convert_to_tensor(y_pred)
+    w_rank, l_rank = static_rank(sample_weight), static_rank(scores)
+    if w_rank is None or l_rank is None:
+        return sample_weight
+    weights, losses = tuple(sample_weight.shape), tuple(scores.shape)[:-1]
+    w_dims, l_dims = list(range(len(weights))), list(range(len(losses)))
+    if len(weights) == len(losses) + 1 and weights[-1] == 1:
+        w_dims = w_dims[:-1]
+    elif len(losses) == len(weights) + 1 and losses[-1] == 1:
+        l_dims = l_dims[:-1]
+    message = (
+        f"`{name}` of shape {weights} does not fit the per-example losses of shape "
+        f"{losses} (`y_pred`'s shape {tuple(scores.shape)} without the class axis)"
+    )
+    if len(w_dims) > len(l_dims):
+        raise ValueError(message + ".")
+    dynamic = []
+    for i, j in zip(reversed(w_dims), reversed(l_dims)):
+        w, n = weights[i], losses[j]
+        if w is None or n is None:
+            dynamic.append((i, j))
+        elif w not in (1, n):
+            raise ValueError(f"{message}: size {w} where the losses have {n}.")
+    if not dynamic or not validation_enabled():
+        return sample_weight
+    w_shape, l_shape = ops.shape(sample_weight), ops.shape(scores)
+    fits = [ops.equal(w_shape[i], 1) | ops.equal(w_shape[i], l_shape[j]) for i, j in dynamic]
+    return _backend.assert_all(ops.stack(fits), message + ".", sample_weight)
+
+
+class SampleWeightCheck:
+    """Mixin for ``keras.losses.Loss`` subclasses: checks ``sample_weight`` by
+    :func:`check_sample_weight` before Keras applies it (put it first in the bases), and
+    rejects label and score forms Keras would fail to convert, or convert with its own less
+    clear message (:func:`losszoo.contract.check_array_form`)."""
+
+    def __call__(self, y_true, y_pred, sample_weight=None):
+        check_array_form(y_true, "y_true")
+        check_array_form(y_pred, "y_pred")
+        sample_weight = check_sample_weight(sample_weight, y_pred)
+        return super().__call__(y_true, y_pred, sample_weight=sample_weight)
+
+
+class OpLoss(SampleWeightCheck, keras.losses.Loss):
+    """A Keras loss over an op ``op(labels, logits, **config)``, as Keras'
+    ``LossFunctionWrapper`` holds a function: the op computes the per-example loss and
+    checks the labels, this class the rest, once for every loss.
+
+    * ``sample_weight`` and the array forms of ``y_true`` / ``y_pred`` are checked
+      (:class:`SampleWeightCheck`);
+    * ``y_pred`` is replaced by the scores :func:`losszoo._logits.scores` finds (attached
+      logits, or the log of a Keras softmax's output), in float32 or float64
+      (:func:`losszoo.contract.to_compute_dtype`), so the loss is float32 under a
+      mixed-precision policy;
+    * the op is called with ``config`` (the loss' own arguments, which are also its
+      ``get_config``, and attributes of the loss) and the argument names ``y_true`` /
+      ``y_pred`` for its error messages.
+
+    A subclass states its ``__init__`` (signature, defaults, checks, docstring) and passes
+    its op and checked arguments here; ``call`` needs no override. ``op_config`` is what
+    reaches the op: ``config`` without ``from_logits`` (a loss-side setting), unless
+    overridden.
+
+    Args:
+      op: ``op(labels, logits, **op_config, labels_name=..., logits_name=...)`` returning the
+        loss per example.
+      reduction, name, dtype: as for any Keras loss.
+      **config: the loss' arguments, serialized by ``get_config``.
+    """
+
+    names = {"labels_name": "y_true", "logits_name": "y_pred"}
+
+    def __init__(self, op, reduction, name, dtype, **config):
+        super().__init__(reduction=reduction, name=name, dtype=dtype)
+        self.op, self._config = op, config
+        for key, value in config.items():
+            setattr(self, key, value)
+        _logits.track_models()
+
+    @property
+    def op_config(self):
+        return {k: v for k, v in self._config.items() if k != "from_logits"}
+
+    def scores(self, y_pred):
+        """The scores the op trains on, in float32 or float64; with ``from_logits=False``
+        (a loss on scores that takes it) ``y_pred`` must carry its logits."""
+        logits = _logits.scores(y_pred, loss_name=type(self).__name__)
+        if logits is y_pred and self._config.get("from_logits", True) is False:
+            raise ValueError(
+                f"{type(self).__name__}(from_logits=False) needs `y_pred` to carry its logits "
+                "(the output of a losszoo head or of Keras' softmax); this `y_pred` has none "
+                "attached. Pass logits with from_logits=True instead."
+            )
+        return to_compute_dtype(logits, "y_pred")[0]
+
+    def call(self, y_true, y_pred):
+        return self.op(y_true, self.scores(y_pred), **self.op_config, **self.names)
+
+    def get_config(self):
+        return {**super().get_config(), **self._config}

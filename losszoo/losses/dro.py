@@ -15,8 +15,7 @@ from keras import ops
 
 from losszoo import _backend, _keras_hooks, contract
 from losszoo.losses import _dro_alpha
-from losszoo.losses._base_loss import per_example_loss
-from losszoo.losses._targets import SampleWeightCheck
+from losszoo.losses._base_loss import SampleWeightCheck, per_example_loss
 from losszoo.ops.dro import distribute
 from losszoo.registry import register
 

@@ -20,29 +20,25 @@ import keras
 from keras import ops as kops
 
 from losszoo import _backend, _keras_hooks, _logits, ops
-from losszoo.contract import check_choice, check_number, dense_labels, to_compute_dtype
-from losszoo.losses._targets import SampleWeightCheck, is_sparse, one_hot_targets
+from losszoo.contract import check_choice, check_number, to_compute_dtype
+from losszoo.losses._base_loss import OpLoss
 from losszoo.ops.possibilistic import ProjectionConfig
 from losszoo.registry import register
 
 
-def _scores(y_pred, from_logits):
-    """Scores: by :func:`losszoo._logits.scores` from logits, else attached logits or the log
-    of the probabilities ``y_pred`` (clipped at 1e-15)."""
-    logits = _logits.scores(y_pred) if from_logits else _logits.attached_logits(y_pred)
-    if logits is not None:
-        y_pred, from_logits = logits, True
-    y_pred, _ = to_compute_dtype(y_pred, "y_pred")
-    if not from_logits:
-        y_pred = kops.log(kops.maximum(y_pred, kops.cast(1e-15, y_pred.dtype)))
-    return y_pred
+class _PossibilisticLoss(OpLoss):
+    """The possibilistic losses' reading of ``y_pred``: by :func:`losszoo._logits.scores`
+    from logits, else attached logits or the log of the probabilities (clipped at 1e-15)."""
 
+    names = {"labels_name": "y_true"}
 
-def _labels(y_true, y_pred):
-    """Dense ``[..., K]`` labels (the op checks their shape); class ids become one-hot rows
-    (all NaN for an invalid id)."""
-    y_true = dense_labels(y_true, "y_true")  # a tf.SparseTensor densified
-    return one_hot_targets(y_true, y_pred, "y_true") if is_sparse(y_true, y_pred) else y_true
+    def scores(self, y_pred):
+        logits = _logits.scores(y_pred) if self.from_logits else _logits.attached_logits(y_pred)
+        y_pred, from_logits = (y_pred, False) if logits is None else (logits, True)
+        y_pred, _ = to_compute_dtype(y_pred, "y_pred")
+        if not from_logits:
+            y_pred = kops.log(kops.maximum(y_pred, kops.cast(1e-15, y_pred.dtype)))
+        return y_pred
 
 
 _STATS = ("mean_cycles", "p90_cycles", "nonconverged")
@@ -54,7 +50,7 @@ _STATS = ("mean_cycles", "p90_cycles", "nonconverged")
     aliases=("possibilistic_kl_projection",),
     description="KL(p*||softmax(z)), p* = KL projection onto a possibility credal set (certified)",
 )
-class PossibilisticProjectionLoss(SampleWeightCheck, keras.losses.Loss):
+class PossibilisticProjectionLoss(_PossibilisticLoss):
     """KL projection loss for possibility-distribution labels (Baaj & Marquis, 2026).
 
     For logits ``z``, ``q = softmax(z)`` and a possibility label ``pi``::
@@ -131,8 +127,7 @@ class PossibilisticProjectionLoss(SampleWeightCheck, keras.losses.Loss):
         name: str = "possibilistic_projection",
         dtype=None,
     ):
-        super().__init__(reduction=reduction, name=name, dtype=dtype)
-        self.config = ProjectionConfig(
+        config = ProjectionConfig(
             tol=tol,
             max_cycles=max_cycles,
             stopping=stopping,
@@ -145,17 +140,17 @@ class PossibilisticProjectionLoss(SampleWeightCheck, keras.losses.Loss):
             q_clip=q_clip,
             method=method,
         )
-        self.projection_config = dataclasses.asdict(self.config)
-        self.from_logits = bool(from_logits)
-        _logits.track_models()
+        fields = dataclasses.asdict(config)
+        op = ops.possibilistic_projection_loss
+        super().__init__(op, reduction, name, dtype, **fields, from_logits=bool(from_logits))
+        self.config, self.projection_config = config, fields
         self._metrics = None  # made on first use of `metrics`
 
     def compute(self, y_true, y_pred):
         """Per-example loss and the projection diagnostics (a ``ProjectionInfo``)."""
-        z = _scores(y_pred, self.from_logits)
-        return ops.possibilistic_projection_loss(
-            _labels(y_true, z), z, self.config, return_info=True, labels_name="y_true"
-        )
+        z = self.scores(y_pred)
+        op = ops.possibilistic_projection_loss  # looked up at each call (tests count it)
+        return op(y_true, z, self.config, return_info=True, **self.names)
 
     def call(self, y_true, y_pred):
         loss, info = self.compute(y_true, y_pred)
@@ -188,9 +183,6 @@ class PossibilisticProjectionLoss(SampleWeightCheck, keras.losses.Loss):
     def diagnostic_metrics(self):
         """The same as :attr:`metrics`."""
         return self.metrics
-
-    def get_config(self):
-        return {**super().get_config(), **self.projection_config, "from_logits": self.from_logits}
 
 
 def _solver_work(info, config):
@@ -289,7 +281,7 @@ class ProjectionDiagnostic(keras.metrics.Metric):
     kind="loss",
     description="KL(pdot(pi)||softmax(z)) with the fixed antipignistic target (paper's Model B)",
 )
-class AntipignisticKLLoss(SampleWeightCheck, keras.losses.Loss):
+class AntipignisticKLLoss(_PossibilisticLoss):
     """KL to the antipignistic probability of a possibility label (the paper's Model B).
 
         loss(z; pi) = KL(pdot(pi) || softmax(z)),
@@ -319,18 +311,9 @@ class AntipignisticKLLoss(SampleWeightCheck, keras.losses.Loss):
         name: str = "antipignistic_kl",
         dtype=None,
     ):
-        super().__init__(reduction=reduction, name=name, dtype=dtype)
-        self.floor = check_number(floor, "floor", low=0.0, high=1.0, high_open=True)
-        self.from_logits = bool(from_logits)
-        _logits.track_models()
-
-    def call(self, y_true, y_pred):
-        z = _scores(y_pred, self.from_logits)
-        labels = _labels(y_true, z)
-        return ops.antipignistic_kl_loss(labels, z, floor=self.floor, labels_name="y_true")
-
-    def get_config(self):
-        return {**super().get_config(), "floor": self.floor, "from_logits": self.from_logits}
+        floor = check_number(floor, "floor", low=0.0, high=1.0, high_open=True)
+        op = ops.antipignistic_kl_loss
+        super().__init__(op, reduction, name, dtype, floor=floor, from_logits=bool(from_logits))
 
 
 @register(
@@ -338,7 +321,7 @@ class AntipignisticKLLoss(SampleWeightCheck, keras.losses.Loss):
     kind="loss",
     description="KL(v/sum(v)||softmax(z)) with vote-count labels (paper's Model C)",
 )
-class VoteKLLoss(SampleWeightCheck, keras.losses.Loss):
+class VoteKLLoss(_PossibilisticLoss):
     """KL to the vote proportions (the paper's Model C): labels are vote counts.
 
         loss(z; v) = KL(v / sum(v) || softmax(z)),   gradient softmax(z) - v / sum(v).
@@ -364,13 +347,5 @@ class VoteKLLoss(SampleWeightCheck, keras.losses.Loss):
         name: str = "vote_kl",
         dtype=None,
     ):
-        super().__init__(reduction=reduction, name=name, dtype=dtype)
-        self.from_logits = bool(from_logits)
-        _logits.track_models()
-
-    def call(self, y_true, y_pred):
-        z = _scores(y_pred, self.from_logits)
-        return ops.vote_kl_loss(_labels(y_true, z), z, labels_name="y_true")
-
-    def get_config(self):
-        return {**super().get_config(), "from_logits": self.from_logits}
+        op = ops.vote_kl_loss
+        super().__init__(op, reduction, name, dtype, from_logits=bool(from_logits))

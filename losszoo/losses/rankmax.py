@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import keras
-
-from losszoo import _logits, ops
-from losszoo.contract import check_choice, to_compute_dtype
-from losszoo.losses._targets import SampleWeightCheck
+from losszoo import ops
+from losszoo.contract import check_choice
+from losszoo.losses._base_loss import OpLoss
 from losszoo.registry import register
 
 # The loss' label formats and the op's reading of each: "auto" is the op's shape-only rule.
@@ -19,7 +17,7 @@ _LABEL_FORMATS = {"auto": "keras", "ids": "ids", "dense": "dense"}
     aliases=("rankmax_loss",),
     description="Rankmax loss (Kong et al. 2020): adaptive-alpha projection onto the (n,k)-simplex",
 )
-class RankmaxLoss(SampleWeightCheck, keras.losses.Loss):
+class RankmaxLoss(OpLoss):
     """Rankmax loss on scores: cross-entropy of the adaptive (n, k)-simplex projection.
 
     For scores ``z`` over n candidates and a positive ``y``, with threshold
@@ -89,31 +87,11 @@ class RankmaxLoss(SampleWeightCheck, keras.losses.Loss):
         name: str = "rankmax_loss",
         dtype=None,
     ):
-        super().__init__(reduction=reduction, name=name, dtype=dtype)
-        self.k, self.margin, self.max_positives = ops.check_rankmax_arguments(
-            k, margin, max_positives
-        )
-        self.label_format = check_choice(label_format, "label_format", tuple(_LABEL_FORMATS))
-        _logits.track_models()
+        k, margin, max_positives = ops.check_rankmax_arguments(k, margin, max_positives)
+        label_format = check_choice(label_format, "label_format", tuple(_LABEL_FORMATS))
+        config = dict(k=k, margin=margin, max_positives=max_positives, label_format=label_format)
+        super().__init__(ops.rankmax_loss, reduction, name, dtype, **config)
 
-    def call(self, y_true, y_pred):
-        y_pred, _ = to_compute_dtype(_logits.scores(y_pred, loss_name="RankmaxLoss"), "y_pred")
-        return ops.rankmax_loss(
-            y_true,
-            y_pred,
-            self.k,
-            self.margin,
-            self.max_positives,
-            _LABEL_FORMATS[self.label_format],
-            labels_name="y_true",
-            logits_name="y_pred",
-        )
-
-    def get_config(self):
-        return {
-            **super().get_config(),
-            "k": self.k,
-            "margin": self.margin,
-            "max_positives": self.max_positives,
-            "label_format": self.label_format,
-        }
+    @property
+    def op_config(self):
+        return {**self._config, "label_format": _LABEL_FORMATS[self.label_format]}

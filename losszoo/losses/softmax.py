@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import keras
-from keras import ops
-
-from losszoo import _logits
-from losszoo.contract import check_bool, check_not_nan, to_compute_dtype
-from losszoo.losses._targets import SampleWeightCheck, target_distribution
+from losszoo import ops
+from losszoo.contract import check_bool
+from losszoo.losses._base_loss import OpLoss
 from losszoo.registry import register
 
 
@@ -17,7 +14,7 @@ from losszoo.registry import register
     aliases=("softmax_ce",),
     description="Softmax cross-entropy on logits (ids or dense targets); -inf = not a candidate",
 )
-class SoftmaxCrossEntropyLoss(SampleWeightCheck, keras.losses.Loss):
+class SoftmaxCrossEntropyLoss(OpLoss):
     """Softmax cross-entropy on logits, with ``-inf`` read as "not a candidate".
 
     For logits ``z`` and a target distribution ``q``:
@@ -31,7 +28,7 @@ class SoftmaxCrossEntropyLoss(SampleWeightCheck, keras.losses.Loss):
     Unlike Keras' ``CategoricalCrossentropy(from_logits=True)``, a ``-inf`` logit of a
     non-target class gives a finite loss (its ``0 * log 0`` term is dropped), so masked
     scores (accidental hits in retrieval) work. Computed in float32 (or float64) even under
-    a mixed-precision policy.
+    a mixed-precision policy. The op: :func:`losszoo.ops.softmax_cross_entropy`.
 
     Bad input (fail-loud contract): ids outside ``[0, K)``, NaN or non-whole ids, NaN/inf or
     negative dense targets and NaN logits raise naming ``y_true`` or ``y_pred`` eagerly and in
@@ -58,20 +55,7 @@ class SoftmaxCrossEntropyLoss(SampleWeightCheck, keras.losses.Loss):
         name: str = "softmax_cross_entropy",
         dtype=None,
     ):
-        super().__init__(reduction=reduction, name=name, dtype=dtype)
-        self.normalize_labels = check_bool(normalize_labels, "normalize_labels")
-        _logits.track_models()
-
-    def call(self, y_true, y_pred):
-        y_pred = _logits.scores(y_pred, loss_name="SoftmaxCrossEntropyLoss")
-        y_pred, _ = to_compute_dtype(y_pred, "y_pred")
-        y_pred = check_not_nan(y_pred, "y_pred")
-        q, has_target = target_distribution(y_true, y_pred, self.normalize_labels)
-        log_p = ops.log_softmax(y_pred, axis=-1)
-        # Only target classes contribute: a -inf logit elsewhere is "not a candidate".
-        # Rows of invalid ids (NaN targets under XLA) are NaN through `has_target`.
-        terms = ops.where(q > 0, q * log_p, ops.zeros_like(log_p))
-        return -ops.sum(terms, axis=-1) * has_target
-
-    def get_config(self):
-        return {**super().get_config(), "normalize_labels": self.normalize_labels}
+        normalize_labels = check_bool(normalize_labels, "normalize_labels")
+        super().__init__(
+            ops.softmax_cross_entropy, reduction, name, dtype, normalize_labels=normalize_labels
+        )

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import keras
-from keras import ops
-
-from losszoo import _backend, _logits
-from losszoo.contract import check_bool, check_static_rank, dense_labels, to_compute_dtype
-from losszoo.losses._targets import SampleWeightCheck, target_distribution
+from losszoo.contract import check_bool
+from losszoo.losses._base_loss import OpLoss
 from losszoo.ops import sparsemax_loss
 from losszoo.registry import register
 
@@ -18,7 +14,7 @@ from losszoo.registry import register
     aliases=("sparsemax_loss",),
     description="Sparsemax loss (Martins & Astudillo 2016): gradient sparsemax(z) - q",
 )
-class SparsemaxLoss(SampleWeightCheck, keras.losses.Loss):
+class SparsemaxLoss(OpLoss):
     """Sparsemax loss on logits, the sparse analogue of softmax cross-entropy.
 
     For logits ``z``, ``p = sparsemax(z)`` with threshold ``tau``, and a target
@@ -84,33 +80,6 @@ class SparsemaxLoss(SampleWeightCheck, keras.losses.Loss):
     ):
         if from_logits is not None and not isinstance(from_logits, bool):
             raise TypeError(f"`from_logits` must be None or a bool, got {from_logits!r}.")
-        super().__init__(reduction=reduction, name=name, dtype=dtype)
-        self.from_logits = from_logits
-        self.normalize_labels = check_bool(normalize_labels, "normalize_labels")
-        _logits.track_models()
-
-    def call(self, y_true, y_pred):
-        logits = _logits.scores(y_pred, loss_name="SparsemaxLoss")
-        if logits is y_pred and self.from_logits is False:
-            raise ValueError(
-                "SparsemaxLoss(from_logits=False) needs `y_pred` to carry its logits (the "
-                "output of a losszoo Sparsemax head or of Keras' softmax); this `y_pred` has "
-                "none attached. Pass logits with from_logits=True instead."
-            )
-        y_pred, _ = to_compute_dtype(logits, "y_pred")
-        check_static_rank(y_pred, 1, "y_pred")
-        y_true = dense_labels(y_true, "y_true")
-        q, has_target = target_distribution(y_true, y_pred, self.normalize_labels)
-        # A row without a target gets loss 0; the kernel needs a distribution there, so it
-        # sees the uniform one over the row's top scores (finite loss, then times 0).
-        top = ops.cast(ops.equal(y_pred, _backend.reduce_max(y_pred, -1, keepdims=True)), q.dtype)
-        stand_in = top / ops.sum(top, -1, keepdims=True)
-        q = ops.where(ops.equal(has_target, 0.0)[..., None], stand_in, q)
-        return sparsemax_loss(q, y_pred, labels_name="y_true") * has_target
-
-    def get_config(self):
-        return {
-            **super().get_config(),
-            "from_logits": self.from_logits,
-            "normalize_labels": self.normalize_labels,
-        }
+        normalize_labels = check_bool(normalize_labels, "normalize_labels")
+        config = dict(from_logits=from_logits, normalize_labels=normalize_labels)
+        super().__init__(sparsemax_loss, reduction, name, dtype, **config)

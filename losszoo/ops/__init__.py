@@ -14,6 +14,7 @@ from losszoo.ops._bcsoftmax import METHODS as bcsoftmax_methods
 from losszoo.ops._bcsoftmax import bcsoftmax
 from losszoo.ops._catalogue import catalogue_loss
 from losszoo.ops._rankmax import check_rankmax_arguments, rankmax, rankmax_loss
+from losszoo.ops._softmax import softmax_cross_entropy
 from losszoo.ops._sparsemax import sparsemax, sparsemax_loss
 from losszoo.ops.dro import (
     cvar_risk,

@@ -37,14 +37,15 @@ Numerics: the maximum is subtracted first (without it float32 loses the support 
 K, spec section 4); ``-inf`` scores get probability 0; ``+inf`` or all ``-inf`` rows give NaN,
 as softmax does. Half-precision inputs are computed in float32 and cast back.
 
-Fail-loud contract (README, "Bad input"): a row holding a NaN or ``+inf`` score, or only
-``-inf``, comes back entirely NaN (output, loss and gradient) in every mode, eager, graph and
-XLA alike, and the other rows are unaffected (folded into the threshold's Newton passes, and
-from 256 chunks on into the chunk maxima, NaN for a chunk holding a NaN or ``+inf``).
-Sparsemax is shift-invariant: offsets of 1e8 give the same output up to float32 rounding of
-the inputs.
-``sparsemax_loss`` also rejects NaN/inf or negative ``labels`` and label rows that do not sum
-to 1 eagerly and in graphs (skipped with ``losszoo.set_validation(False)``); under XLA such a
+Fail-loud contract (README, "Bad input"): logits keep ``contract.LOGITS`` in its cheaper
+form, kept for speed (no host read or extra pass): a row holding a NaN or ``+inf`` score, or
+only ``-inf``, comes back entirely NaN (output, loss and gradient) in every mode, eager,
+graph and XLA alike, and the other rows are unaffected (folded into the threshold's Newton
+passes, and from 256 chunks on into the chunk maxima, NaN for a chunk holding a NaN or
+``+inf``). Sparsemax is shift-invariant: offsets of 1e8 give the same output up to float32
+rounding of the inputs. ``sparsemax_loss`` reads Keras' label forms (ids or dense targets)
+once, and rejects bad ids, NaN/inf or negative ``labels`` and label rows that do not sum to 1
+eagerly and in graphs (skipped with ``losszoo.set_validation(False)``); under XLA such a
 row's loss and gradient are NaN.
 ``axis`` must be an integer.
 """
@@ -71,10 +72,12 @@ from losszoo.contract import (
     check_static_rank,
     dense_labels,
     dtype_name,
+    is_class_ids,
     move_axis_last,
     nan_where,
     shapes_compatible,
     static_rank,
+    target_distribution,
     to_compute_dtype,
 )
 
@@ -289,7 +292,7 @@ def _sparsemax_loss_last_axis(q, z, tol: float, threshold=_threshold):
         # a -inf score with q = 0 contributes 0 rather than NaN.
         margin = ops.where(q > 0, (z - tau) * q, 0.0)
         # Targets breaking TARGETS poison the row: the XLA half of the label check, folded
-        # into the sums (NaN squares; not ~(q >= 0), see losses/_targets).
+        # into the sums (NaN squares; not ~(q >= 0), see contract.NON_NEGATIVE).
         bad = ops.isnan(q) | (q < 0) | ops.equal(q, np.inf)
         square = ops.where(bad, np.nan, q * q)
         loss = ops.sum(0.5 * (p * p + square) - margin, -1)  # one pass
@@ -312,7 +315,15 @@ def _sparsemax_loss_default(q, z, tol: float):
     return _sparsemax_loss_last_axis(q, z, tol)
 
 
-def sparsemax_loss(labels, logits, axis: int = -1, *, labels_name: str = "labels"):
+def sparsemax_loss(
+    labels,
+    logits,
+    axis: int = -1,
+    *,
+    normalize_labels: bool | None = None,
+    labels_name: str = "labels",
+    logits_name: str = "logits",
+):
     """Per-example sparsemax loss ``L(z; q) = 1/2||p||^2 + 1/2||q||^2 - <z - tau, q>``.
 
     ``p = sparsemax(z)``. The gradient with respect to the logits is ``p - q``; the labels
@@ -320,22 +331,33 @@ def sparsemax_loss(labels, logits, axis: int = -1, *, labels_name: str = "labels
     targets that means the true class leads every other by a margin of at least 1.
 
     Args:
-      labels: target distributions ``q`` with the shape of ``logits``: one-hot, soft, or a
-        normalised multi-label vector, dense or (TensorFlow) a ``tf.SparseTensor`` (absent
-        entries are 0; not under ``jit_compile=True``, where XLA cannot densify it).
-        Rows must keep the rule ``contract.TARGETS``: non-negative, summing to 1 within
-        ``sqrt(eps)`` of the coarser of the labels' and the compute dtype (3.5e-4 in float32);
-        the loss is shift-invariant in the logits only then.
-      logits: float tensor of rank >= 1.
+      labels: Keras' label forms, read by shape (:func:`losszoo.contract.is_class_ids`):
+        class ids of shape ``logits.shape[:-1]`` or with a trailing 1 (integer or whole-number
+        floats, ``contract.CLASS_IDS``; one-hot targets), or target distributions ``q`` with
+        the shape of ``logits``: one-hot, soft, or a normalised multi-label vector, dense or
+        (TensorFlow) a ``tf.SparseTensor`` (absent entries are 0; not under
+        ``jit_compile=True``, where XLA cannot densify it). Dense rows must keep
+        ``contract.TARGETS``: non-negative, summing to 1 within ``sqrt(eps)`` of the coarser
+        of the labels' and the compute dtype (3.5e-4 in float32); the loss is
+        shift-invariant in the logits only then.
+      logits: float tensor of rank >= 1. Logits policy: ``contract.LOGITS`` in its cheaper
+        form, kept for speed (no host read, no extra pass): a row holding a NaN or ``+inf``,
+        or only ``-inf``, has a NaN loss and gradient in every mode (folded into the
+        threshold search); it does not raise.
       axis: the class axis.
+      normalize_labels: ``None`` (default): dense rows are distributions as above.
+        ``True`` / ``False`` (what :class:`losszoo.losses.SparsemaxLoss` passes): a dense row
+        without any target (all 0) has loss 0, and the other rows (``NON_NEGATIVE``) are
+        divided by their sum (``True``) or must sum to 1 (``False``).
       labels_name: the name ``labels`` goes by in error messages (``"y_true"`` in a loss).
+      logits_name: the name ``logits`` goes by in error messages (``"y_pred"`` in a loss).
 
     Returns:
       The loss per example: ``logits``' shape without ``axis``, in ``logits``' dtype.
 
     Raises:
       ValueError: naming ``labels`` (or ``labels_name``; eagerly; a graph assertion in a
-        TensorFlow graph) for rows breaking ``contract.TARGETS`` (skipped with
+        TensorFlow graph) for ids or rows breaking their rule (skipped with
         ``losszoo.set_validation(False)``; under XLA those rows' loss and gradient are NaN).
         TypeError for ``tf.RaggedTensor`` labels.
 
@@ -343,17 +365,28 @@ def sparsemax_loss(labels, logits, axis: int = -1, *, labels_name: str = "labels
       >>> keras.ops.convert_to_numpy(losszoo.ops.sparsemax_loss([[0.0, 1.0]], [[0.0, 2.0]]))
       array([0.], dtype=float32)
     """
-    z, dtype, _ = _prepare(logits, axis, "logits")
+    z, dtype, _ = _prepare(logits, axis, logits_name)
     labels = dense_labels(labels, labels_name)
-    q = ops.cast(labels, z.dtype)
-    if static_rank(q) is not None:  # z's rank is known: _prepare moved its axis
-        q_last = move_axis_last(q, axis)[0] if static_rank(q) == len(z.shape) else q
-        if not shapes_compatible(q_last.shape, z.shape):
+    if static_rank(labels) is not None and static_rank(labels) == len(z.shape):
+        labels = move_axis_last(labels, axis)[0]  # z's rank is known: _prepare moved its axis
+    has_target = None
+    if normalize_labels is None and not is_class_ids(labels, z):
+        q = ops.cast(labels, z.dtype)
+        if static_rank(q) is not None and not shapes_compatible(q.shape, z.shape):
             raise ValueError(
                 f"`{labels_name}` must have the shape of `logits` {list(z.shape)} (class axis "
                 f"last), got {list(q.shape)}."
             )
-        q = q_last
-    tol = _sum_tolerance(dtype_name(labels), dtype_name(z))
-    q = TARGETS.check(q, labels_name, tol)
-    return ops.cast(_sparsemax_loss_default(q, z, tol), dtype)
+        tol = _sum_tolerance(dtype_name(labels), dtype_name(z))
+        q = TARGETS.check(q, labels_name, tol)
+    else:
+        q, has_target = target_distribution(labels, z, bool(normalize_labels), labels_name)
+        tol = _sum_tolerance(dtype_name(z), dtype_name(z))
+        # A row without a target gets loss 0; the kernel needs a distribution there, so it
+        # sees the uniform one over the row's top scores (finite loss, then times 0).
+        top = ops.cast(ops.equal(z, reduce_max(z, -1, keepdims=True)), q.dtype)
+        q = ops.where(ops.equal(has_target, 0.0)[..., None], top / ops.sum(top, -1, True), q)
+        if normalize_labels is False and not is_class_ids(labels, z):
+            q = TARGETS.check(q, labels_name, tol)
+    loss = _sparsemax_loss_default(q, z, tol)
+    return ops.cast(loss if has_target is None else loss * has_target, dtype)

@@ -3,7 +3,9 @@
 Model A (:func:`possibilistic_projection_loss`): ``t = p*``, the projection of ``softmax(z)``
 held fixed (Danskin: the exact gradient, spec 4); Model B: the antipignistic target; Model
 C: vote proportions. Every op takes ``(labels, logits, ...)`` and returns the loss per
-example. Contract rules: ``LOGITS``, ``POSSIBILITY`` and ``VOTES`` (:mod:`losszoo.contract`);
+example; labels may also be class ids (Keras' sparse form, one-hot rows). Contract rules:
+``LOGITS`` (checked: raises, NaN rows where it cannot), ``CLASS_IDS``, ``POSSIBILITY`` and
+``VOTES`` (:mod:`losszoo.contract`);
 invalid rows give a NaN loss where no error can be raised (XLA, ``jax.jit``). Float64
 inside: on JAX it needs ``jax_enable_x64``.
 """
@@ -15,13 +17,34 @@ from keras import ops
 
 from losszoo import _backend
 from losszoo._backend import maximum, no_autograph
-from losszoo.contract import LOGITS, POSSIBILITY, VOTES, check_number, nan_where, row_has_nan
+from losszoo.contract import (
+    LOGITS,
+    POSSIBILITY,
+    VOTES,
+    check_number,
+    dense_labels,
+    is_class_ids,
+    nan_where,
+    one_hot_targets,
+    row_has_nan,
+    static_rank,
+)
 from losszoo.ops.possibilistic._config import F64, ProjectionConfig, _0, resolve_config
 from losszoo.ops.possibilistic._constraints import _antipignistic_2d
 from losszoo.ops.possibilistic._inputs import prepare
 from losszoo.ops.possibilistic._projection import finish_info, projection_from_z
 
 _LOG_Q_CLIP = np.log(1e-15)
+
+
+def _keras_labels(labels, logits, name):
+    """Keras' label forms: class ids ``[...]`` / ``[..., 1]`` become one-hot rows (all NaN for
+    an id breaking ``CLASS_IDS``, which raises first where it can); dense labels (a
+    ``tf.SparseTensor`` densified) pass as they are."""
+    labels, logits = dense_labels(labels, name), ops.convert_to_tensor(logits)
+    if static_rank(labels) is None or static_rank(logits) is None:  # dense, as before
+        return labels
+    return one_hot_targets(labels, logits, name) if is_class_ids(labels, logits) else labels
 
 
 @_backend.custom_gradient
@@ -70,7 +93,8 @@ def possibilistic_projection_loss(
 
     Args:
       labels: ``[..., K]`` possibility distributions ``pi``; rows must keep
-        ``contract.POSSIBILITY`` (values in ``[0, 1]``, maximum 1).
+        ``contract.POSSIBILITY`` (values in ``[0, 1]``, maximum 1). Class ids (``[...]`` or
+        ``[..., 1]``, Keras' sparse form) are one-hot ``pi``.
       logits: ``[..., K]`` logits (float16/bfloat16/float32/float64); rows must keep
         ``contract.LOGITS``.
       config: a :class:`ProjectionConfig`; default ``ProjectionConfig()``.
@@ -92,6 +116,7 @@ def possibilistic_projection_loss(
       >>> loss = possibilistic_projection_loss([[0.3, 1.0, 0.2]], [[2.0, 0.0, -1.0]])
     """
     cfg = resolve_config(config, options)
+    labels = _keras_labels(labels, logits, labels_name)
     z64, pi64, restore, dtype = prepare(
         "possibilistic_projection", logits, labels, labels_name, POSSIBILITY
     )
@@ -114,7 +139,7 @@ def antipignistic_kl_loss(labels, logits, floor: float = 0.0, *, labels_name: st
 
     Args:
       labels: ``[..., K]`` possibility distributions; rows must keep
-        ``contract.POSSIBILITY``.
+        ``contract.POSSIBILITY``. Class ids (``[...]`` or ``[..., 1]``) are one-hot.
       logits: ``[..., K]`` logits; rows must keep ``contract.LOGITS``.
       floor: floor applied to the normalised ``pi`` before the transform, in ``[0, 1)``.
       labels_name: the name ``labels`` goes by in error messages.
@@ -141,7 +166,7 @@ def vote_kl_loss(labels, logits, *, labels_name: str = "labels"):
 
     Args:
       labels: ``[..., K]`` vote counts (any scale); rows must keep ``VOTES`` (finite,
-        non-negative, a positive sum).
+        non-negative, a positive sum). Class ids (``[...]`` or ``[..., 1]``) are one vote.
       logits: ``[..., K]`` logits; rows must keep ``contract.LOGITS``.
       labels_name: the name ``labels`` goes by in error messages.
 
@@ -168,6 +193,7 @@ def _fixed_target_kl(op, logits, labels, labels_name, rule, make_target):
     ``make_target(labels [N, K] float64) -> t``; rows breaking ``rule`` or
     ``LOGITS`` get a NaN loss. Shared by the paper's fixed-target baselines (Models B, C).
     """
+    labels = _keras_labels(labels, logits, labels_name)
     z64, y64, restore, dtype = prepare(op, logits, labels, labels_name, rule, static_k=False)
     target = make_target(y64)
     invalid = rule.invalid(y64) | LOGITS.invalid(z64)
