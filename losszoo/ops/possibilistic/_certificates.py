@@ -83,14 +83,14 @@ def _fold(op, x):
     return out
 
 
-def _chain_dual_violation_and_gap(red, xm, lams):
-    """:func:`_chain_violation_and_gap` of the dual point itself (log block masses ``xm``)."""
+def _dual_slacks(red, xm):
+    """Block masses [K, B] and stacked constraint values [3, K-1, B] of the dual point (log
+    block masses ``xm``), for :func:`_chain_violation_and_gap`."""
     m = ops.where(red["real"], ops.exp(xm), 0.0)
     tail = _rcumsum(m, exclusive=True)[:-1]
     v = m / red["w"]
     sh = v[:-1] - v[1:]
-    slacks = ops.stack([red["c"] - tail, sh - red["lo"], red["up"] - sh])
-    return _chain_violation_and_gap(red, m, slacks, xm, lams)
+    return m, ops.stack([red["c"] - tail, sh - red["lo"], red["up"] - sh])
 
 
 def _chain_violation_and_gap(red, m, slacks, xm, lams):

@@ -96,8 +96,8 @@ def _project_2d(lq_full, cons: PossibilityConstraints, cfg: ProjectionConfig, ji
     tol = ops.convert_to_tensor(cfg.tol, F64)
     gap_tol = ops.convert_to_tensor(cfg.gap_tol, F64)
 
-    def dykstra(rows, stopping_code, lam_init=None, compact=True):
-        """Certified / paper / fixed Dykstra on ``rows``: ``(x, lam, cycles)``."""
+    def dykstra(rows, stopping_code, lam_init=None, finish=False):
+        """Certified / paper / fixed Dykstra on ``rows``: ``(x, lam, cycles, (V, gap))``."""
         return (DYKSTRA_JIT if jit else dykstra_core)(
             tm(lq),
             cst,
@@ -107,53 +107,64 @@ def _project_2d(lq_full, cons: PossibilityConstraints, cfg: ProjectionConfig, ji
             ops.convert_to_tensor(cfg.max_cycles, "int32"),
             ops.convert_to_tensor(stopping_code, "int32"),
             lam_init,
-            compact=compact,
+            finish=finish,
         )
+
+    # Short-circuits: no strict drop -> uniform on the support; n <= 1 or invalid -> q.
+    uniform = ops.where(in_support, 1.0 / ops.cast(maximum(n, 1), F64)[:, None], 0.0)
+    trivial = ops.where((valid & (n >= 2) & ~has_strict)[:, None], uniform, ops.exp(lq))
+    x_trivial = tm(ops.log(trivial))
+    zero_lam = ops.zeros_like(ops.stack([cst["lo"]] * 3))
+
+    def certificates(points, lams, lqs):
+        """(V, gap) of several candidates [K, B] each in one certificate on [K, n B]: one
+        copy of its program instead of one per candidate (uniform / q rows are exact by
+        construction: they get ``lam = 0`` and ``log q`` = the point itself)."""
+        cat = ops.concatenate
+        cst_n = {key: cat([val] * len(points), 1) for key, val in cst.items()}
+        lam_n = cat(lams, 2)
+        v, gap = _violation_and_gap(cat(points, 1), *ops.unstack(lam_n), cst_n, lq=cat(lqs, 1))
+        return ops.split(v, len(points)), ops.split(gap, len(points))
 
     if cfg.solver == "interior_point":
         x_primal, x_dual, lam, iterations = (IPM_JIT if jit else _ipm_solve)(
             lq, cons, run, tol, gap_tol
         )
         # The dual point when it certifies (exact on degenerate rows, where the primal
-        # converges like sqrt(mu)), else the primal iterate when it does.
-        certified = []
-        for cand in (x_dual, x_primal):
-            v0, gap0 = _violation_and_gap(cand, lam[0], lam[1], lam[2], cst, lq=tm(lq))
-            certified.append((v0 <= cfg.tol) & (ops.abs(gap0) <= cfg.gap_tol))
-        x = ops.where(certified[0][None, :], x_dual, x_primal)
+        # converges like sqrt(mu)), else the primal iterate when it does; the certificate of
+        # the trivial rows' point in the same call.
+        (v_d, v_p, v_t), (gap_d, gap_p, gap_t) = certificates(
+            [x_dual, x_primal, x_trivial], [lam, lam, zero_lam], [tm(lq), tm(lq), x_trivial]
+        )
+        dual_ok = (v_d <= cfg.tol) & (ops.abs(gap_d) <= cfg.gap_tol)
+        primal_ok = (v_p <= cfg.tol) & (ops.abs(gap_p) <= cfg.gap_tol)
+        x = ops.where(dual_ok[None, :], x_dual, x_primal)
+        v = ops.where(run, ops.where(dual_ok, v_d, v_p), v_t)
+        gap = ops.where(run, ops.where(dual_ok, gap_d, gap_p), gap_t)
         # Rows neither certifies (float64 exhausted near the solution) are finished by
         # certified Dykstra warm-started from the interior-point multipliers.
-        finish = run & ~(certified[0] | certified[1])
+        finish = run & ~(dual_ok | primal_ok)
 
         def dykstra_finish():
-            x2, lam2, cycles = dykstra(finish, 1, tuple(ops.unstack(lam)), compact=False)
+            x2, lam2, cycles, (v2, gap2) = dykstra(finish, 1, tuple(ops.unstack(lam)), True)
             return (
                 ops.where(finish[None, :], x2, x),
                 ops.where(finish[None, None, :], lam2, lam),
                 cycles,
+                ops.where(finish, v2, v),
+                ops.where(finish, gap2, gap),
             )
 
-        x, lam, cycles = ops.cond(
-            ops.any(finish), dykstra_finish, lambda: (x, lam, ops.zeros([batch], "int32"))
+        x, lam, cycles, v, gap = ops.cond(
+            ops.any(finish), dykstra_finish, lambda: (x, lam, ops.zeros([batch], "int32"), v, gap)
         )
     else:
-        x, lam, cycles = dykstra(run, STOPPING_CODE[cfg.stopping])
+        x, lam, cycles, _ = dykstra(run, STOPPING_CODE[cfg.stopping])
         iterations = cycles
-    # Short-circuits: no strict drop -> uniform on the support; n <= 1 or invalid -> q.
-    uniform = ops.where(in_support, 1.0 / ops.cast(maximum(n, 1), F64)[:, None], 0.0)
-    p_sorted = ops.where(run[:, None], ops.exp(tm(x)), ops.exp(lq))
-    p_sorted = ops.where((valid & (n >= 2) & ~has_strict)[:, None], uniform, p_sorted)
+        (v, v_t), (gap, gap_t) = certificates([x, x_trivial], [lam, zero_lam], [tm(lq), x_trivial])
+        v, gap = ops.where(run, v, v_t), ops.where(run, gap, gap_t)
+    p_sorted = ops.where(run[:, None], ops.exp(tm(x)), trivial)
     lam = ops.where(run[None, None, :], lam, ops.zeros_like(lam))  # [3, m1, B]
-    # Diagnostics of the returned point (uniform / q rows included: they are exact by
-    # construction, so only the projected rows get the KL(p || p(lam)) term of the gap).
-    v, gap = _violation_and_gap(
-        tm(ops.log(p_sorted)),
-        lam[0],
-        lam[1],
-        lam[2],
-        cst,
-        lq=ops.where(run[None, :], tm(lq), ops.log(tm(p_sorted))),
-    )
     converged = v <= cfg.tol
     if cfg.stopping != "paper":
         converged = converged & (ops.abs(gap) <= cfg.gap_tol)
