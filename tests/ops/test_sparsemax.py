@@ -146,6 +146,9 @@ def _chunk_data(shape):
     return z, ref_sparsemax(flat).reshape(shape)
 
 
+# TensorFlow's graph mode of the two tests below runs in test_sparsemax_tensorflow.py, traced
+# with a None batch (which also covers the known-shape graph): one graph trace less per case.
+UNSHAPED_MODES = tuple(m for m in MODES if m != "graph")
 CHUNK_SHAPES = [(1024,), (3, 1024), (2, 3, 512), (5, 96), (4, 1000)]
 
 
@@ -155,7 +158,7 @@ def test_chunked_start_with_ties_and_masked_chunks(shape):
     scores, whole chunks of -inf and a tie inside the support, in every mode: the same as the
     sort-based reference."""
     z, want = _chunk_data(shape)
-    for mode in MODES:
+    for mode in UNSHAPED_MODES:
         got = numpy(compiled(ops.sparsemax, mode)(z))
         np.testing.assert_allclose(got, want, atol=1e-6, err_msg=mode)
 
@@ -370,7 +373,7 @@ def test_candidate_chunks_and_full_search_fallback(num_classes):
 
     u = upstream((4, num_classes + 1))
     want_g = sparsemax_vjp(p_want, u[:3, :-1]) + u[:3, -1:] * (p_want - q[:3])
-    for mode in MODES:
+    for mode in UNSHAPED_MODES:
         out, (g,) = value_and_grad(both, z, q, mode=mode)
         np.testing.assert_allclose(out[:3, :-1], p_want, atol=1e-6, err_msg=mode)
         np.testing.assert_allclose(out[:3, -1], loss_want, rtol=1e-5, atol=1e-6, err_msg=mode)

@@ -29,6 +29,8 @@ def test_chunked_start_with_an_unknown_batch():
 
 @pytest.mark.parametrize("num_classes", [32768, 1_000_000])
 def test_candidate_chunks_with_an_unknown_batch(num_classes):
+    """test_sparsemax's candidate-chunk batch in a graph traced with a None batch: values,
+    the loss and its gradient ``p - q`` (the graph mode of that test)."""
     z, q, p_want, loss_want = candidate_chunk_data(num_classes)
 
     @tf.function(input_signature=[tf.TensorSpec([None, num_classes])] * 2)
