@@ -405,8 +405,10 @@ def _one_hot_ids(w):
     digits = [ops.ones_like(col)] + [(col // 256**j) % 256 for j in range(3)]
     sums = _backend.matmul(w, ops.cast(ops.stack(digits, axis=1), w.dtype))  # [N, 4]: S, I_0..I_2
     q = _backend.divide_no_nan(sums[:, 1:], sums[:, :1])
-    # Comparisons are false for NaN: such digits (and out-of-range ones) read 0.
-    q = ops.where((q >= 0) & (q <= 255), ops.round(q), 0.0)
+    # Comparisons are false for NaN: such digits (and out-of-range ones) read 0. The range is
+    # the digits' rounding range: XLA:CPU divides as a multiply by the reciprocal, so
+    # 1785 / 7 is 255.00002 there.
+    q = ops.where((q >= -0.5) & (q < 255.5), ops.round(q), 0.0)
     y = q[:, :1] + 256 * q[:, 1:2] + 256**2 * q[:, 2:]  # exact: an integer below 2^24
     return ops.cast(y, "int32")
 

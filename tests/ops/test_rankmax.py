@@ -141,13 +141,6 @@ def test_dense_fast_path_rejects_rows_that_only_look_one_hot(mode):
     assert 0 < _ref_rows(z, [[(0, 1.0), (2, 1e-30)]], 1)[0][0] < 1e-29
 
 
-@pytest.mark.xfail(
-    BACKEND == "jax",
-    strict=True,
-    reason="JAX (XLA:CPU) divides as a multiply by the reciprocal: 1785 / 7 = 255.00002 > 255, "
-    "so _one_hot_ids reads digit 255 with weight 7 as 0 (index 65535 -> 0); the row then takes "
-    "the exact path (loss unchanged, fast path lost)",
-)
 def test_one_hot_index_is_read_exactly():
     """The fast path's index reading (base-256 digits of sum(i w) / sum(w)) returns the
     positive for any weight and any index below 2^24, so one-hot batches do take it."""
