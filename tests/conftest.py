@@ -51,6 +51,14 @@ if BACKEND == "tensorflow":
 
 import keras  # noqa: E402
 
+if BACKEND == "torch" and os.environ.get("PYTEST_XDIST_WORKER"):
+    # Two pytest-xdist workers share the cores: PyTorch's OpenMP pool of one thread per core
+    # in each worker oversubscribes them, and its spinning threads then wait on each other
+    # (seen in session 13: 1,549 s for what took 16 s alone). The tests' tensors are small.
+    import torch
+
+    torch.set_num_threads(1)
+
 
 def pytest_configure(config):
     config.addinivalue_line(
