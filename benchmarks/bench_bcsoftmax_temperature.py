@@ -5,7 +5,7 @@ Rows: fwd+bwd of ``sum(bcsoftmax(x, lower=0.2/K, upper=0.1, temperature=T) * sin
 with respect to ``x``, for T in {10, 1, 0.1, 0.05} at 128x1024, 1024x4096 and 128x32768, with
 ``x ~ N(0, 3)`` (``--scale``; the paper's runtime-study scale, as in ``bench_bcsoftmax.py``).
 Anchor: ``softmax(x / T)`` weighted the same way. The old kernel is
-``losszoo/ops/_bcsoftmax.py`` of git revision ``--old`` (default ``HEAD``), loaded as a module
+``losszoo/ops/_bcsoftmax`` of git revision ``--old`` (default ``HEAD``), loaded as a module
 of its own beside the working tree's kernel; both are timed in the same process and compiled
 the same way (TensorFlow ``jit_compile=True``, or ``jax.jit`` with ``KERAS_BACKEND=jax``).
 Each round times old, new and softmax one after another (the order rotates between rounds)
@@ -47,16 +47,31 @@ TEMPERATURES = (10.0, 1.0, 0.1, 0.05)
 
 
 def load_old(rev: str):
-    """``losszoo/ops/_bcsoftmax.py`` of ``rev`` as the module ``losszoo.ops._bcsoftmax_old``."""
-    text = subprocess.run(
-        ["git", "-C", str(HERE.parent), "show", f"{rev}:losszoo/ops/_bcsoftmax.py"],
+    """The BCSoftmax kernel of ``rev`` as the module ``losszoo.ops._bcsoftmax_old``: the file
+    ``losszoo/ops/_bcsoftmax.py`` (before the split) or the package ``losszoo/ops/_bcsoftmax/``
+    (its modules import each other relatively, so the old copy keeps to itself)."""
+    root = pathlib.Path(tempfile.mkdtemp(prefix="bcsoftmax_old_"))
+    listing = subprocess.run(
+        ["git", "-C", str(HERE.parent), "ls-tree", "--name-only", rev, "losszoo/ops/_bcsoftmax/"],
         check=True,
         capture_output=True,
         text=True,
-    ).stdout
-    path = pathlib.Path(tempfile.mkdtemp(prefix="bcsoftmax_old_")) / "_bcsoftmax_old.py"
-    path.write_text(text)
-    spec = importlib.util.spec_from_file_location("losszoo.ops._bcsoftmax_old", path)
+    ).stdout.split()
+    files = listing or ["losszoo/ops/_bcsoftmax.py"]
+    for name in files:
+        text = subprocess.run(
+            ["git", "-C", str(HERE.parent), "show", f"{rev}:{name}"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        (root / pathlib.Path(name).name).write_text(text)
+    if listing:
+        init, search = root / "__init__.py", [str(root)]
+    else:
+        init, search = root / "_bcsoftmax.py", None
+    name = "losszoo.ops._bcsoftmax_old"
+    spec = importlib.util.spec_from_file_location(name, init, submodule_search_locations=search)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)

@@ -32,6 +32,10 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 METHODS = ("sparsemax", "rankmax", "bcsoftmax", "possibilistic", "safe_kl_dro", "softmax_ce")
+# bcsoftmax with no bounds is a softmax; these rows have a box (lower 0.02, upper 0.3): at T = 1
+# (the safeguarded Newton solver) and at T = 0.1 (the upper-set candidates, issue 33 item 1).
+BCSOFTMAX_BOX = {"bcsoftmax_box": 1.0, "bcsoftmax_box_t0.1": 0.1}
+METHODS += tuple(BCSOFTMAX_BOX)
 B, K, D = 32, 10, 16
 
 
@@ -56,8 +60,9 @@ def _loss_and_head(method):
 
     import losszoo
 
-    if method == "bcsoftmax":
-        head = losszoo.get("bcsoftmax", kind="head")
+    if method == "bcsoftmax" or method in BCSOFTMAX_BOX:
+        box = {"lower": 0.02, "upper": 0.3, "temperature": BCSOFTMAX_BOX[method]}
+        head = losszoo.get("bcsoftmax", kind="head", **(box if method in BCSOFTMAX_BOX else {}))
         return keras.losses.SparseCategoricalCrossentropy(from_logits=False), head
     name = {
         "possibilistic": "possibilistic_projection",
