@@ -3,30 +3,20 @@
 from __future__ import annotations
 
 import functools
-import json
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-import losszoo
 from tests.contract import assert_nests_close, weighted_output_sum  # noqa: F401 (one copy)
+from tests.harness import (  # noqa: F401 (one copy: the backend-neutral versions)
+    assert_config_roundtrip,
+    assert_fit_smoke,
+    assert_mixed_precision,
+    classification_data,
+    small_mlp,
+)
 from tests.references import REPO_ROOT, SPECS_DIR, load_reference  # noqa: F401
-
-
-def classification_data(n=256, k=6, d=10, seed=0):
-    """Features ``[n, d]`` and class ids ``[n]`` from a random linear teacher (learnable)."""
-    r = np.random.default_rng(seed)
-    x = r.normal(size=(n, d)).astype(np.float32)
-    y = np.argmax(x @ r.normal(size=(d, k)), axis=1)
-    return x, y
-
-
-def small_mlp(k=6, d=10):
-    """A tiny MLP emitting ``k`` logits, for training smoke, precision and distribution checks."""
-    return keras.Sequential(
-        [keras.Input((d,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(k)]
-    )
 
 
 def _as_float64(args):
@@ -136,71 +126,10 @@ def assert_xla_matches_eager(f, *args, atol=1e-6, rtol=1e-6, grad_wrt=(0,)):
     assert_nests_close(compiled, eager, atol=atol, rtol=rtol, err_msg="XLA differs from eager")
 
 
-def _registered_entry(obj):
-    for entry in losszoo.entries():
-        if entry.cls is type(obj):
-            return entry
-    return None
-
-
-def assert_config_roundtrip(obj):
-    """``get_config``/``from_config``, Keras (de)serialization via JSON, and the registry name."""
-    config = obj.get_config()
-    clone = type(obj).from_config(config)
-    assert clone.get_config() == config, "from_config(get_config()) changed the config"
-
-    serialized = json.loads(json.dumps(keras.saving.serialize_keras_object(obj)))
-    restored = keras.saving.deserialize_keras_object(serialized)
-    assert type(restored) is type(obj), f"deserialized as {type(restored)}"
-    assert restored.get_config() == config, "Keras serialization changed the config"
-
-    entry = _registered_entry(obj)
-    assert entry is not None, f"{type(obj).__name__} is not registered in losszoo"
-    by_name = losszoo.get_class(entry.name, entry.kind).from_config(config)
-    assert by_name.get_config() == config
-    return restored
-
-
-def assert_fit_smoke(model, x, y, epochs=3, **fit_kwargs):
-    """``model.fit`` runs with finite losses that go down; returns the History."""
-    fit_kwargs.setdefault("verbose", 0)
-    history = model.fit(x, y, epochs=epochs, **fit_kwargs)
-    losses = np.asarray(history.history["loss"])
-    assert np.all(np.isfinite(losses)), f"non-finite training loss: {losses}"
-    assert losses[-1] < losses[0], f"training loss did not decrease: {losses}"
-    return history
-
-
 def _fresh_loss(loss):
     if isinstance(loss, keras.losses.Loss):
         return type(loss).from_config(loss.get_config())
     return loss
-
-
-def assert_mixed_precision(build_model, x, y, loss, epochs=2, batch_size=32):
-    """Under ``mixed_float16`` the model trains with finite losses; float32 where it matters.
-
-    Returns ``(model, history)``. Checks that the loss value is float32 and that the
-    model's outputs are float32 when its last layer is a losszoo head.
-    """
-    previous = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy("mixed_float16")
-    try:
-        model = build_model()
-        compiled_loss = _fresh_loss(loss)
-        model.compile(optimizer=keras.optimizers.Adam(1e-2), loss=compiled_loss)
-        history = model.fit(x, y, epochs=epochs, batch_size=batch_size, verbose=0)
-        assert np.all(np.isfinite(history.history["loss"])), history.history
-        loss_obj = keras.losses.get(compiled_loss) if not callable(compiled_loss) else compiled_loss
-        preds = model(x[:8])
-        value = loss_obj(y[:8], preds) if isinstance(loss_obj, keras.losses.Loss) else None
-        if value is not None:
-            assert value.dtype == tf.float32, f"loss computed in {value.dtype}"
-        if type(model.layers[-1]).__module__.startswith("losszoo."):
-            assert preds.dtype == tf.float32, f"head output in {preds.dtype}"
-        return model, history
-    finally:
-        keras.mixed_precision.set_global_policy(previous)
 
 
 @functools.cache

@@ -8,8 +8,7 @@ from scipy.special import softmax as np_softmax
 
 import losszoo
 from losszoo.heads import BCSoftmax
-from tests.harness import numpy
-from tests.model_checks import assert_config_roundtrip, assert_fit_smoke, assert_mixed_precision
+from tests.harness import assert_config_roundtrip, assert_fit_smoke, assert_mixed_precision, numpy
 from tests.references import load_reference
 
 REF = load_reference("bcsoftmax")

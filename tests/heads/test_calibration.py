@@ -7,8 +7,7 @@ import pytest
 from scipy.special import softmax as np_softmax
 
 from losszoo.heads import LogitBounding, ProbabilityBounding, TemperatureScaling
-from tests.harness import numpy
-from tests.model_checks import assert_config_roundtrip, assert_mixed_precision
+from tests.harness import assert_config_roundtrip, assert_mixed_precision, numpy
 from tests.references import load_reference
 
 REF = load_reference("bcsoftmax")
