@@ -110,6 +110,59 @@ def _trainer(cls, config, shapes, learning_rate, epsilon):
     return layer, model, state, [np.array(v.numpy()) for v in state]
 
 
+_SQUASHES = ("softmax", "sigmoid")
+
+
+@keras.saving.register_keras_serializable(package="losszoo")
+class _PreActivation(keras.layers.Layer):
+    """``layer`` (a Keras layer with an ``activation``, e.g. ``Dense(K, activation="softmax")``)
+    without its activation: its logits, computed with its own weights."""
+
+    def __init__(self, layer, **kwargs):
+        super().__init__(**kwargs)
+        if isinstance(layer, dict):
+            layer = keras.saving.deserialize_keras_object(layer)
+        self.inner = layer
+
+    def build(self, input_shape):
+        if not self.inner.built:
+            self.inner.build(input_shape)
+
+    def get_config(self):
+        return {**super().get_config(), "layer": keras.saving.serialize_keras_object(self.inner)}
+
+    def compute_output_shape(self, input_shape):
+        return self.inner.compute_output_shape(input_shape)
+
+    def call(self, inputs):
+        squash, self.inner.activation = self.inner.activation, keras.activations.linear
+        try:
+            return self.inner.call(inputs)
+        finally:
+            self.inner.activation = squash
+
+
+def _preactivation(output):
+    """The logits tensor behind a functional model's ``output`` where the backend cannot attach
+    them to its arrays (JAX: Keras' softmax sets ``_keras_logits`` on TensorFlow and PyTorch
+    tensors only), read from the graph: the input of a final ``Softmax`` / ``Activation``
+    layer, or the final layer without its softmax / sigmoid. ``None`` elsewhere."""
+    if _backend.NAME != "jax":
+        return None
+    layer, node_index, _ = getattr(output, "_keras_history", (None, 0, 0))
+    if layer is None:
+        return None
+    inputs = layer._inbound_nodes[node_index].input_tensors
+    if isinstance(layer, keras.layers.Softmax) or (
+        isinstance(layer, keras.layers.Activation)
+        and getattr(layer.activation, "__name__", "") in _SQUASHES
+    ):
+        return inputs[0]
+    if getattr(getattr(layer, "activation", None), "__name__", "") in _SQUASHES:
+        return _PreActivation(layer, name="pre_activation")(inputs[0])
+    return None
+
+
 # Logits (and features) extractors per base model, so that fitting several calibrators on one
 # model reuses the extractor's traced predict function.
 _EXTRACTORS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -120,7 +173,9 @@ def _extractor(base, needs, features_layer):
     key = (needs, features_layer)
     cached = _EXTRACTORS.setdefault(base, {})
     if key not in cached:
-        logits_t = AttachedLogits(name="attached_logits")(base.outputs[0])
+        logits_t = _preactivation(base.outputs[0])
+        if logits_t is None:
+            logits_t = AttachedLogits(name="attached_logits")(base.outputs[0])
         feats_t = None
         if needs:
             feats_t = (

@@ -106,7 +106,7 @@ def _checked_base(fn, takes_logits, sparse_ids):
         if takes_logits:  # "shift": the loss is invariant to a per-row shift of the logits
             y_pred = _logits.scores(y_pred, takes_logits == "shift", "this `base_loss`")
         if sparse_ids:
-            ids, invalid = class_ids_and_invalid(y_true, ops.convert_to_tensor(y_pred))
+            ids, invalid = class_ids_and_invalid(y_true, ops.convert_to_tensor(y_pred), "y_true")
             return nan_where(invalid, fn(ids, y_pred))
         y_true = ops.convert_to_tensor(y_true)
         if not is_floating(y_true):
