@@ -135,7 +135,7 @@ def _output_layer(y_pred):
         index = [i for i, p in enumerate(predictions) if p is y_pred]
         if len(index) == 1 and len(predictions) == len(outputs):
             outputs = [outputs[index[0]]]
-        elif any(_needs_logits(*_making_layer(o)) for o in outputs):
+        elif any(_needs_logits(*making_layer(o)) for o in outputs):
             raise ValueError(
                 f"The model {model.name!r} has {len(outputs)} outputs, one of them made by "
                 "a softmax, a sigmoid or a losszoo head, and the loss was given an output "
@@ -144,10 +144,10 @@ def _output_layer(y_pred):
             )
         else:
             return None, None
-    return _making_layer(outputs[0]) if outputs else (None, None)
+    return making_layer(outputs[0]) if outputs else (None, None)
 
 
-def _making_layer(output):
+def making_layer(output):
     """``(layer, rank)``: the layer that makes the symbolic ``output``, through nested
     models."""
     while True:

@@ -11,7 +11,7 @@ import numpy as np
 from keras import ops
 
 from losszoo import _backend, registry
-from losszoo._logits import attached_logits
+from losszoo._logits import attached_logits, making_layer
 from losszoo.calibration.metrics import _class_ids
 from losszoo.contract import LOGITS, check_finite, check_number, validation
 from losszoo.heads.calibration import LogitBounding, ProbabilityBounding, TemperatureScaling
@@ -110,9 +110,6 @@ def _trainer(cls, config, shapes, learning_rate, epsilon):
     return layer, model, state, [np.array(v.numpy()) for v in state]
 
 
-_SQUASHES = ("softmax", "sigmoid")
-
-
 @keras.saving.register_keras_serializable(package="losszoo")
 class _PreActivation(keras.layers.Layer):
     """``layer`` (a Keras layer with an ``activation``, e.g. ``Dense(K, activation="softmax")``)
@@ -142,24 +139,28 @@ class _PreActivation(keras.layers.Layer):
             self.inner.activation = squash
 
 
-def _preactivation(output):
-    """The logits tensor behind a functional model's ``output`` where the backend cannot attach
-    them to its arrays (JAX: Keras' softmax sets ``_keras_logits`` on TensorFlow and PyTorch
-    tensors only), read from the graph: the input of a final ``Softmax`` / ``Activation``
-    layer, or the final layer without its softmax / sigmoid. ``None`` elsewhere."""
+def _preactivation(base):
+    """The logits tensor behind ``base``'s output where the backend cannot attach them to its
+    arrays (JAX: Keras' softmax sets ``_keras_logits`` on TensorFlow and PyTorch tensors
+    only), read from the graph: the input of a final ``Softmax`` / ``Activation`` layer, or the
+    final layer without its softmax / sigmoid. ``None`` elsewhere (other backends, a final
+    layer called more than once or inside a nested model: the attached-logits rule applies)."""
     if _backend.NAME != "jax":
         return None
-    layer, node_index, _ = getattr(output, "_keras_history", (None, 0, 0))
-    if layer is None:
+    layer, _ = making_layer(base.outputs[0])
+    if layer is None or not any(layer is own for own in base.layers):
         return None
-    inputs = layer._inbound_nodes[node_index].input_tensors
+    squashes = (keras.activations.softmax, keras.activations.sigmoid)
+    try:
+        inputs = layer.input  # raises for a layer with several inbound nodes
+    except (AttributeError, ValueError):
+        return None
     if isinstance(layer, keras.layers.Softmax) or (
-        isinstance(layer, keras.layers.Activation)
-        and getattr(layer.activation, "__name__", "") in _SQUASHES
+        isinstance(layer, keras.layers.Activation) and layer.activation in squashes
     ):
-        return inputs[0]
-    if getattr(getattr(layer, "activation", None), "__name__", "") in _SQUASHES:
-        return _PreActivation(layer, name="pre_activation")(inputs[0])
+        return inputs
+    if getattr(layer, "activation", None) in squashes:
+        return _PreActivation(layer, name="pre_activation")(inputs)
     return None
 
 
@@ -173,7 +174,7 @@ def _extractor(base, needs, features_layer):
     key = (needs, features_layer)
     cached = _EXTRACTORS.setdefault(base, {})
     if key not in cached:
-        logits_t = _preactivation(base.outputs[0])
+        logits_t = _preactivation(base)
         if logits_t is None:
             logits_t = AttachedLogits(name="attached_logits")(base.outputs[0])
         feats_t = None
