@@ -518,3 +518,62 @@ def compiled(fn, static_argnames=()):
 
         return jax.jit(fn, static_argnames=static_argnames)
     return fn
+
+
+# --------------------------------------------------------------------------------------------
+# Keras' and tf_keras' private names
+#
+# What losszoo reaches that Keras offers no public way to (each checked against Keras 3.15.1
+# and tf_keras 2.21; :mod:`losszoo._keras_hooks` and :mod:`losszoo.registry` say why each is
+# needed). A Keras release that moves one fails loudly: an ImportError naming it, pinned by
+# tests/registry/test_keras_integration.py and the tf_keras metric tests.
+
+
+def keras_trainer_classes():
+    """``(Trainer, JAXTrainer)``: Keras 3's trainer base class, whose ``_compute_loss`` every
+    backend's trainer calls, and the JAX trainer (None on other backends). ``Trainer`` is None
+    when this Keras has no such module."""
+    try:
+        from keras.src.trainers.trainer import Trainer  # no public name (3.15.1)
+    except ImportError:  # pragma: no cover - Keras layout changed
+        Trainer = None
+    if NAME != "jax":
+        return Trainer, None
+    from keras.src.backend.jax.trainer import JAXTrainer  # no public name (3.15.1)
+
+    return Trainer, JAXTrainer
+
+
+def keras_name_table(kind: str) -> dict:
+    """The dict in which ``keras.losses.get`` (``kind="loss"``) or ``keras.metrics.get``
+    (``"metric"``) looks a plain string up: ``ALL_OBJECTS_DICT`` of Keras 3's private
+    ``keras.src.losses`` / ``keras.src.metrics`` (the global custom-object registry is read
+    only for dict identifiers)."""
+    import importlib
+
+    module = {"loss": "keras.src.losses", "metric": "keras.src.metrics"}[kind]
+    table = getattr(importlib.import_module(module), "ALL_OBJECTS_DICT", None)
+    if not isinstance(table, dict):
+        raise ImportError(
+            f"losszoo cannot find {module}.ALL_OBJECTS_DICT in this Keras version "
+            "(string lookup in compile() would not find losszoo names). Please report this "
+            "together with your Keras version."
+        )
+    return table
+
+
+def tf_keras_metric_globals() -> dict:
+    """The globals of tf_keras' private ``tf_keras.src.metrics``, where ``tf_keras.metrics.get``
+    instantiates a class it finds by name (a global custom object would be returned as it is,
+    a class wrapped as a metric function). The caller has imported tf_keras (the kernels'
+    import contract keeps tf_keras out of this module)."""
+    import sys
+
+    module = sys.modules.get("tf_keras.src.metrics")
+    if module is None or not callable(getattr(module, "deserialize", None)):
+        raise ImportError(
+            "losszoo cannot find tf_keras.src.metrics in this tf_keras version (losszoo metric "
+            "names would not work in tf_keras' compile()). Please report this together with "
+            "your tf_keras version."
+        )
+    return vars(module)

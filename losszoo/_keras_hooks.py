@@ -1,5 +1,6 @@
 """Keras 3's and TensorFlow's private hooks, in one place (checked against Keras 3.15.1,
-TensorFlow 2.21).
+TensorFlow 2.21). The private classes themselves are reached through
+:func:`losszoo._backend.keras_trainer_classes`, as every private name is.
 
 Nothing here runs at import: Keras stays untouched until :func:`install_trainer_hook` is called
 (by the first :class:`~losszoo.losses.SafeKLDRORisk` built, or by :mod:`losszoo._logits`).
@@ -100,10 +101,7 @@ def install_trainer_hook():
     trainer's ``compute_loss_and_updates`` also publishes the optimiser variables' values of
     the step (see :func:`optimizer_scope`).
     """
-    try:
-        from keras.src.trainers.trainer import Trainer  # no public equivalent (3.15.1)
-    except ImportError:  # pragma: no cover - Keras layout changed
-        Trainer = None
+    Trainer, JAXTrainer = _backend.keras_trainer_classes()
     if not hasattr(Trainer, "_compute_loss"):  # pragma: no cover - Keras layout changed
         if not _HOOK["warned"]:
             _HOOK["warned"] = True
@@ -119,9 +117,7 @@ def install_trainer_hook():
     # The compiled metrics see the same y_pred outside _compute_loss: publish the model there
     # too (never training), so a metric on logits reads a softmax model's scores the same way.
     _publish_during_call(Trainer, "compute_metrics", "trainer", _model_evaluating)
-    if _backend.NAME == "jax":
-        from keras.src.backend.jax.trainer import JAXTrainer  # no public equivalent (3.15.1)
-
+    if JAXTrainer is not None:
         _publish_during_call(
             JAXTrainer, "compute_loss_and_updates", "optimizer", _optimizer_and_variables
         )

@@ -13,27 +13,19 @@ tf_keras (Keras 2) has its own glue, :mod:`losszoo.registry._tf_keras`.
 
 from __future__ import annotations
 
-import importlib
-
+from losszoo import _backend
 from losszoo.registry import _core
 
-_KERAS3_MODULES = {"loss": "keras.src.losses", "metric": "keras.src.metrics"}
+_KINDS = ("loss", "metric")
 
 
 def _tables(entry) -> list[tuple[dict, dict]]:
     """The entry's :func:`keys` in the ``ALL_OBJECTS_DICT`` that Keras 3 looks names of its
     kind up in (none for heads). Names Keras already has (its own ``"Accuracy"``, say) keep
     their meaning."""
-    if entry.kind not in _KERAS3_MODULES:
+    if entry.kind not in _KINDS:
         return []
-    module = _KERAS3_MODULES[entry.kind]
-    table = getattr(importlib.import_module(module), "ALL_OBJECTS_DICT", None)
-    if not isinstance(table, dict):
-        raise ImportError(
-            f"losszoo cannot find {module}.ALL_OBJECTS_DICT in this Keras version "
-            "(string lookup in compile() would not find losszoo names). Please report this "
-            "together with your Keras version."
-        )
+    table = _backend.keras_name_table(entry.kind)
     return [(table, dict.fromkeys(keys(entry), entry.cls))]
 
 

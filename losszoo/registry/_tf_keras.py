@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import sys
 from typing import Any
 
 import keras
 import tensorflow as tf
 
+from losszoo import _backend
 from losszoo.registry import _core
 from losszoo.registry._keras import keys
 
@@ -65,16 +65,9 @@ def _is_batch_risk(cls: type) -> bool:
 def _tf_keras_metrics_table() -> dict:
     # tf_keras.metrics.get(name) returns a *global custom object* as it is (a class would be
     # wrapped as a metric function), but instantiates a class it finds among the globals of
-    # tf_keras.src.metrics; so metric names go there (pinned by the tf_keras metric tests).
+    # tf_keras' metrics module; so metric names go there (pinned by the tf_keras metric tests).
     _tf_keras()
-    module = sys.modules.get("tf_keras.src.metrics")
-    if module is None or not callable(getattr(module, "deserialize", None)):
-        raise ImportError(
-            "losszoo cannot find tf_keras.src.metrics in this tf_keras version (losszoo metric "
-            "names would not work in tf_keras' compile()). Please report this together with "
-            "your tf_keras version."
-        )
-    return vars(module)
+    return _backend.tf_keras_metric_globals()
 
 
 @functools.cache
