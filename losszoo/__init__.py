@@ -15,6 +15,7 @@ Subpackages:
   calibration: post-hoc calibrators (fit_calibrator), calibration metrics, reliability plots.
   metrics: Keras metrics (e.g. the exact full-data KL-DRO risk).
   registry: names -> classes, Keras string lookup, entry-point plugins.
+  retrieval: the Keras 3 retrieval task, candidate samplers, catalogue top-k.
   datasets: data loaders of the examples (MovieLens 100K); imported on first access.
 
 If the backend Keras picks is not installed (say ``pip install "losszoo[jax]"`` without

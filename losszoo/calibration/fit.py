@@ -286,7 +286,10 @@ def fit_calibrator(
       model_or_logits: a Keras model whose output is *logits*, or carries them: a model that
         ends in Keras' softmax or sigmoid (``Dense(K, activation="softmax")``, which attaches
         its logits as ``_keras_logits``) or in a losszoo head that attaches them is calibrated
-        on those logits (:class:`AttachedLogits`), and the calibrated model maps its inputs
+        on those logits (:class:`AttachedLogits`; on JAX, whose arrays carry no attached
+        logits, a final Keras softmax / sigmoid is read from the graph instead: the input of a
+        ``Softmax`` / ``Activation`` layer, or the final layer without its activation), and
+        the calibrated model maps its inputs
         to the calibrated probabilities. Or an array of validation logits ``[N, K]``.
       x_val: the model's validation inputs; with logits given, the validation features ``z``
         ``[N, d]`` (needed by the linear variants) or None.

@@ -33,8 +33,8 @@ class SoftmaxCrossEntropyLoss(OpLoss):
     Bad input (fail-loud contract): ids outside ``[0, K)``, NaN or non-whole ids, NaN/inf or
     negative dense targets and NaN logits raise naming ``y_true`` or ``y_pred`` eagerly and in
     graphs (skipped with ``losszoo.set_validation(False)``). Under XLA those rows' loss is NaN,
-    never a clamped id. A row holding a NaN or ``+inf`` logit, or only ``-inf``, has a NaN
-    loss in every mode; a target class masked with ``-inf`` gives ``+inf``.
+    never a clamped id. A row holding a ``+inf`` logit, or only ``-inf``, has a NaN loss in
+    every mode; a target class masked with ``-inf`` gives ``+inf``.
 
     Args:
       normalize_labels: divide dense targets by their row sum (a no-op for one-hot/soft).
