@@ -45,8 +45,12 @@ def _tables(entry) -> list[tuple[dict, dict]]:
     if entry.kind not in ("loss", "metric") or not tf_keras_available():
         return []
     if entry.kind == "metric":
+        # tf_keras.metrics.get(name) returns a global custom object as it is (a class would be
+        # wrapped as a metric function) but instantiates a class among its metrics module's
+        # globals: metric names go there (pinned by the tf_keras metric tests)
         adapter = _tf_keras_metric_adapter(entry.cls)
-        return [(_tf_keras_metrics_table(), dict.fromkeys(keys(entry), adapter))]
+        _tf_keras()
+        return [(_backend.tf_keras_metric_globals(), dict.fromkeys(keys(entry), adapter))]
     # a loss: name and aliases -> function, class name -> adapter class
     objects = dict.fromkeys((entry.name, *entry.aliases), _tf_keras_function(entry.cls, entry.name))
     objects[entry.cls.__name__] = _tf_keras_adapter(entry.cls)
@@ -60,14 +64,6 @@ def _is_batch_risk(cls: type) -> bool:
     a risk over the whole batch computed in ``__call__``, whose ``call`` only gives the
     per-example base losses (Keras' contract), so it must not be reduced."""
     return getattr(_core.entry_of(cls, "loss"), "batch_risk", False)
-
-
-def _tf_keras_metrics_table() -> dict:
-    # tf_keras.metrics.get(name) returns a *global custom object* as it is (a class would be
-    # wrapped as a metric function), but instantiates a class it finds among the globals of
-    # tf_keras' metrics module; so metric names go there (pinned by the tf_keras metric tests).
-    _tf_keras()
-    return _backend.tf_keras_metric_globals()
 
 
 @functools.cache
