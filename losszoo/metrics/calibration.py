@@ -124,6 +124,10 @@ class ExpectedCalibrationError(_BinnedTopLabel):
     """Streaming top-label ECE: ``sum_m |B_m|/N |acc(B_m) - conf(B_m)|`` over ``n_bins``
     right-closed equal-width confidence bins (paper eq. 28).
 
+    Args:
+      n_bins: the number of bins (a positive integer, default 15).
+      name, **kwargs: as for any Keras metric.
+
     Example:
       >>> m = losszoo.metrics.ExpectedCalibrationError()
       >>> m.update_state([0, 1], [[0.9, 0.1], [0.8, 0.2]])
@@ -149,6 +153,11 @@ class AdaptiveECE(_BinnedTopLabel):
     bins; at ``result()`` consecutive fine bins are grouped into ``n_bins`` groups of about equal
     mass (a fine bin is never split, so this approximates
     :func:`losszoo.calibration.adaptive_ece` to within the fine-bin width).
+
+    Args:
+      n_bins: the number of equal-mass groups (a positive integer, default 15).
+      resolution: the number of fine bins (an integer >= ``n_bins``, default 4096).
+      name, **kwargs: as for any Keras metric.
 
     Example:
       >>> m = losszoo.metrics.AdaptiveECE(n_bins=2)
