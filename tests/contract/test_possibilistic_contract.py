@@ -20,7 +20,9 @@ from tests.contract import (
     COMPILED_MODES,
     CONTRACT_SETTINGS,
     ERRORS,
+    MODES,
     NAN_MODES,
+    OUTCOMES,
     Modes,
     assert_hparam_rejected,
     assert_modes_agree,
@@ -245,9 +247,16 @@ _NONE_BATCH = "a None batch dim exists only in TensorFlow's traced signatures"
 def test_none_batch_dim_agrees_with_eager(case):
     # Issue 19: a None batch dim raised TypeError in the cyclic-reduction solve.
     z, pi = case
-    p_star = assert_modes_agree(BOTH_NONE, z, pi, atol=1e-10, suite=SUITE)[1]
-    # p* = q - gradient is the projection op's answer
-    np.testing.assert_allclose(p_star, PROJ("eager", z, pi), atol=1e-10, rtol=0)
+    assert_modes_agree(BOTH_NONE, z, pi, atol=1e-10, suite=SUITE)
+    # in every mode p* = q - gradient is the projection op's answer (the programs are cached)
+    want = np.asarray(PROJ("eager", z, pi))
+    for mode in MODES:
+        p_star = np.asarray(BOTH_NONE(mode, z, pi)[1])
+        ok = np.allclose(p_star, want, atol=1e-10, rtol=0)
+        OUTCOMES[(SUITE, "valid", mode, "right" if ok else "wrong")] += 1
+        np.testing.assert_allclose(
+            p_star, want, atol=1e-10, rtol=0, err_msg=f"[{mode}] p* differs from the projection"
+        )
 
 
 @pytest.mark.tensorflow_only(reason=_NONE_BATCH)
