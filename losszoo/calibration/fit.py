@@ -25,11 +25,31 @@ _VARIANT_PARTS = {TemperatureScaling: 0, LogitBounding: 1, ProbabilityBounding: 
 def make_calibrator(method: str = "temperature_scaling", **kwargs) -> keras.layers.Layer:
     """Build a calibrator layer from a name.
 
-    ``method`` is ``"temperature_scaling"``/``"ts"``, ``"probability_bounding"``/``"pb"``,
-    ``"logit_bounding"``/``"lb"`` (the calibrators' registered head names and aliases), or
-    the paper's short names ``"pb-c"``, ``"pb-l"``, ``"pb-c-l"`` (lower bound only),
-    ``"pb-c-u"`` (upper only), ``"pb-l-l"``, ``"pb-l-u"``, ``"lb-c"``, ``"lb-l"``. ``kwargs`` go
-    to the layer (e.g. ``fit_temperature=False``).
+    The short names' parts set the layer's ``bound_fn`` (``c`` = ``"constant"``, ``l`` =
+    ``"linear"``) and, for probability bounding, ``bounds`` (``l`` = ``"lower"``, ``u`` =
+    ``"upper"``; default ``"both"``), unless ``kwargs`` give them.
+
+    Args:
+      method: case-insensitive; ``"temperature_scaling"``/``"ts"``,
+        ``"probability_bounding"``/``"pb"``, ``"logit_bounding"``/``"lb"`` (the calibrators'
+        registered head names and aliases), or the paper's short names ``"pb-c"``,
+        ``"pb-l"``, ``"pb-c-l"`` (lower bound only), ``"pb-c-u"`` (upper only), ``"pb-l-l"``,
+        ``"pb-l-u"``, ``"lb-c"``, ``"lb-l"``. A name with a ``-`` reads ``_`` as ``-`` too.
+      **kwargs: passed to the layer (e.g. ``fit_temperature=False``).
+
+    Returns:
+      A new, unfitted :class:`losszoo.heads.TemperatureScaling`,
+      :class:`losszoo.heads.ProbabilityBounding` or :class:`losszoo.heads.LogitBounding`.
+
+    Raises:
+      TypeError: ``method`` is not a string.
+      ValueError: naming ``method`` when it names no calibrator (e.g. ``"sparsemax"``, a
+        head that is not one), or naming a layer argument the layer rejects.
+
+    Example:
+      >>> layer = losszoo.calibration.make_calibrator("pb-c-l")
+      >>> type(layer).__name__, layer.bound_fn, layer.bounds
+      ('ProbabilityBounding', 'constant', 'lower')
     """
     if not isinstance(method, str):
         raise TypeError(f"`method` must be a string, got {method!r}.")

@@ -88,15 +88,64 @@ def _binned_gap(values, hits, n_bins):
 
 
 def ece(probs, labels, n_bins: int = 15) -> float:
-    """Top-label expected calibration error with ``n_bins`` equal-width bins (paper eq. 28)."""
+    """Top-label expected calibration error ``ECE = sum_m |B_m|/N |acc(B_m) - conf(B_m)|``.
+
+    Paper eq. 28: the top-label confidences ``max_k p_k`` fall into ``M = n_bins`` equal-width
+    right-closed bins ``B_m = ((m-1)/M, m/M]``; ``acc(B_m)`` is the fraction of the bin's rows
+    whose argmax is the label, ``conf(B_m)`` their mean confidence; empty bins contribute 0.
+
+    Args:
+      probs: probabilities ``[N, K]``, each row on the simplex (``PROBABILITIES``: finite,
+        non-negative, summing to 1 within ``contract.PROBABILITY_SUM_TOL``).
+      labels: integer class ids ``[N]`` or ``[N, 1]`` in ``[0, K)`` (whole-number floats
+        accepted), or one-hot rows ``[N, K]``.
+      n_bins: number of bins ``M``, a positive integer (default 15, the paper's).
+
+    Returns:
+      The ECE as a Python float in ``[0, 1]``.
+
+    Raises:
+      ValueError / TypeError: naming ``probs`` or ``labels`` when they break the rules above,
+        or ``n_bins`` when it is not a positive integer.
+
+    Example:
+      >>> probs = np.array([[0.9, 0.1], [0.6, 0.4], [0.8, 0.2], [0.3, 0.7]])
+      >>> round(losszoo.calibration.ece(probs, [0, 1, 0, 1]), 4)
+      0.3
+      >>> round(losszoo.calibration.ece(probs, [0, 1, 0, 1], n_bins=2), 4)  # one bin holds all
+      0.0
+    """
     n_bins = check_number(n_bins, "n_bins", low=1, integer=True)
     conf, correct = _top_label(*_prep(probs, labels))
     return float(_binned_gap(conf, correct, n_bins))
 
 
 def classwise_ece(probs, labels, n_bins: int = 15) -> float:
-    """Classwise ECE: the mean over classes ``k`` of the binned calibration error of ``p_k``
-    against ``[y = k]`` (Kull et al., 2019), equal-width right-closed bins."""
+    """Classwise ECE ``1/K sum_k sum_m |B_km|/N |mean_{B_km} [y = k] - mean_{B_km} p_k|``.
+
+    The mean over classes ``k`` of the binned calibration error of ``p_k`` against ``[y = k]``
+    (Kull et al., 2019): for each class, the ``N`` values ``p_k`` fall into ``M = n_bins``
+    equal-width right-closed bins ``B_km``; empty bins contribute 0.
+
+    Args:
+      probs: probabilities ``[N, K]``, each row on the simplex (``PROBABILITIES``: finite,
+        non-negative, summing to 1 within ``contract.PROBABILITY_SUM_TOL``).
+      labels: integer class ids ``[N]`` or ``[N, 1]`` in ``[0, K)`` (whole-number floats
+        accepted), or one-hot rows ``[N, K]``.
+      n_bins: number of bins ``M``, a positive integer (default 15, the paper's).
+
+    Returns:
+      The classwise ECE as a Python float in ``[0, 1]``.
+
+    Raises:
+      ValueError / TypeError: naming ``probs`` or ``labels`` when they break the rules above,
+        or ``n_bins`` when it is not a positive integer.
+
+    Example:
+      >>> probs = np.array([[0.9, 0.1], [0.6, 0.4], [0.8, 0.2], [0.3, 0.7]])
+      >>> round(losszoo.calibration.classwise_ece(probs, [0, 1, 0, 1], n_bins=2), 4)
+      0.15
+    """
     n_bins = check_number(n_bins, "n_bins", low=1, integer=True)
     probs, labels = _prep(probs, labels)
     onehot = np.eye(probs.shape[1])[labels]
@@ -104,8 +153,31 @@ def classwise_ece(probs, labels, n_bins: int = 15) -> float:
 
 
 def adaptive_ece(probs, labels, n_bins: int = 15) -> float:
-    """Top-label ECE with equal-mass bins: samples sorted by confidence, split into ``n_bins``
-    groups of (nearly) equal size (``np.array_split``)."""
+    """Top-label ECE with equal-mass bins, ``sum_m |B_m|/N |acc(B_m) - conf(B_m)|``.
+
+    The rows, sorted by top-label confidence (stable sort), are split into ``M = n_bins``
+    groups of (nearly) equal size (``np.array_split``; with ``n_bins > N`` the extra groups
+    are empty and contribute 0); ``acc`` and ``conf`` as in :func:`ece`.
+
+    Args:
+      probs: probabilities ``[N, K]``, each row on the simplex (``PROBABILITIES``: finite,
+        non-negative, summing to 1 within ``contract.PROBABILITY_SUM_TOL``).
+      labels: integer class ids ``[N]`` or ``[N, 1]`` in ``[0, K)`` (whole-number floats
+        accepted), or one-hot rows ``[N, K]``.
+      n_bins: number of bins ``M``, a positive integer (default 15, the paper's).
+
+    Returns:
+      The adaptive ECE as a Python float in ``[0, 1]``.
+
+    Raises:
+      ValueError / TypeError: naming ``probs`` or ``labels`` when they break the rules above,
+        or ``n_bins`` when it is not a positive integer.
+
+    Example:
+      >>> probs = np.array([[0.9, 0.1], [0.6, 0.4], [0.8, 0.2], [0.3, 0.7]])
+      >>> round(losszoo.calibration.adaptive_ece(probs, [0, 1, 0, 1], n_bins=2), 4)
+      0.15
+    """
     n_bins = check_number(n_bins, "n_bins", low=1, integer=True)
     conf, correct = _top_label(*_prep(probs, labels))
     gaps = correct - conf
@@ -114,19 +186,78 @@ def adaptive_ece(probs, labels, n_bins: int = 15) -> float:
 
 
 def nll(probs, labels, eps: float = 1e-12) -> float:
-    """Mean negative log-likelihood ``-log p[y]`` (probabilities floored at ``eps``)."""
+    """Mean negative log-likelihood ``1/N sum_i -log max(p_i[y_i], eps)``.
+
+    Args:
+      probs: probabilities ``[N, K]``, each row on the simplex (``PROBABILITIES``: finite,
+        non-negative, summing to 1 within ``contract.PROBABILITY_SUM_TOL``).
+      labels: integer class ids ``[N]`` or ``[N, 1]`` in ``[0, K)`` (whole-number floats
+        accepted), or one-hot rows ``[N, K]``.
+      eps: floor of the label's probability, in ``(0, 1]`` (default ``1e-12``): a zero
+        probability gives ``-log(eps)``, not ``inf``.
+
+    Returns:
+      The NLL as a Python float (``>= 0``).
+
+    Raises:
+      ValueError / TypeError: naming ``probs`` or ``labels`` when they break the rules above,
+        or ``eps`` outside ``(0, 1]``.
+
+    Example:
+      >>> probs = np.array([[0.9, 0.1], [0.6, 0.4], [0.8, 0.2], [0.3, 0.7]])
+      >>> round(losszoo.calibration.nll(probs, [0, 1, 0, 1]), 4)
+      0.4004
+    """
     eps = check_number(eps, "eps", low=0.0, high=1.0, low_open=True)
     probs, labels = _prep(probs, labels)
     return float(-np.log(np.maximum(probs[np.arange(len(labels)), labels], eps)).mean())
 
 
 def brier_score(probs, labels) -> float:
-    """Mean over samples of ``sum_k (p_k - [y = k])^2``."""
+    """Brier score ``1/N sum_i sum_k (p_ik - [y_i = k])^2``.
+
+    Args:
+      probs: probabilities ``[N, K]``, each row on the simplex (``PROBABILITIES``: finite,
+        non-negative, summing to 1 within ``contract.PROBABILITY_SUM_TOL``).
+      labels: integer class ids ``[N]`` or ``[N, 1]`` in ``[0, K)`` (whole-number floats
+        accepted), or one-hot rows ``[N, K]``.
+
+    Returns:
+      The score as a Python float in ``[0, 2]``.
+
+    Raises:
+      ValueError / TypeError: naming ``probs`` or ``labels`` when they break the rules above.
+
+    Example:
+      >>> probs = np.array([[0.9, 0.1], [0.6, 0.4], [0.8, 0.2], [0.3, 0.7]])
+      >>> round(losszoo.calibration.brier_score(probs, [0, 1, 0, 1]), 4)
+      0.25
+    """
     probs, labels = _prep(probs, labels)
     onehot = np.eye(probs.shape[1])[labels]
     return float(((probs - onehot) ** 2).sum(-1).mean())
 
 
 def accuracy(probs, labels) -> float:
-    """Top-1 accuracy (argmax; ties go to the lowest index, as ``np.argmax``)."""
+    """Top-1 accuracy ``1/N sum_i [argmax_k p_ik = y_i]``.
+
+    Ties go to the lowest index, as ``np.argmax``.
+
+    Args:
+      probs: probabilities ``[N, K]``, each row on the simplex (``PROBABILITIES``: finite,
+        non-negative, summing to 1 within ``contract.PROBABILITY_SUM_TOL``).
+      labels: integer class ids ``[N]`` or ``[N, 1]`` in ``[0, K)`` (whole-number floats
+        accepted), or one-hot rows ``[N, K]``.
+
+    Returns:
+      The accuracy as a Python float in ``[0, 1]``.
+
+    Raises:
+      ValueError / TypeError: naming ``probs`` or ``labels`` when they break the rules above.
+
+    Example:
+      >>> probs = np.array([[0.9, 0.1], [0.6, 0.4], [0.8, 0.2], [0.3, 0.7]])
+      >>> losszoo.calibration.accuracy(probs, [0, 1, 0, 1])
+      0.75
+    """
     return float(_top_label(*_prep(probs, labels))[1].mean())

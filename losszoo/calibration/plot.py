@@ -28,6 +28,18 @@ def reliability_curve(probs, labels, n_bins: int = 15):
     """Per-bin ``(mean confidence, accuracy, count)`` arrays of the top-label prediction over
     ``n_bins`` right-closed equal-width bins (NaN for empty bins).
 
+    Bin ``B_m = ((m-1)/M, m/M]`` of the confidences ``max_k p_k`` gives ``conf(B_m)`` (their
+    mean), ``acc(B_m)`` (the fraction whose argmax is the label) and ``|B_m|``, the terms of
+    :func:`losszoo.calibration.ece`.
+
+    Args:
+      probs: probabilities ``[N, K]``, rows on the simplex (as :func:`losszoo.calibration.ece`).
+      labels: integer class ids ``[N]`` or ``[N, 1]``, or one-hot rows ``[N, K]``.
+      n_bins: number of bins ``M``, a positive integer (default 15).
+
+    Returns:
+      ``(mean_confidence, accuracy, count)``: three float64 arrays ``[n_bins]``.
+
     Raises:
       ValueError / TypeError: naming ``n_bins`` when it is not a positive integer, or naming
         ``probs`` / ``labels`` as :func:`losszoo.calibration.ece` does.

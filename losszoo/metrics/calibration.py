@@ -277,7 +277,16 @@ class _MeanOf(keras.metrics.Mean):
     description="Mean negative log-likelihood -log p[y] of probabilities",
 )
 class NegativeLogLikelihood(_MeanOf):
-    """Streaming mean ``-log p[y]`` (probabilities floored at 1e-12).
+    """Streaming mean ``-log max(p[y], 1e-12)``.
+
+    ``y_true``: integer class ids ``[N]`` / ``[N, 1]`` or one-hot ``[N, K]``; ``y_pred``:
+    probabilities ``[N, K]`` (module docstring: rules, NaN under XLA).
+    ``update_state`` takes an optional per-example ``sample_weight`` (a weighted mean, as
+    ``keras.metrics.Mean``).
+
+    Args:
+      name: the metric's name (default ``"nll"``).
+      **kwargs: as for any Keras metric (e.g. ``dtype``).
 
     Example:
       >>> m = losszoo.metrics.NegativeLogLikelihood()
@@ -303,6 +312,15 @@ class NegativeLogLikelihood(_MeanOf):
 class BrierScore(_MeanOf):
     """Streaming Brier score ``mean sum_k (p_k - [y = k])^2``.
 
+    ``y_true``: integer class ids ``[N]`` / ``[N, 1]`` or one-hot ``[N, K]``; ``y_pred``:
+    probabilities ``[N, K]`` (module docstring: rules, NaN under XLA).
+    ``update_state`` takes an optional per-example ``sample_weight`` (a weighted mean, as
+    ``keras.metrics.Mean``).
+
+    Args:
+      name: the metric's name (default ``"brier_score"``).
+      **kwargs: as for any Keras metric (e.g. ``dtype``).
+
     Example:
       >>> m = losszoo.metrics.BrierScore()
       >>> m.update_state([0], [[0.5, 0.5]])
@@ -324,7 +342,17 @@ class BrierScore(_MeanOf):
     description="Top-1 accuracy of probabilities (argmax), for calibration reports",
 )
 class Accuracy(_MeanOf):
-    """Streaming top-1 accuracy (argmax of the probabilities against integer or one-hot labels).
+    """Streaming top-1 accuracy ``mean [argmax_k p_k = y]`` (ties: the lowest index).
+
+    ``y_true``: integer class ids ``[N]`` / ``[N, 1]`` or one-hot ``[N, K]``; ``y_pred``:
+    probabilities ``[N, K]`` (module docstring: rules, NaN under XLA). Registered as
+    ``"calibration_accuracy"`` (``"accuracy"`` is Keras' own).
+    ``update_state`` takes an optional per-example ``sample_weight`` (a weighted mean, as
+    ``keras.metrics.Mean``).
+
+    Args:
+      name: the metric's name (default ``"accuracy"``).
+      **kwargs: as for any Keras metric (e.g. ``dtype``).
 
     Example:
       >>> m = losszoo.metrics.Accuracy()
