@@ -25,6 +25,25 @@ def kl_dro_exact_batch_max(losses, lam, sample_weight=None, dtype="float64"):
 
     NaN live losses give NaN. Traced under XLA / ``jax.jit``: invalid sample weights give
     NaN. (JAX computes float64 only with ``jax_enable_x64``; otherwise float32.)
+
+    Args:
+      losses: per-example losses, any shape (flattened).
+      lam: temperature, Python float, finite and > 0.
+      sample_weight: optional weights ``s_i``, finite and >= 0, a scalar or broadcastable over
+        a prefix of the losses' shape; entries with ``s_i = 0`` are ignored.
+      dtype: the dtype to compute in (default ``"float64"``): that of the streaming state.
+
+    Returns:
+      A scalar in ``dtype``, to pass as ``batch_max`` to :func:`kl_dro_exact_state_update`.
+
+    Raises:
+      ValueError: (TypeError for a wrong type) naming ``lam`` or ``sample_weight``, as
+        :func:`losszoo.ops.safe_kl_dro_risk`.
+
+    Example:
+      >>> m = losszoo.ops.kl_dro_exact_batch_max([1.0, 3.0], lam=2.0, dtype="float32")
+      >>> float(m)
+      1.5
     """
     l, s, a, bad = _scaled_by_lam(losses, sample_weight, lam, dtype)
     return risks.poison(risks.any_flag(bad, risks.live_nan(l, s)), risks.max_or_minus_inf(a))
@@ -53,6 +72,9 @@ def _state_dtype(m, acc, n):
 def kl_dro_exact_state_update(m, acc, n, losses, lam, sample_weight=None, batch_max=None):
     """One streaming step of ``R = lam log(sum s exp(l/lam) / sum s)``.
 
+    ``m' = max(m, b)``, ``acc' = acc exp(m - m') + sum_i s_i exp(l_i/lam - m')``,
+    ``n' = n + sum_i s_i``, with ``b`` the batch's ``max_i l_i/lam`` over positive weights.
+
     State: ``m`` running max of ``l/lam`` (start -inf), ``acc = sum s exp(l/lam - m)``
     (start 0), ``n = sum s`` (start 0); all in the state's dtype. ``batch_max`` overrides
     the batch's own maximum (any value >= it works; replicas pass a shared one so that
@@ -60,10 +82,32 @@ def kl_dro_exact_state_update(m, acc, n, losses, lam, sample_weight=None, batch_
     with positive weight make ``acc`` NaN (and so the result). Traced under XLA /
     ``jax.jit``: invalid sample weights make ``acc`` NaN.
 
+    Args:
+      m, acc, n: the state: floating tensors, variables or arrays (numpy scalars such as
+        ``np.float32(0)`` too) of one dtype, which the step computes in.
+      losses: this batch's per-example losses, any shape (flattened).
+      lam: temperature, Python float, finite and > 0.
+      sample_weight: optional weights ``s_i``, finite and >= 0, a scalar or broadcastable over
+        a prefix of the losses' shape; entries with ``s_i = 0`` are ignored.
+      batch_max: ``None`` (default: the batch's own maximum of ``l/lam``), or a scalar
+        ``>=`` it (e.g. :func:`kl_dro_exact_batch_max`'s maximum over every replica).
+
+    Returns:
+      The new state ``(m, acc, n)``, scalar tensors in the state's dtype.
+
     Raises:
       TypeError: naming ``m``, ``acc`` or ``n`` when one is not a floating tensor, variable
         or array (a Python number's dtype would be the backend's guess), or when ``acc`` or
         ``n`` has another dtype than ``m``.
+      ValueError: (TypeError for a wrong type) naming ``lam`` or ``sample_weight``, as
+        :func:`losszoo.ops.safe_kl_dro_risk`.
+
+    Example:
+      >>> m, acc, n = np.float32(-np.inf), np.float32(0.0), np.float32(0.0)
+      >>> m, acc, n = losszoo.ops.kl_dro_exact_state_update(m, acc, n, [0.0, 1.0], lam=1.0)
+      >>> m, acc, n = losszoo.ops.kl_dro_exact_state_update(m, acc, n, [2.0], lam=1.0)
+      >>> float(m), round(float(acc), 4), float(n)  # acc = exp(-2) + exp(-1) + 1
+      (2.0, 1.5032, 3.0)
     """
     dt = _state_dtype(m, acc, n)
     m = ops.convert_to_tensor(m)
@@ -87,6 +131,24 @@ def kl_dro_exact_state_result(m, acc, n, lam):
     ``n`` keep :data:`NON_NEGATIVE_OR_NAN`: eagerly a ``ValueError`` naming the argument, in a
     TensorFlow graph an assertion (skippable with ``losszoo.set_validation(False)``), traced
     under XLA / ``jax.jit`` a NaN result.
+
+    Args:
+      m, acc, n: the state of :func:`kl_dro_exact_state_update` (``acc`` and ``n`` are cast
+        to ``m``'s dtype).
+      lam: temperature, Python float, finite and > 0.
+
+    Returns:
+      The risk ``R``, a scalar in ``m``'s dtype.
+
+    Raises:
+      ValueError: naming ``lam``, or ``acc`` / ``n`` when negative or infinite (as above).
+
+    Example:
+      >>> m, acc, n = np.float32(2.0), np.float32(1.5032147), np.float32(3.0)  # 3 losses 0, 1, 2
+      >>> round(float(losszoo.ops.kl_dro_exact_state_result(m, acc, n, lam=1.0)), 4)
+      1.309
+      >>> round(float(losszoo.ops.kl_dro_batch_lse([0.0, 1.0, 2.0], lam=1.0)), 4)  # one batch
+      1.309
     """
     lam = risks.check_lam(lam)
     m = ops.convert_to_tensor(m)

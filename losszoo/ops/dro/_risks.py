@@ -240,9 +240,19 @@ def risk_and_stats(l, a, s, bad, lam, rho, calibrate):
 
 
 def safe_kl_dro_risk_and_stats(losses, alpha, lam, rho, sample_weight=None, calibrate=True):
-    """Safe-KL risk with its diagnostics in one pass.
+    """Safe-KL risk ``V = sum_i pi_i [alpha - lam + (lam/rho) softplus(z_i)]`` and diagnostics.
 
-    Arguments and the fail-loud behaviour are those of :func:`safe_kl_dro_risk`.
+    With ``z_i = (l_i - alpha)/lam + ln rho`` and ``w_i = sigmoid(z_i)/rho``, in one pass.
+    The fail-loud behaviour is that of :func:`safe_kl_dro_risk`.
+
+    Args:
+      losses: per-example losses, any shape (flattened; each entry is one sample).
+      alpha: scalar dual variable (tensor, variable or Python number), finite.
+      lam: temperature, Python float, finite and > 0.
+      rho: accuracy, Python float in (0, 1); weights are capped at ``1/rho``.
+      sample_weight: optional weights ``s_i`` (``pi_i = s_i / sum_j s_j``), finite and >= 0,
+        a scalar or broadcastable over a prefix of the losses' shape.
+      calibrate: bool (default True); subtract ``lam`` (``False``: the paper's G).
 
     Returns:
       ``(value, stats)`` where ``value`` is the risk (differentiable in ``losses`` and
@@ -250,7 +260,18 @@ def safe_kl_dro_risk_and_stats(losses, alpha, lam, rho, sample_weight=None, cali
       ``mean_w = sum pi_i w_i`` (1 at the optimal alpha), ``saturation = rho max_i w_i``
       in [0, 1) (near 1: the weight cap binds, CVaR regime), ``grad_alpha = 1 - mean_w``,
       the exact gradient of the value in alpha, and ``curvature = sum pi_i w_i (1 - rho w_i)``
-      (``lam`` times the exact second derivative in alpha, spec 3.1).
+      (``lam`` times the exact second derivative in alpha, spec 3.1). ``value`` is in the
+      losses' dtype, the statistics in the compute dtype (float32 for half precision).
+
+    Raises:
+      ValueError: (TypeError for a wrong type) naming the argument, as
+        :func:`safe_kl_dro_risk`.
+
+    Example:
+      >>> losses = [1.0, 2.0, 3.0]
+      >>> value, stats = losszoo.ops.safe_kl_dro_risk_and_stats(losses, 2.0, lam=1.0, rho=0.1)
+      >>> round(float(value), 4), round(float(stats["mean_w"]), 4)  # alpha below its optimum
+      (2.2396, 1.1337)
     """
     lam, rho = check_lam(lam), check_rho(rho)
     calibrate = check_bool(calibrate, "calibrate")
@@ -301,9 +322,28 @@ def safe_kl_dro_risk(losses, alpha, lam, rho, sample_weight=None, calibrate=True
 def safe_kl_dro_weights(losses, alpha, lam, rho):
     """Per-example weights ``w_i = sigmoid((l_i - alpha)/lam + ln rho)/rho`` (same shape).
 
-    NaN losses give NaN weights. ``alpha`` must be finite (checked as in
-    :func:`safe_kl_dro_risk`). Traced under XLA / ``jax.jit``: a non-finite alpha gives
+    The gradient of :func:`safe_kl_dro_risk` is ``pi_i w_i``; ``w_i`` lies in ``(0, 1/rho)``.
+    NaN losses give NaN weights. Traced under XLA / ``jax.jit``: a non-finite alpha gives
     all-NaN weights.
+
+    Args:
+      losses: per-example losses, any shape.
+      alpha: scalar dual variable (tensor, variable or Python number), finite.
+      lam: temperature, Python float, finite and > 0.
+      rho: accuracy, Python float in (0, 1).
+
+    Returns:
+      The weights, with the shape and dtype of ``losses`` (half precision computed in
+      float32).
+
+    Raises:
+      ValueError: naming ``lam``, ``rho`` or a non-finite ``alpha`` (eagerly; in a
+        TensorFlow graph an assertion), as :func:`safe_kl_dro_risk`.
+
+    Example:
+      >>> w = losszoo.ops.safe_kl_dro_weights([1.0, 2.0, 3.0], alpha=2.0, lam=1.0, rho=0.1)
+      >>> np.round(keras.ops.convert_to_numpy(w), 4)
+      array([0.3548, 0.9091, 2.1373], dtype=float32)
     """
     lam, rho = check_lam(lam), check_rho(rho)
     l, original = to_compute_dtype(losses, "losses")
@@ -322,6 +362,30 @@ def safe_kl_dro_solve_alpha(losses, lam, rho, sample_weight=None, iterations=80)
     XLA-compilable). A NaN live loss gives NaN, an infinite one a non-finite result; an
     empty batch gives 0. No gradient. Traced under XLA / ``jax.jit``: invalid sample
     weights give NaN.
+
+    Args:
+      losses: per-example losses, any shape (flattened).
+      lam: temperature, Python float, finite and > 0.
+      rho: accuracy, Python float in (0, 1).
+      sample_weight: optional weights ``s_i`` (``pi_i = s_i / sum_j s_j``), finite and >= 0,
+        a scalar or broadcastable over a prefix of the losses' shape.
+      iterations: bisection steps, a Python int >= 1 (default 80; each halves the bracket).
+
+    Returns:
+      Scalar alpha in the compute dtype (float32 for float32 and half-precision losses,
+      float64 for float64).
+
+    Raises:
+      ValueError: (TypeError for a wrong type) naming ``lam``, ``rho``, ``iterations`` or
+        ``sample_weight``, as :func:`safe_kl_dro_risk`.
+
+    Example:
+      >>> alpha = losszoo.ops.safe_kl_dro_solve_alpha([1.0, 2.0, 3.0], lam=1.0, rho=0.1)
+      >>> round(float(alpha), 4)
+      2.1482
+      >>> _, stats = losszoo.ops.safe_kl_dro_risk_and_stats([1.0, 2.0, 3.0], alpha, 1.0, 0.1)
+      >>> round(float(stats["mean_w"]), 4)  # sum_i pi_i w_i = 1 at the solved alpha
+      1.0
     """
     lam, rho = check_lam(lam), check_rho(rho)
     iterations = check_number(iterations, "iterations", low=1, integer=True, tensor_ok=False)
@@ -405,6 +469,15 @@ def kl_dro_batch_lse(losses, lam, sample_weight=None):
     and gradients. Bad ``lam`` or ``sample_weight`` raise as in :func:`safe_kl_dro_risk`.
     Traced under XLA / ``jax.jit``: invalid sample weights give a NaN value and gradients.
 
+    Args:
+      losses: per-example losses, any shape (flattened; each entry is one sample).
+      lam: temperature, Python float, finite and > 0.
+      sample_weight: optional weights ``s_i`` (``pi_i = s_i / sum_j s_j``), finite and >= 0,
+        a scalar or broadcastable over a prefix of the losses' shape.
+
+    Returns:
+      Scalar risk in the losses' dtype (half precision is computed in float32).
+
     Example:
       >>> float(kl_dro_batch_lse([0.0, 0.0], lam=1.0))
       0.0
@@ -436,7 +509,17 @@ def kl_dro_sumexp(losses, lam, sample_weight=None):
     loss gives the value ``+inf``, a NaN loss with positive weight the value NaN (a finite
     gradient for the other entries would be a plausible but meaningless step). Zero-weight
     entries are ignored. Traced under XLA / ``jax.jit``: invalid sample weights give a NaN
-    value and gradients.
+    value and gradients. Bad ``lam`` or ``sample_weight`` raise as in
+    :func:`safe_kl_dro_risk`.
+
+    Args:
+      losses: per-example losses, any shape (flattened; each entry is one sample).
+      lam: temperature, Python float, finite and > 0.
+      sample_weight: optional weights ``s_i`` (``pi_i = s_i / sum_j s_j``), finite and >= 0,
+        a scalar or broadcastable over a prefix of the losses' shape.
+
+    Returns:
+      Scalar objective in the losses' dtype (half precision is computed in float32).
 
     Example:
       >>> float(kl_dro_sumexp([0.0, 0.0], lam=1.0))
@@ -487,6 +570,15 @@ def cvar_risk(losses, rho, sample_weight=None):
     every gradient NaN (the tail is undefined); ``+inf`` in the tail gives ``+inf`` with
     finite gradients. Bad ``rho`` or ``sample_weight`` raise as in :func:`safe_kl_dro_risk`.
     Traced under XLA / ``jax.jit``: invalid sample weights give a NaN value and gradients.
+
+    Args:
+      losses: per-example losses, any shape (flattened; each entry is one sample).
+      rho: tail level, Python float in (0, 1).
+      sample_weight: optional weights ``s_i`` (``pi_i = s_i / sum_j s_j``), finite and >= 0,
+        a scalar or broadcastable over a prefix of the losses' shape.
+
+    Returns:
+      Scalar risk in the losses' dtype (half precision is computed in float32).
 
     Example:
       >>> float(cvar_risk([1.0, 2.0, 3.0, 4.0], rho=0.5))

@@ -147,7 +147,18 @@ _tf = _backend.tf if _backend.TENSORFLOW else None  # tf.distribute: TensorFlow 
 # ----------------------------------------------------------------------------- global risks
 def kl_dro_batch_lse_global(losses, lam, sample_weight=None):
     """:func:`losszoo.ops.kl_dro_batch_lse` of the global batch (shared max shift, summed
-    parts); ``V / N`` per replica as the module docstring describes.
+    parts); ``V / N`` per replica as the module docstring describes:
+    ``V = lam log sum_i pi_i exp(l_i/lam)`` over the global batch.
+
+    Args:
+      losses: this replica's per-example losses, any shape (flattened).
+      lam: temperature, Python float, finite and > 0.
+      sample_weight: optional weights, finite and >= 0, a scalar or broadcastable over a
+        prefix of the losses' shape (``pi_i`` normalised by the global weight sum).
+
+    Returns:
+      Scalar risk in the losses' dtype: the global batch's ``V / N`` in a replica context,
+      else ``V`` of this batch.
 
     Example:
       >>> float(losszoo.ops.kl_dro_batch_lse_global([0.0, 0.0], lam=1.0))  # one replica
@@ -171,7 +182,23 @@ def kl_dro_batch_lse_global(losses, lam, sample_weight=None):
 
 def kl_dro_sumexp_global(losses, lam, sample_weight=None):
     """:func:`losszoo.ops.kl_dro_sumexp` of the global batch (``pi`` normalised by the global
-    weight sum); ``V / N`` per replica as the module docstring describes."""
+    weight sum); ``V / N`` per replica as the module docstring describes:
+    ``V = sum_i pi_i exp(l_i/lam)`` over the global batch.
+
+    Args:
+      losses: this replica's per-example losses, any shape (flattened).
+      lam: temperature, Python float, finite and > 0.
+      sample_weight: optional weights, finite and >= 0, a scalar or broadcastable over a
+        prefix of the losses' shape (``pi_i`` normalised by the global weight sum).
+
+    Returns:
+      Scalar objective in the losses' dtype: the global batch's ``V / N`` in a replica context,
+      else ``V`` of this batch.
+
+    Example:
+      >>> float(losszoo.ops.kl_dro_sumexp_global([0.0, 0.0], lam=1.0))  # one replica
+      1.0
+    """
     if not in_replica_context():
         return risks.kl_dro_sumexp(losses, lam, sample_weight)
     lam = check_lam(lam)
@@ -193,7 +220,23 @@ def kl_dro_sumexp_global(losses, lam, sample_weight=None):
 def cvar_risk_global(losses, rho, sample_weight=None):
     """:func:`losszoo.ops.cvar_risk` of the global batch: the tail masses come from the
     all-gathered losses in replica order (ties split as on one device), each replica keeps
-    its own slice; ``V / N`` per replica as the module docstring describes."""
+    its own slice; ``V / N`` per replica as the module docstring describes:
+    ``V = min_a a + (1/rho) sum_i pi_i (l_i - a)_+`` over the global batch.
+
+    Args:
+      losses: this replica's per-example losses, any shape (flattened).
+      rho: tail level, Python float in (0, 1).
+      sample_weight: optional weights, finite and >= 0, a scalar or broadcastable over a
+        prefix of the losses' shape (``pi_i`` normalised by the global weight sum).
+
+    Returns:
+      Scalar risk in the losses' dtype: the global batch's ``V / N`` in a replica context,
+      else ``V`` of this batch.
+
+    Example:
+      >>> float(losszoo.ops.cvar_risk_global([1.0, 2.0, 3.0, 4.0], rho=0.5))  # one replica
+      3.5
+    """
     if not in_replica_context():
         return risks.cvar_risk(losses, rho, sample_weight)
     rho = check_rho(rho)
