@@ -73,11 +73,23 @@ def check_rankmax_arguments(k, margin, max_positives=1, n=None):
     int >= 1. ``n`` (the number of candidates, when known) also bounds ``k < n`` and
     ``max_positives <= n``. Keras losses call it at construction, with ``n=None``.
 
+    Args:
+      k: the mass ``k`` of the ``(n, k)``-simplex: an integer (a numpy integer too, not a
+        bool or a float), ``1 <= k`` (``< n`` when ``n`` is given).
+      margin: ``eta``, a finite Python number > 0 (not a tensor).
+      max_positives: ``None`` or a whole number >= 1 (``<= n`` when ``n`` is given), not a
+        tensor; default 1.
+      n: ``None`` (default) or the number of candidates.
+
     Returns:
       ``(k, margin, max_positives)`` as ``(int, float, int or None)``.
 
     Raises:
       ValueError: (or TypeError) naming the argument.
+
+    Example:
+      >>> losszoo.ops.check_rankmax_arguments(2, 1, n=5)
+      (2, 1.0, 1)
     """
     if isinstance(k, bool) or not isinstance(k, numbers.Integral):
         raise TypeError(f"`k` must be a Python int, got {k!r}.")

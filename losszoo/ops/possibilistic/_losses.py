@@ -127,7 +127,30 @@ def possibilistic_projection_loss(
 
 @no_autograph
 def possibilistic_projection_info(labels, logits, config=None, **kwargs):
-    """The :class:`ProjectionInfo` of :func:`possibilistic_projection_loss` (same arguments)."""
+    """The :class:`ProjectionInfo` of ``p* = argmin_{p in F(pi)} KL(p || softmax(z))``.
+
+    The diagnostics :func:`possibilistic_projection_loss` returns with ``return_info=True``
+    (the same solve; the loss is dropped).
+
+    Args:
+      labels: ``[..., K]`` possibility distributions ``pi`` or class ids, as for
+        :func:`possibilistic_projection_loss`.
+      logits: ``[..., K]`` logits ``z``, as for :func:`possibilistic_projection_loss`.
+      config: a :class:`ProjectionConfig`; default ``ProjectionConfig()``.
+      **kwargs: ``labels_name`` and ``jit`` of :func:`possibilistic_projection_loss`, or,
+        instead of ``config``, its fields as keywords.
+
+    Returns:
+      A :class:`ProjectionInfo` of per-example tensors (leading dims ``[...]``, no gradient).
+
+    Raises:
+      ValueError / RuntimeError: as :func:`possibilistic_projection_loss`.
+
+    Example:
+      >>> info = possibilistic_projection_info([[0.3, 1.0, 0.2]], [[2.0, 0.0, -1.0]])
+      >>> bool(info.converged[0]), bool(info.valid[0])
+      (True, True)
+    """
     return possibilistic_projection_loss(labels, logits, config, return_info=True, **kwargs)[1]
 
 
