@@ -27,7 +27,22 @@ if _backend.TENSORFLOW:
 else:
 
     def tf_keras_loss(name, **kwargs):
-        """tf_keras (Keras 2) and TFRS exist only with TensorFlow: raises ImportError."""
+        """tf_keras (Keras 2) and TFRS exist only with TensorFlow: raises ImportError.
+
+        On TensorFlow, ``tf_keras_loss`` is :func:`losszoo.registry._tf_keras.tf_keras_loss`.
+
+        Args:
+          name: a registered loss name, class or instance (unused).
+          **kwargs: the loss's configuration (unused).
+
+        Raises:
+          ImportError: always, naming the TensorFlow backend it needs.
+
+        Example:
+          On JAX or PyTorch::
+
+            losszoo.tf_keras_loss("rankmax")  # ImportError: ... needs the TensorFlow backend
+        """
         _backend.require_tensorflow("losszoo.tf_keras_loss (tf_keras and TFRS models)")
 
 

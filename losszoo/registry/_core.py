@@ -62,6 +62,11 @@ class Entry:
       source: ``"losszoo"`` or the plugin (entry point) that registered it.
       batch_risk: for a loss, whether it is one risk of the whole batch (see the module
         docstring); subclasses of the class share the declaration (:func:`entry_of`).
+
+    Example:
+      >>> e = losszoo.registry.entry("sparsemax")
+      >>> e.name, e.kind, e.cls.__name__, e.aliases, e.source
+      ('sparsemax', 'loss', 'SparsemaxLoss', ('sparsemax_loss',), 'losszoo')
     """
 
     name: str
@@ -170,8 +175,21 @@ def register(
 def entry(name: str, kind: str = "loss") -> Entry:
     """Return the :class:`Entry` registered as ``name`` (or an alias) for ``kind``.
 
+    Loads the plugins first if they are not loaded yet (:func:`load_plugins`).
+
+    Args:
+      name: a registered name or alias, e.g. ``"sparsemax"``.
+      kind: ``"loss"`` (default), ``"head"`` or ``"metric"``.
+
+    Returns:
+      The :class:`Entry` (its ``name`` is the canonical name, also for an alias).
+
     Raises:
       TypeError, ValueError, KeyError: as :func:`get_class`.
+
+    Example:
+      >>> losszoo.registry.entry("sparsemax_loss").name  # an alias
+      'sparsemax'
     """
     if not isinstance(name, str):
         raise TypeError(
@@ -193,7 +211,26 @@ def entry(name: str, kind: str = "loss") -> Entry:
 
 
 def entry_of(cls: type, kind: str = "loss") -> Entry | None:
-    """The entry of ``cls`` or of its nearest registered base class (``None`` if none)."""
+    """The entry of ``cls`` or of its nearest registered base class (``None`` if none).
+
+    The classes of ``cls.__mro__`` are tried in order; a subclass of a registered loss thus
+    shares its entry (e.g. its ``batch_risk``). Plugins are not loaded by this lookup.
+
+    Args:
+      cls: a class.
+      kind: ``"loss"`` (default), ``"head"`` or ``"metric"`` (not checked: another value
+        finds nothing).
+
+    Returns:
+      The :class:`Entry`, or ``None``.
+
+    Example:
+      >>> class MyLoss(losszoo.losses.SparsemaxLoss): ...
+      >>> losszoo.registry.entry_of(MyLoss).name
+      'sparsemax'
+      >>> print(losszoo.registry.entry_of(MyLoss, "head"))
+      None
+    """
     with _lock:
         by_class = {e.cls: e for (k, _), e in _entries.items() if k == kind}
     return next((by_class[c] for c in cls.__mro__ if c in by_class), None)
@@ -202,10 +239,21 @@ def entry_of(cls: type, kind: str = "loss") -> Entry | None:
 def get_class(name: str, kind: str = "loss") -> type:
     """Return the class registered as ``name`` (or an alias) for ``kind``.
 
+    Args:
+      name: a registered name or alias, e.g. ``"sparsemax"``.
+      kind: ``"loss"`` (default), ``"head"`` or ``"metric"``.
+
+    Returns:
+      The registered class (not an instance: :func:`get` builds one).
+
     Raises:
       TypeError: ``name`` is not a string.
       ValueError: ``kind`` is not one of :data:`KINDS`.
       KeyError: the name is unknown; the message lists close matches.
+
+    Example:
+      >>> losszoo.registry.get_class("ts", kind="head").__name__
+      'TemperatureScaling'
     """
     return entry(name, kind).cls
 
@@ -228,7 +276,24 @@ def get(name: str, kind: str = "loss", **config: Any):
 
 
 def entries(kind: str | None = None) -> list[Entry]:
-    """All registered entries (of one kind, or all), sorted by kind then name."""
+    """All registered entries (of one kind, or all), sorted by kind then name.
+
+    Kinds come in the order of :data:`KINDS`. Loads the plugins first if they are not
+    loaded yet (:func:`load_plugins`).
+
+    Args:
+      kind: ``None`` (default: every kind), ``"loss"``, ``"head"`` or ``"metric"``.
+
+    Returns:
+      A new list of :class:`Entry`.
+
+    Raises:
+      ValueError: ``kind`` is not one of :data:`KINDS` or ``None``.
+
+    Example:
+      >>> [e.name for e in losszoo.registry.entries("loss") if e.batch_risk]
+      ['cvar', 'kl_dro_batch_lse', 'kl_dro_sumexp', 'safe_kl_dro']
+    """
     check_choice(kind, "kind", (*KINDS, None))
     load_plugins()
     with _lock:
@@ -237,7 +302,21 @@ def entries(kind: str | None = None) -> list[Entry]:
 
 
 def names(kind: str | None = None) -> list[str]:
-    """Canonical registered names, optionally of one kind."""
+    """Canonical registered names (no aliases), optionally of one kind.
+
+    Args:
+      kind: ``None`` (default: every kind), ``"loss"``, ``"head"`` or ``"metric"``.
+
+    Returns:
+      A list of names, in the order of :func:`entries` (by kind, then alphabetical).
+
+    Raises:
+      ValueError: ``kind`` is not one of :data:`KINDS` or ``None``.
+
+    Example:
+      >>> losszoo.registry.names("head")
+      ['bcsoftmax', 'logit_bounding', 'probability_bounding', 'sparsemax', 'temperature_scaling']
+    """
     return [e.name for e in entries(kind)]
 
 
@@ -251,6 +330,17 @@ def load_plugins(force: bool = False) -> None:
     whatever it registered before failing is removed, so the registry stays consistent.
     A plugin whose module is being imported right now (it imported losszoo, e.g. the user
     wrote ``import my_plugin``) is left for the next lookup, when its import has finished.
+
+    Args:
+      force: ``False`` (default): return at once if the plugins were loaded already.
+        ``True``: scan the entry points again and load those that registered nothing
+        yet (e.g. installed since, or failed before); a plugin with an entry is skipped.
+
+    Returns:
+      None.
+
+    Example:
+      >>> losszoo.registry.load_plugins()  # done by `import losszoo`: returns at once
     """
     global _plugins_loaded, _current_source
     with _lock:

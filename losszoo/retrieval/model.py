@@ -40,6 +40,10 @@ class Model(keras.Model):
     so that every tower exists before training starts (JAX needs that); it returns
     ``None``. A subclass that defines ``call`` builds its towers itself.
 
+    Args:
+      *args, **kwargs: those of a subclassed ``keras.Model`` (e.g. ``name``); a subclass
+        passes them on with ``super().__init__(...)``.
+
     Example:
       >>> import losszoo.retrieval as R
       >>> class TwoTower(R.Model):

@@ -76,6 +76,17 @@ class CandidateSampler:
 
     Args:
       num_items: catalogue size ``N``; ids are ``0 .. N - 1``.
+
+    Example:
+      >>> import losszoo.retrieval
+      >>> class FirstHalf(losszoo.retrieval.CandidateSampler):
+      ...     def target(self):  # any non-negative weights; normalised, then rounded
+      ...         return np.array([1.0, 1.0, 0.0, 0.0])
+      >>> sampler = FirstHalf(4)
+      >>> sampler.weights().tolist()  # w_j, summing to 2**30
+      [536870912, 536870912, 0, 0]
+      >>> keras.ops.convert_to_numpy(sampler.probability([0, 3])).tolist()
+      [0.5, 0.0]
     """
 
     def __init__(self, num_items: int):
@@ -135,6 +146,9 @@ class UniformSampler(CandidateSampler):
     """Every item equally likely: ``p_j = 1/N`` (rounded to ``w_j / 2**30``; exact when ``N``
     is a power of two).
 
+    Args:
+      num_items: catalogue size ``N``, an integer in ``[1, 2**30]``; ids are ``0 .. N - 1``.
+
     Example:
       >>> import losszoo.retrieval
       >>> sampler = losszoo.retrieval.UniformSampler(1024)
@@ -155,6 +169,10 @@ class LogUniformSampler(CandidateSampler):
     ``log_uniform_candidate_sampler``:
 
         p_j = (log(j + 2) - log(j + 1)) / log(N + 1).
+
+    Args:
+      num_items: catalogue size ``N``, an integer in ``[1, 2**30]``; id ``j`` is the
+        ``j``-th most popular item (``0 .. N - 1``).
 
     Example:
       >>> import losszoo.retrieval

@@ -37,6 +37,28 @@ def resolve_loss(loss, loss_config=None, reduction="sum"):
     ``"softmax_cross_entropy"`` on the scores unless ``loss_config`` names a ``base_loss``
     (the baseline's own loss, which reads ``-inf`` as "not a candidate"); batch risks
     ignore ``reduction``.
+
+    Args:
+      loss: a registered loss name, a serialized Keras loss (a dict, deserialized with
+        ``keras.losses.deserialize``), or a Keras loss / callable (returned as it is).
+      loss_config: constructor arguments for a named loss (default none).
+      reduction: the reduction of a named loss unless ``loss_config`` sets one (default
+        ``"sum"``, the retrieval task's and TFRS' reduction).
+
+    Returns:
+      The loss object (or the callable given).
+
+    Raises:
+      KeyError: an unknown name (as :func:`losszoo.get_class`).
+      ValueError: ``loss_config`` given with a loss that is not a name.
+      TypeError: ``loss`` is none of the above.
+
+    Example:
+      >>> loss = losszoo.retrieval.resolve_loss("rankmax", {"k": 2})
+      >>> type(loss).__name__, loss.reduction
+      ('RankmaxLoss', 'sum')
+      >>> losszoo.retrieval.resolve_loss("cvar").get_config()["base_loss"]
+      'softmax_cross_entropy'
     """
     if isinstance(loss, str):
         cls = registry.get_class(loss, "loss")
