@@ -291,7 +291,8 @@ def entries(kind: str | None = None) -> list[Entry]:
       ValueError: ``kind`` is not one of :data:`KINDS` or ``None``.
 
     Example:
-      >>> [e.name for e in losszoo.registry.entries("loss") if e.batch_risk]
+      >>> batch_risks = [e.name for e in losszoo.registry.entries("loss") if e.batch_risk]
+      >>> batch_risks
       ['cvar', 'kl_dro_batch_lse', 'kl_dro_sumexp', 'safe_kl_dro']
     """
     check_choice(kind, "kind", (*KINDS, None))
