@@ -105,9 +105,9 @@ def kl_dro_exact_state_update(m, acc, n, losses, lam, sample_weight=None, batch_
     Example:
       >>> m, acc, n = np.float32(-np.inf), np.float32(0.0), np.float32(0.0)
       >>> m, acc, n = losszoo.ops.kl_dro_exact_state_update(m, acc, n, [0.0, 1.0], lam=1.0)
-      >>> m, acc, n = losszoo.ops.kl_dro_exact_state_update(m, acc, n, [2.0], lam=1.0)
-      >>> float(m), round(float(acc), 4), float(n)  # acc = exp(-2) + exp(-1) + 1
-      (2.0, 1.5032, 3.0)
+      >>> m, acc, n = losszoo.ops.kl_dro_exact_state_update(m, acc, n, [2.0, 3.0], lam=1.0)
+      >>> float(m), round(float(acc), 4), float(n)  # acc = exp(-3) + exp(-2) + exp(-1) + 1
+      (3.0, 1.553, 4.0)
     """
     dt = _state_dtype(m, acc, n)
     m = ops.convert_to_tensor(m)
@@ -144,11 +144,11 @@ def kl_dro_exact_state_result(m, acc, n, lam):
       ValueError: naming ``lam``, or ``acc`` / ``n`` when negative or infinite (as above).
 
     Example:
-      >>> m, acc, n = np.float32(2.0), np.float32(1.5032147), np.float32(3.0)  # 3 losses 0, 1, 2
+      >>> m, acc, n = np.float32(3.0), np.float32(1.553), np.float32(4.0)  # losses 0, 1, 2, 3
       >>> round(float(losszoo.ops.kl_dro_exact_state_result(m, acc, n, lam=1.0)), 4)
-      1.309
-      >>> round(float(losszoo.ops.kl_dro_batch_lse([0.0, 1.0, 2.0], lam=1.0)), 4)  # one batch
-      1.309
+      2.0539
+      >>> round(float(np.log(np.mean(np.exp([0.0, 1.0, 2.0, 3.0])))), 4)  # lam log mean exp(l/lam)
+      2.0539
     """
     lam = risks.check_lam(lam)
     m = ops.convert_to_tensor(m)
