@@ -15,7 +15,7 @@ from keras import ops
 
 from losszoo import _backend, _keras_hooks, contract
 from losszoo.losses import _dro_alpha
-from losszoo.losses._base_loss import SampleWeightCheck, per_example_loss
+from losszoo.losses._base_loss import per_example_loss
 from losszoo.ops.dro import distribute
 from losszoo.registry import register
 
@@ -93,7 +93,7 @@ def _init_scope():
 
 
 # ----------------------------------------------------------------------------- base class
-class _BatchRiskLoss(SampleWeightCheck, keras.losses.Loss):
+class _BatchRiskLoss(keras.losses.Loss):
     """A risk over the per-example values of ``base_loss`` on the whole batch.
 
     ``__call__(y_true, y_pred, sample_weight)`` returns the scalar risk with the sample
@@ -440,11 +440,21 @@ class SafeKLDRORisk(_BatchRiskLoss):
 
 # ----------------------------------------------------------------------------- baselines
 class _TemperedBatchRiskLoss(_BatchRiskLoss):
-    """A batch risk with a temperature ``lam``, computed by the op in ``_op(l, lam, s)``."""
+    """A batch risk with a temperature ``lam``, computed by the op in ``_op(l, lam, s)``;
+    ``name`` defaults to the subclass's registered name, ``_default_name``."""
 
     _op = None
+    _default_name = None
 
-    def __init__(self, base_loss, lam, name, reduction, dtype):
+    def __init__(
+        self,
+        base_loss=None,
+        lam: float = 1.0,
+        name: str | None = None,
+        reduction="sum_over_batch_size",
+        dtype=None,
+    ):
+        name = self._default_name if name is None else name
         super().__init__(base_loss=base_loss, name=name, reduction=reduction, dtype=dtype)
         self.lam = distribute.check_lam(lam)
 
@@ -481,16 +491,7 @@ class KLDROBatchLSE(_TemperedBatchRiskLoss):
     """
 
     _op = staticmethod(distribute.kl_dro_batch_lse_global)
-
-    def __init__(
-        self,
-        base_loss=None,
-        lam: float = 1.0,
-        name: str = "kl_dro_batch_lse",
-        reduction="sum_over_batch_size",
-        dtype=None,
-    ):
-        super().__init__(base_loss=base_loss, lam=lam, name=name, reduction=reduction, dtype=dtype)
+    _default_name = "kl_dro_batch_lse"
 
 
 @register(
@@ -516,16 +517,7 @@ class KLDROSumExp(_TemperedBatchRiskLoss):
     """
 
     _op = staticmethod(distribute.kl_dro_sumexp_global)
-
-    def __init__(
-        self,
-        base_loss=None,
-        lam: float = 1.0,
-        name: str = "kl_dro_sumexp",
-        reduction="sum_over_batch_size",
-        dtype=None,
-    ):
-        super().__init__(base_loss=base_loss, lam=lam, name=name, reduction=reduction, dtype=dtype)
+    _default_name = "kl_dro_sumexp"
 
 
 @register(
