@@ -26,14 +26,14 @@ if _backend.TENSORFLOW:
     from losszoo.registry._tf_keras import tf_keras_loss
 else:
 
-    def tf_keras_loss(name, **kwargs):
+    def tf_keras_loss(loss, **config):
         """tf_keras (Keras 2) and TFRS exist only with TensorFlow: raises ImportError.
 
         On TensorFlow, ``tf_keras_loss`` is :func:`losszoo.registry._tf_keras.tf_keras_loss`.
 
         Args:
-          name: a registered loss name, class or instance (unused).
-          **kwargs: the loss's configuration (unused).
+          loss: a registered loss name, class or instance (unused).
+          **config: the loss's configuration (unused).
 
         Raises:
           ImportError: always, naming the TensorFlow backend it needs.

@@ -289,7 +289,7 @@ def test_import_on_jax_and_torch_works_and_tf_only_pieces_say_why(backend, tmp_p
     code = (
         "import losszoo, keras\n"
         "print('BACKEND', keras.backend.backend(), 'sparsemax' in losszoo.names())\n"
-        "try:\n    losszoo.tf_keras_loss('sparsemax')\n"
+        "try:\n    losszoo.tf_keras_loss(loss='sparsemax', k=2)\n"  # the real signature
         "except ImportError as e:\n    print('TFKERAS', e)\n"
     )
     env = {**__import__("os").environ, "KERAS_BACKEND": backend}
