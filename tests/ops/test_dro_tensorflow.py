@@ -133,6 +133,18 @@ def test_global_baseline_ops_on_uneven_replicas_match_one_device(name):
     np.testing.assert_allclose(np.concatenate(grads), g_ref, rtol=2e-6, atol=1e-7)
 
 
+def test_global_sumexp_overflow_gives_nan_gradients_on_every_replica():
+    """As on one device: once the global value is not finite (exp(1000 / 0.7) overflows
+    float32 on the second replica), every replica's gradient is NaN, not inf or finite."""
+    l = np.array([1.0, 2.0, 1000.0, 0.5], np.float32)
+    s = np.ones(4, np.float32)
+    vals, grads = _on_replicas(
+        lambda a, b: ops.kl_dro_sumexp_global(a, 0.7, b), [l[:2], l[2:]], [s[:2], s[2:]]
+    )
+    assert all(np.isposinf(v) for v in vals), vals
+    assert all(np.all(np.isnan(g)) for g in grads), grads
+
+
 def test_global_safe_kl_on_uneven_replicas_matches_one_device():
     """The safe-KL global risk: values sum to the one-device risk, gradients are its slices,
     every replica reports the global statistics, and ``solve_alpha`` solves the global batch

@@ -212,7 +212,10 @@ def kl_dro_sumexp_global(losses, lam, sample_weight=None):
         pi = ops.where(live, ops.divide_no_nan(s, s_sum), ops.zeros_like(s))
         ex = ops.where(live, ops.exp(l * inv_lam), ops.zeros_like(l))
         (val,) = replica_sum([ops.sum(pi * ex)])
-        return risks.poison(bad, val), risks.poison(bad, pi * ex * inv_lam)
+        val = risks.poison(bad, val)
+        # as on one device: overflow, +inf or NaN anywhere in the global batch: no gradient
+        unusable = ops.logical_not(ops.isfinite(val))
+        return val, risks.poison(unusable, pi * ex * inv_lam)
 
     return ops.cast(_global_share(fn, l), original)
 
