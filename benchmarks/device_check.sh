@@ -19,9 +19,9 @@ export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 LOSSZOO_SHARED="$PWD/.gpu/
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/gpu.txt"
 # the op / loss / fit tests on JAX (the possibilistic, README and example tests are left to CPU CI:
 # they are compile-bound and the device minutes are few)
-KERAS_BACKEND=jax timeout 200 python3 -m pytest -q -p no:cacheprovider tests/backends/test_sparsemax.py \
-  tests/backends/test_rankmax.py tests/backends/test_bcsoftmax.py tests/backends/test_dro.py \
-  tests/backends/test_keras_fit.py 2>&1 | tail -30 | tee "$out/tests_jax.txt"
+KERAS_BACKEND=jax timeout 200 python3 -m pytest -q -p no:cacheprovider tests/ops/test_sparsemax.py \
+  tests/ops/test_rankmax.py tests/ops/test_bcsoftmax.py tests/ops/test_dro.py \
+  tests/losses/test_keras_fit.py 2>&1 | tail -30 | tee "$out/tests_jax.txt"
 KERAS_BACKEND=jax JAX_ENABLE_X64=1 timeout 60 python3 benchmarks/outputs.py \
   --compare .gpu/cpu_jax.npz 2>&1 | tee "$out/outputs_vs_cpu.md"
 KERAS_BACKEND=jax timeout 180 python3 benchmarks/run.py --backend jax 2>&1 | tee "$out/bench_jax.md"

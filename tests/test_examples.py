@@ -14,7 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.tensorflow_only(reason="examples on TF; tests/backends covers JAX/torch")
+from tests.harness import BACKEND
+
+# Every example at its smallest settings runs once, on TensorFlow; on JAX the two Keras 3
+# examples of issue 21 item 5 run too (the last two tests).
+tensorflow_only = pytest.mark.tensorflow_only(reason="each example runs once, on TensorFlow")
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -65,6 +69,7 @@ def _no_committed_results_touched(tmp_path, monkeypatch):
     assert after == before, "an example wrote into examples/results without --out"
 
 
+@tensorflow_only
 def test_tour(capsys):
     """The README's first command, whole: every method of the tour at its smallest settings."""
     tour = load("tour")
@@ -82,6 +87,7 @@ def test_tour(capsys):
         assert float(seconds) > 0.0, (method, seconds)
 
 
+@tensorflow_only
 def test_calibrate_classifier(tmp_path, capsys):
     load("calibrate_classifier").main(
         [
@@ -115,6 +121,7 @@ def test_calibrate_classifier(tmp_path, capsys):
     check_png(png)
 
 
+@tensorflow_only
 def test_dro_noisy_labels(tmp_path, capsys):
     load("dro_noisy_labels").main(["--epochs", "1", "--seeds", "1", "--out", str(tmp_path)])
     files = written(capsys)
@@ -125,6 +132,7 @@ def test_dro_noisy_labels(tmp_path, capsys):
     check_png(tmp_path / "dro_noisy_labels.png")
 
 
+@tensorflow_only
 def test_dro_regression(tmp_path, capsys):
     load("dro_regression").main(
         [
@@ -148,6 +156,7 @@ def test_dro_regression(tmp_path, capsys):
     check_png(tmp_path / "dro_regression.png")
 
 
+@tensorflow_only
 def test_possibilistic_synthetic(tmp_path, capsys):
     load("possibilistic_synthetic").main(["--smoke", "--out", str(tmp_path)])
     names = {f.name for f in written(capsys)}
@@ -174,6 +183,7 @@ def _synthetic_movielens(folder, users=40, items=150, per_user=12, seed=0):
     )
 
 
+@tensorflow_only
 def test_movielens_retrieval(tmp_path, capsys, monkeypatch):
     pytest.importorskip("tensorflow_recommenders")
     monkeypatch.setenv("LOSSZOO_CACHE_DIR", str(tmp_path / "cache"))  # never the real cache
@@ -227,6 +237,7 @@ def test_movielens_retrieval(tmp_path, capsys, monkeypatch):
     check_png(tmp_path / "r" / "movielens_retrieval.png")  # one epoch: markers
 
 
+@tensorflow_only
 def test_every_option_has_help_with_default(capsys):
     for name in (
         "tour",
@@ -252,3 +263,39 @@ def test_every_option_has_help_with_default(capsys):
             if block.startswith("-h"):
                 continue
             assert "(default:" in " ".join(block.split()), (name, block.split()[0])
+
+
+# ------------------------------------------------ issue 21 item 5: the Keras 3 examples on JAX
+on_jax = pytest.mark.skipif(
+    BACKEND != "jax", reason="TensorFlow: the tests above; the issue names JAX"
+)
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(f"example_{name}_{BACKEND}", EXAMPLES / name)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@on_jax
+def test_keras3_retrieval_example_on_this_backend(tmp_path, monkeypatch):
+    from tests.retrieval.test_example import synthetic_movielens
+
+    monkeypatch.setenv("LOSSZOO_CACHE_DIR", str(tmp_path / "cache"))
+    synthetic_movielens(tmp_path / "ml")
+    argv = ["--data-dir", str(tmp_path / "ml"), "--dim", "4", "--batch-size", "64"]
+    argv += ["--epochs", "2", "--loss", "rankmax", "--negatives", "mixed", "--sampled", "8"]
+    results = _load("keras3_retrieval.py").main([*argv, "--out", str(tmp_path / "r")])
+    (run,) = results[("mixed", "rankmax")]
+    assert 0.0 <= run["test"]["top1"] <= run["test"]["top100"] <= 1.0
+    assert (tmp_path / "r" / "keras3_retrieval.md").read_text().startswith("# MovieLens")
+
+
+@on_jax
+def test_calibrate_classifier_example_on_this_backend(tmp_path, capsys):
+    argv = ["--seeds", "1", "--steps", "20", "--calib-epochs", "2", "--methods", "ts,pb-c"]
+    argv += ["--diagram", "uncal,ts", "--depth", "1", "--hidden", "16"]
+    _load("calibrate_classifier.py").main([*argv, "--out", str(tmp_path)])
+    table = (tmp_path / "calibrate_classifier.md").read_text()
+    assert "| TS |" in table and "| PB-C |" in table

@@ -21,6 +21,7 @@ from sybil.parsers.markdown import CodeBlockParser, PythonCodeBlockParser
 import losszoo
 from losszoo.__main__ import main as cli_main
 from losszoo.registry import _core
+from tests.harness import BACKEND, float64
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -63,8 +64,8 @@ PARSERS = [
 
 
 @pytest.mark.tensorflow_only(
-    reason="every block, TFRS and tf.function too; tests/backends/test_readme.py runs the "
-    "Keras blocks on this backend"
+    reason="every block, TFRS and tf.function too; "
+    "test_readme_keras_blocks_run_on_this_backend runs the Keras blocks on this backend"
 )
 def test_readme_code_blocks_run():
     document = Sybil(parsers=PARSERS).parse(README)
@@ -103,3 +104,28 @@ def test_readme_registry_table_is_current(capsys):
     assert rows(table) == rows(printed), (
         "README's registry table is stale: paste `python -m losszoo list` between the markers"
     )
+
+
+# Issue 21 acceptance: the README's Keras code blocks run on JAX and PyTorch too, top to bottom
+# in one namespace, leaving out the blocks that import TensorFlow (the TFRS recipe and the
+# tf.function demo of the fail-loud contract). On JAX with 64-bit mode on, as the README says
+# the possibilistic projection needs.
+@pytest.mark.skipif(BACKEND == "tensorflow", reason="test_readme_code_blocks_run runs them all on TF")
+def test_readme_keras_blocks_run_on_this_backend():
+    examples = list(Sybil(parsers=[PythonCodeBlockParser()]).parse(README))
+    run = [e for e in examples if "import tensorflow" not in e.region.parsed]
+    assert 0 < len(examples) - len(run) <= 2, "only the TFRS and tf.function blocks are left out"
+    before = {(e.kind, e.name) for e in losszoo.entries()}
+    try:
+        with float64():
+            for example in run:
+                try:
+                    example.evaluate()
+                except Exception as err:
+                    raise AssertionError(
+                        f"README.md block at line {example.line} failed on {BACKEND}: "
+                        f"{type(err).__name__}: {err}"
+                    ) from err
+    finally:
+        for key in {(e.kind, e.name) for e in losszoo.entries()} - before:
+            _core._unregister(key)

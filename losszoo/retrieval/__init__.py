@@ -2,7 +2,8 @@
 losszoo loss) built from small public functions, candidate samplers with exact probabilities,
 catalogue top-k metrics.
 
-Written with ``keras.ops``: runs on TensorFlow, JAX and PyTorch (``tests/backends``).
+Written with ``keras.ops``: runs on TensorFlow, JAX and PyTorch
+(``tests/retrieval/test_two_tower.py``).
 
 - :class:`Retrieval`: the task, used inside a model's ``compute_loss`` like
   ``tfrs.tasks.Retrieval``.

@@ -210,7 +210,7 @@ def test_constraint_options_rejected_naming_the_argument():
 class _NoneBatch(Modes):
     """:class:`Modes` whose graph and XLA programs are traced with a ``None`` batch dim
     (as Keras traces a dataset with a partial last batch); gradients as in :class:`Modes`
-    (static shapes: tests/ops/test_possibilistic.py checks them at a None batch dim).
+    (static shapes: tests/ops/test_possibilistic_tensorflow.py checks them at a None batch dim).
     TensorFlow only: JAX and PyTorch trace concrete shapes."""
 
     def __init__(self, fn, k):

@@ -56,7 +56,7 @@ def softmax(z):
 class GraphModeSequential(keras.Sequential):
     """Compiles its train step without whole-step XLA: the projection still runs in its
     own cached XLA kernel, but each test avoids one more slow whole-step compilation
-    (a fully jitted train step is tested in tests/ops/test_possibilistic.py)."""
+    (a fully jitted train step is tested in tests/ops/test_possibilistic_tensorflow.py)."""
 
     def compile(self, *args, **kwargs):
         kwargs["jit_compile"] = False

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from losszoo.ops import possibilistic_projection
-from tests.ops.test_possibilistic import ref_constraints
+from tests.ops.test_possibilistic_tensorflow import ref_constraints
 
 pytestmark = pytest.mark.tensorflow_only(
-    reason="tf.function checks; references from tests/ops/test_possibilistic.py"
+    reason="tf.function checks; references from tests/ops/test_possibilistic_tensorflow.py"
 )
 
 

@@ -12,7 +12,7 @@ from tests.harness import BACKEND, MODES, compiled, numpy
 from tests.references import load_reference
 
 N, D, K = 50, 4, 3
-# PyTorch's jit_compile is torch.compile, outside losszoo's contract (tests/backends/harness).
+# PyTorch's jit_compile is torch.compile, outside losszoo's contract (tests/harness.py).
 JIT = (False,) if BACKEND == "torch" else (False, True)
 NAMES = ("ece", "adaptive_ece", "classwise_ece", "nll", "brier_score", "calibration_accuracy")
 
