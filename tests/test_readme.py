@@ -110,7 +110,7 @@ def test_readme_registry_table_is_current(capsys):
 # in one namespace, leaving out the blocks that import TensorFlow (the TFRS recipe and the
 # tf.function demo of the fail-loud contract). On JAX with 64-bit mode on, as the README says
 # the possibilistic projection needs.
-@pytest.mark.skipif(BACKEND == "tensorflow", reason="test_readme_code_blocks_run runs them all on TF")
+@pytest.mark.skipif(BACKEND == "tensorflow", reason="test_readme_code_blocks_run runs all on TF")
 def test_readme_keras_blocks_run_on_this_backend():
     examples = list(Sybil(parsers=[PythonCodeBlockParser()]).parse(README))
     run = [e for e in examples if "import tensorflow" not in e.region.parsed]
