@@ -3,7 +3,12 @@ every temperature, on every backend: values and gradients against an independent
 bisection in numpy (and brute force over all 3^K patterns for small K), and against the
 safeguarded Newton solver it replaced, at T in {0.05, 0.1, 1, 10} with binding bounds (both,
 upper only, lower only, per-class), ties, -inf masks, huge logits, more classes at the upper
-bound than the solver takes candidates, empty batches, float64 and an unknown batch size."""
+bound than the solver takes candidates, empty batches, float64 and an unknown batch size.
+
+CI time (issue 32): the temperature is an argument of the compiled program, not a constant in
+it, so one program per test (and bound kind, and solver) serves every temperature: 11 XLA
+programs on TensorFlow instead of 35. (Not rows of one batch with a per-row temperature: the
+solvers' loops then run to the slowest row's count for every row, 10x slower on PyTorch.)"""
 
 import itertools
 
@@ -13,15 +18,17 @@ from keras import ops
 
 from losszoo.ops import _bcsoftmax as impl
 from losszoo.ops import bcsoftmax
-from tests.harness import BACKEND, MODES, compiled, float64, numpy, value_and_grad
+from tests.harness import MODES, compiled, float64, numpy
+from tests.programs import ValueAndGrad
 
 TEMPERATURES = (0.05, 0.1, 1.0, 10.0)
 TRACED = MODES[-1]
 
 
 def _dynamic(tau):
-    """``tau`` as a tensor (values unknown when the program is built)."""
-    return ops.convert_to_tensor(np.float32(tau))
+    """``tau`` as an argument of the program (its value unknown when the program is built, so
+    one program serves every temperature)."""
+    return np.float32(tau)
 
 
 @pytest.fixture(autouse=True)
@@ -120,53 +127,70 @@ BOUNDS = {
 }
 
 
-@pytest.mark.parametrize("tau", TEMPERATURES)
+def _with_bounds(kind, k):
+    lower, upper = BOUNDS[kind](k)
+    return lambda x, t: bcsoftmax(x, lower, upper, t)
+
+
+# One program per bound kind (the bounds are Python numbers: they set the candidates taken).
+# On TensorFlow the batch size is unknown when the program is built (a None batch dimension):
+# the unknown-batch check of test_empty_batch_float64_and_unknown_batch, with gradients.
+_KIND_PROGRAMS = {
+    kind: ValueAndGrad(
+        _with_bounds(kind, 256),
+        TRACED,
+        signature=[([None, 256], "float32"), ([None, 256], "float32"), ([], "float32")],
+    )
+    for kind in BOUNDS
+}
+
+
 @pytest.mark.parametrize("kind", sorted(BOUNDS))
-def test_values_and_gradients_at_every_temperature(kind, tau):
+def test_values_and_gradients_at_every_temperature(kind):
+    """K = 256, 16 rows, every temperature through one program."""
     k = 256
     x = np.random.default_rng(0).normal(0, 3, (16, k)).astype(np.float32)
     lower, upper = BOUNDS[kind](k)
+    v = upstream(x.shape).astype(np.float32)
+    for tau in TEMPERATURES:
+        y, (gx,) = _KIND_PROGRAMS[kind](v, x, _dynamic(tau))
+        want, state = bisect_reference(
+            x, 0.0 if lower is None else lower, 1.0 if upper is None else upper, tau
+        )
+        np.testing.assert_allclose(y, want, atol=1e-6, err_msg=f"tau={tau}")
+        np.testing.assert_allclose(
+            gx, vjp(want, state, v, tau), atol=2e-5 / tau, err_msg=f"tau={tau}"
+        )
 
-    def f(x):
-        return bcsoftmax(x, lower, upper, _dynamic(tau))
 
-    y, (gx,) = value_and_grad(f, x, mode=TRACED)
-    want, state = bisect_reference(
-        x, 0.0 if lower is None else lower, 1.0 if upper is None else upper, tau
-    )
-    np.testing.assert_allclose(y, want, atol=1e-6)
-    np.testing.assert_allclose(gx, vjp(want, state, upstream(y.shape), tau), atol=2e-5 / tau)
+def _kernel_with(**how):
+    def run(x, a, b, t):
+        return impl._kernel(x, a, b, t, "newton", True, **how)
+
+    return run
 
 
-@pytest.mark.parametrize("tau", TEMPERATURES)
-def test_matches_the_safeguarded_newton_solver(tau):
-    """The solver it replaced (still the fallback): outputs and gradients within 1e-6."""
-    k = 512
+def test_matches_the_safeguarded_newton_solver():
+    """The solver it replaced (still the fallback): outputs and gradients within 1e-6, at
+    every temperature (one program per solver)."""
+    k, n = 512, 32
     rng = np.random.default_rng(1)
-    x = rng.normal(0, 3, (32, k)).astype(np.float32)
-    a = (rng.uniform(0, 0.5, (32, k)) / k).astype(np.float32)  # per-class: the log-key path
-    b = rng.uniform(0.05, 0.3, (32, k)).astype(np.float32)
-
-    def run(x, **how):
-        a_, b_, t_ = (ops.convert_to_tensor(v) for v in (a, b, np.float32(tau)))
-        return impl._kernel(ops.convert_to_tensor(x), a_, b_, t_, "newton", True, **how)
-
-    def new(x):
-        return run(x, n_upper=impl.n_upper_candidates(b, k))
-
-    def old(x):
-        return run(x, solver=impl._solve_newton)
-
-    y1, (g1,) = value_and_grad(new, x, mode=TRACED)
-    y0, (g0,) = value_and_grad(old, x, mode=TRACED)
-    np.testing.assert_allclose(y1, y0, atol=1e-6)
-    np.testing.assert_allclose(g1 * tau, g0 * tau, atol=1e-6)
+    x = rng.normal(0, 3, (n, k)).astype(np.float32)
+    a = (rng.uniform(0, 0.5, (n, k)) / k).astype(np.float32)  # per-class: the log-key path
+    b = rng.uniform(0.05, 0.3, (n, k)).astype(np.float32)
+    new = ValueAndGrad(_kernel_with(n_upper=impl.n_upper_candidates(b, k)), TRACED)
+    old = ValueAndGrad(_kernel_with(solver=impl._solve_newton), TRACED)
+    v = upstream(x.shape).astype(np.float32)
+    for tau in TEMPERATURES:
+        y1, (g1,) = new(v, x, a, b, _dynamic(tau))
+        y0, (g0,) = old(v, x, a, b, _dynamic(tau))
+        np.testing.assert_allclose(y1, y0, atol=1e-6, err_msg=f"tau={tau}")
+        np.testing.assert_allclose(g1 * tau, g0 * tau, atol=1e-6, err_msg=f"tau={tau}")
 
 
-@pytest.mark.parametrize("tau", TEMPERATURES)
-def test_small_rows_against_brute_force_with_ties_and_masks(tau):
+def test_small_rows_against_brute_force_with_ties_and_masks():
     """40 rows of K = 6 (some classes masked by -inf): integer-spaced logits (ties), lower
-    bounds 0 / 0.05 / 0.1, upper bounds 0 / 0.25 / 0.5 / 1; one compiled call."""
+    bounds 0 / 0.05 / 0.1, upper bounds 0 / 0.25 / 0.5 / 1; one compiled program."""
     rng = np.random.default_rng(2)
     xs, as_, bs = [], [], []
     while len(xs) < 40:
@@ -180,14 +204,21 @@ def test_small_rows_against_brute_force_with_ties_and_masks(tau):
             continue
         xs.append(x), as_.append(a), bs.append(b)
     x, a, b = np.stack(xs), np.stack(as_), np.stack(bs)
-    got = numpy(compiled(lambda x, a, b: bcsoftmax(x, a, b, _dynamic(tau)), TRACED)(x, a, b))
-    for row in range(len(x)):
-        alive = np.isfinite(x[row])
-        want = a[row].astype(np.float64)
-        want[alive] = brute_force(
-            x[row][alive], a[row][alive].astype(np.float64), b[row][alive].astype(np.float64), tau
-        )
-        np.testing.assert_allclose(got[row], want, atol=1e-6, err_msg=f"{x[row]} {a[row]} {b[row]}")
+    f = compiled(lambda x, a, b, t: bcsoftmax(x, a, b, t), TRACED)
+    for tau in TEMPERATURES:
+        got = numpy(f(x, a, b, _dynamic(tau)))
+        for row, y in enumerate(got):
+            alive = np.isfinite(x[row])
+            want = a[row].astype(np.float64)
+            want[alive] = brute_force(
+                x[row][alive],
+                a[row][alive].astype(np.float64),
+                b[row][alive].astype(np.float64),
+                tau,
+            )
+            np.testing.assert_allclose(
+                y, want, atol=1e-6, err_msg=f"tau={tau}: {x[row]} {a[row]} {b[row]}"
+            )
 
 
 def test_more_classes_at_the_upper_bound_than_candidates():
@@ -197,23 +228,28 @@ def test_more_classes_at_the_upper_bound_than_candidates():
     x = np.random.default_rng(3).normal(0, 3, (8, k)).astype(np.float32)
     b = np.full((8, 1), 0.1, np.float32)
     b[::2] = 0.015
+    f = compiled(lambda x, b, t: bcsoftmax(x, 0.1 / k, b, t), TRACED)
     for tau in (0.05, 1.0):
-        f = compiled(lambda x, b: bcsoftmax(x, 0.1 / k, b, _dynamic(tau)), TRACED)
-        y = numpy(f(x, b))
         want, _ = bisect_reference(x, 0.1 / k, b, tau)
-        np.testing.assert_allclose(y, want, atol=1e-6)
+        np.testing.assert_allclose(
+            numpy(f(x, b, _dynamic(tau))), want, atol=1e-6, err_msg=f"tau={tau}"
+        )
 
 
 def test_huge_logits_and_offsets():
-    rng = np.random.default_rng(4)
-    x = rng.normal(0, 1e4, (8, 64)).astype(np.float32)
+    x = np.random.default_rng(4).normal(0, 1e4, (8, 64)).astype(np.float32)
+    f = compiled(lambda x, t: bcsoftmax(x + 1e6, 0.1 / 64, 0.2, t), TRACED)
     for tau in (0.05, 10.0):
-        y = numpy(compiled(lambda x: bcsoftmax(x + 1e6, 0.1 / 64, 0.2, _dynamic(tau)), TRACED)(x))
         want, _ = bisect_reference(x.astype(np.float64), 0.1 / 64, 0.2, tau)
-        np.testing.assert_allclose(y, want, atol=1e-6)
+        np.testing.assert_allclose(
+            numpy(f(x, _dynamic(tau))), want, atol=1e-6, err_msg=f"tau={tau}"
+        )
 
 
 def test_empty_batch_float64_and_unknown_batch():
+    """An empty batch and float64 (each its own program). The unknown batch size (TensorFlow:
+    a None batch dimension) is in test_values_and_gradients_at_every_temperature, whose
+    programs are built with one."""
     f = compiled(lambda x: bcsoftmax(x, 0.01, 0.1, 0.05), TRACED)
     assert numpy(f(np.zeros((0, 50), np.float32))).shape == (0, 50)
     x = np.random.default_rng(5).normal(0, 3, (6, 50))
@@ -221,12 +257,3 @@ def test_empty_batch_float64_and_unknown_batch():
         y = numpy(compiled(lambda x: bcsoftmax(x, 0.01, 0.1, 0.05), TRACED)(x))
     assert y.dtype == np.float64
     np.testing.assert_allclose(y, bisect_reference(x, 0.01, 0.1, 0.05)[0], atol=1e-12)
-    if BACKEND == "tensorflow":
-        import tensorflow as tf
-
-        g = tf.function(
-            lambda x: bcsoftmax(x, 0.01, 0.1, 0.05),
-            input_signature=[tf.TensorSpec([None, 50], tf.float32)],
-            jit_compile=True,
-        )
-        np.testing.assert_allclose(numpy(g(x.astype(np.float32))), y, atol=1e-6)
