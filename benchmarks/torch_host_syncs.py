@@ -90,7 +90,7 @@ def cases(n, k):
         "rankmax_loss (ids, k = 1)": lambda z: losszoo.ops.rankmax_loss(ids, z),
         "rankmax_loss (ids, k = 5)": lambda z: losszoo.ops.rankmax_loss(ids, z, k=5),
         "rankmax_loss (one-hot)": lambda z: losszoo.ops.rankmax_loss(onehot, z, k=5),
-        "rankmax (ids, k = 5)": lambda z: losszoo.ops.rankmax(z, ids, k=5),
+        "rankmax (ids, k = 5)": lambda z: losszoo.ops.rankmax(ids, z, k=5),
         "softmax_cross_entropy (Keras loss, ids)": lambda z: losszoo.get("softmax_cross_entropy")(
             ids, z
         ),

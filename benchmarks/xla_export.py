@@ -125,11 +125,11 @@ def paper_alg5_t(x, a, b, t):
 
 def rankmax_k1_head(scores, ids):
     # a dense cotangent without an [n] constant in the module (n = 1e6 in --large)
-    return ops.rankmax(scores, ids, k=1) * tf.stop_gradient(tf.sin(scores))
+    return ops.rankmax(ids, scores, k=1) * tf.stop_gradient(tf.sin(scores))
 
 
 def rankmax_k10_head(scores, ids):
-    return ops.rankmax(scores, ids, k=10) * tf.stop_gradient(tf.sin(scores))
+    return ops.rankmax(ids, scores, k=10) * tf.stop_gradient(tf.sin(scores))
 
 
 def softmax_head(scores, ids):

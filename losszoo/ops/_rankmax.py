@@ -701,13 +701,14 @@ def _rankmax_projection_ids(z, ids, w, k, eta):
     return f(z, ids, w)
 
 
-def rankmax(logits, labels, k: int = 1, margin: float = 1.0, label_format: str = "auto"):
+def rankmax(labels, logits, k: int = 1, margin: float = 1.0, label_format: str = "auto"):
     """Rankmax projection ``min(1, alpha_y (z - mu_y)_+)`` of the logits, for each positive.
+
+    Arguments in Keras' order, ``(labels, logits)``, as :func:`rankmax_loss` and every loss.
 
     ``mu_y = min(z_y, z_[k]) - margin`` and ``alpha_y`` makes the projection sum to k.
 
     Args:
-      logits: ``[..., n]`` scores; ``-inf`` masks a candidate (projection 0).
       labels: ids (integer or whole-number floats), shape ``logits.shape[:-1]`` (one positive
         per row; output ``[..., n]``) or ``logits.shape[:-1] + [M]`` (output ``[..., M, n]``,
         one projection per positive; ``-1`` pads and gives a zero row). On TensorFlow a
@@ -716,6 +717,7 @@ def rankmax(logits, labels, k: int = 1, margin: float = 1.0, label_format: str =
         :func:`rankmax_loss`: integer labels ``[..., n]`` (one-hot rows or n ids?) are
         ambiguous and raise unless ``label_format="ids"``; floating labels of the logits'
         rank are dense weights, which have no projection (TypeError: use ``rankmax_loss``).
+      logits: ``[..., n]`` scores; ``-inf`` masks a candidate (projection 0).
       k: static int, ``1 <= k < n``. Each projection lies in [0, 1] and sums to k.
       margin: ``eta > 0`` (paper: 1).
       label_format: ``"auto"`` (default), ``"keras"`` or ``"ids"`` (see :func:`rankmax_loss`;
@@ -737,7 +739,7 @@ def rankmax(logits, labels, k: int = 1, margin: float = 1.0, label_format: str =
     come back all NaN.
 
     Example:
-      >>> keras.ops.convert_to_numpy(rankmax([[2.0, 1.5, -3.0]], [0]))
+      >>> keras.ops.convert_to_numpy(rankmax([0], [[2.0, 1.5, -3.0]]))
       array([[0.6666667 , 0.33333334, 0.        ]], dtype=float32)
     """
     z, dtype, n, k, eta, _ = _prepare_logits(logits, "logits", k, margin)

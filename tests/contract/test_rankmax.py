@@ -51,7 +51,7 @@ def _ref_loss(z, y, k):
 def test_valid_projection_and_loss(k, z, y):
     proj, loss = RUNNERS[k]
     want_p = np.stack([ref.rankmax(row, t, k)[0] for row, t in zip(z, y)])
-    assert_modes_agree(proj, z, y, reference=want_p, grad_wrt=(0,), atol=1e-6, suite="rankmax")
+    assert_modes_agree(proj, y, z, reference=want_p, grad_wrt=(1,), atol=1e-6, suite="rankmax")
     want = _ref_loss(z, y, k)
     assert_modes_agree(loss, y, z, reference=want, grad_wrt=(1,), atol=1e-6, suite="rankmax_loss")
     # dense one-hot labels (the TFRS form) take the masked-sum path: same numbers
@@ -96,7 +96,7 @@ def test_out_of_range_ids(k, z, y, row, bad):
     y = y.copy()
     y[row] = bad
     assert_rejects(loss, y, z, name="labels", rows=[row], suite="rankmax_loss")
-    assert_rejects(proj, z, y, name="labels", rows=[row], suite="rankmax")
+    assert_rejects(proj, y, z, name="labels", rows=[row], suite="rankmax")
 
 
 @BAD_SETTINGS
@@ -140,14 +140,14 @@ def test_nan_scores(k, z, y, row, col):
     z = z.copy()
     z[row, col] = np.nan
     assert_rejects(loss, y, z, name="logits", rows=[row], suite="rankmax_loss")
-    assert_rejects(proj, z, y, name="logits", rows=[row], suite="rankmax")
+    assert_rejects(proj, y, z, name="logits", rows=[row], suite="rankmax")
 
 
 def test_hyper_parameters_rejected():
     z, y = np.zeros((2, 4)), np.array([0, 1])
     bad_k = [0, -1, 1.5, 2.0, np.nan, np.inf, "2", None, True, 4, 7]
     assert_hparam_rejected(lambda k: ops.rankmax_loss(y, z, k=k), "k", bad_k, suite="rankmax_loss")
-    assert_hparam_rejected(lambda k: ops.rankmax(z, y, k=k), "k", bad_k, suite="rankmax")
+    assert_hparam_rejected(lambda k: ops.rankmax(y, z, k=k), "k", bad_k, suite="rankmax")
     assert_hparam_rejected(lambda k: RankmaxLoss(k=k), "k", bad_k[:-2], suite="RankmaxLoss")
     bad_margin = [0.0, -1.0, np.nan, np.inf, "1", None]
     assert_hparam_rejected(
@@ -188,7 +188,7 @@ def test_integer_one_hot_is_ambiguous_for_the_projection_too():
     z = np.random.default_rng(3).normal(size=(B, N))
     one_hot = np.eye(N, dtype=np.int32)[np.arange(B) % N]
     proj, loss = RUNNERS[1]
-    assert_rejects(proj, z, one_hot, name="labels", rows=(), suite="rankmax", match="ambiguous")
+    assert_rejects(proj, one_hot, z, name="labels", rows=(), suite="rankmax", match="ambiguous")
     assert_rejects(
         loss, one_hot, z, name="labels", rows=(), suite="rankmax_loss", match="ambiguous"
     )

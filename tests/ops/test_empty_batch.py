@@ -24,7 +24,7 @@ OPS = {
     "sparsemax_loss": (lambda z: losszoo.ops.sparsemax_loss(PI, z), (0,)),
     "bcsoftmax": (lambda z: losszoo.ops.bcsoftmax(z, lower=0.01, upper=0.9), (0, K)),
     "bcsoftmax_temperature": (lambda z: losszoo.ops.bcsoftmax(z, temperature=0.5), (0, K)),
-    "rankmax": (lambda z: losszoo.ops.rankmax(z, IDS, k=2), (0, K)),
+    "rankmax": (lambda z: losszoo.ops.rankmax(IDS, z, k=2), (0, K)),
     "rankmax_loss": (lambda z: losszoo.ops.rankmax_loss(IDS, z, k=2), (0,)),
     "rankmax_loss_dense": (lambda z: losszoo.ops.rankmax_loss(PI, z, max_positives=None), (0,)),
     "possibilistic_projection": (

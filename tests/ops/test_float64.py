@@ -42,8 +42,8 @@ def _ops():
         "sparsemax": losszoo.ops.sparsemax,
         "sparsemax_loss": lambda z: losszoo.ops.sparsemax_loss(onehot, z),
         "sparsemax_loss_soft": lambda z: losszoo.ops.sparsemax_loss(np.full((3, 7), 1 / 7), z),
-        "rankmax_k1": lambda z: losszoo.ops.rankmax(z, ids, k=1),
-        "rankmax_k3": lambda z: losszoo.ops.rankmax(z, ids, k=3, margin=0.7),
+        "rankmax_k1": lambda z: losszoo.ops.rankmax(ids, z, k=1),
+        "rankmax_k3": lambda z: losszoo.ops.rankmax(ids, z, k=3, margin=0.7),
         "rankmax_loss_ids_k3": lambda z: losszoo.ops.rankmax_loss(ids, z, k=3, margin=0.7),
         "rankmax_loss_onehot_k2": lambda z: losszoo.ops.rankmax_loss(onehot, z, k=2),
         "rankmax_loss_dense_k2": lambda z: losszoo.ops.rankmax_loss(

@@ -66,7 +66,7 @@ def _ref_rows(z, positives, k, eta=1.0):
 
 def _project(z, labels, **kw):
     with float64():
-        return numpy(rankmax(z, labels, **kw))
+        return numpy(rankmax(labels, z, **kw))
 
 
 @SWEEP
@@ -170,7 +170,7 @@ def test_gradients_match_finite_differences(k):
         if all(_away_from_kinks(z[b], y[b], k) for b in range(3)):
             break
     multi = np.stack([np.eye(7)[y[b]] + np.eye(7)[(y[b] + 2) % 7] for b in range(3)])
-    fns = [lambda s: rankmax_loss(y, s, k=k), lambda s: rankmax(s, y, k=k)]
+    fns = [lambda s: rankmax_loss(y, s, k=k), lambda s: rankmax(y, s, k=k)]
     if all(_away_from_kinks(z[b], (y[b] + 2) % 7, k) for b in range(3)):
         fns.append(lambda s: rankmax_loss(multi, s, k=k))
     with float64():
@@ -300,7 +300,7 @@ def test_half_precision_computed_in_float32(dtype):
     assert keras.backend.standardize_dtype(got.dtype) == dtype
     exact = numpy(rankmax_loss(y, kops.cast(zh, "float32"), k=2))  # same inputs, float32
     np.testing.assert_allclose(numpy(kops.cast(got, "float32")), exact, rtol=1e-2)
-    assert keras.backend.standardize_dtype(rankmax(zh, y, k=2).dtype) == dtype
+    assert keras.backend.standardize_dtype(rankmax(y, zh, k=2).dtype) == dtype
 
 
 def test_float32_large_n_matches_float64():
@@ -320,9 +320,9 @@ def test_bad_inputs_name_the_argument():
     with pytest.raises(ValueError, match="`k`"):
         rankmax_loss([0], z, k=0)
     with pytest.raises(ValueError, match="`k`"):
-        rankmax(z, [0], k=5)
+        rankmax([0], z, k=5)
     with pytest.raises(ValueError, match="`margin`"):
-        rankmax(z, [0], margin=-1.0)
+        rankmax([0], z, margin=-1.0)
     with pytest.raises(ValueError, match="shape"):
         rankmax_loss(np.array([[1.0, 0.0]], np.float32), z)
 
@@ -373,7 +373,7 @@ def test_masked_positive_gives_inf_loss_and_zero_gradient():
     for mode in TRACED:
         loss = numpy(compiled(lambda y, s: rankmax_loss(y, s), mode)(np.array([0, 0]), z))
         assert np.isinf(loss[0]), mode
-    assert np.all(np.isnan(numpy(rankmax(z, [0, 0]))[0]))
+    assert np.all(np.isnan(numpy(rankmax([0, 0], z))[0]))
 
 
 def test_integer_one_hot_is_ambiguous_and_dense_format_matches_float():
@@ -408,19 +408,19 @@ def test_rankmax_rejects_integer_one_hot_like_rankmax_loss():
     # every mode (a static check: it raises while tracing too).
     z = np.array([[2.0, 1.0, 0.0]], np.float32)
     one_hot = np.array([[0, 1, 0]], np.int32)
-    for fn in (lambda: rankmax(z, one_hot), lambda: rankmax_loss(one_hot, z)):
+    for fn in (lambda: rankmax(one_hot, z), lambda: rankmax_loss(one_hot, z)):
         with pytest.raises(ValueError, match="`labels` is ambiguous"):
             fn()
     for mode in MODES:
         with pytest.raises(ValueError, match="`labels` is ambiguous"):
-            compiled(lambda y: rankmax(z, y), mode)(one_hot)
+            compiled(lambda y: rankmax(y, z), mode)(one_hot)
     # forcing the ids reading gives one projection per listed id
-    p = numpy(rankmax(z, one_hot, label_format="ids"))
+    p = numpy(rankmax(one_hot, z, label_format="ids"))
     for j, y in enumerate([0, 1, 0]):
         want = ref.rankmax(z[0].astype(np.float64), y, 1)[0]
         np.testing.assert_allclose(p[0, j], want, atol=1e-6)
     with pytest.raises(TypeError, match="must be integer ids"):
-        rankmax(z, one_hot, label_format="dense")
+        rankmax(one_hot, z, label_format="dense")
 
 
 @SWEEP
@@ -486,7 +486,7 @@ def test_loss_with_ids_matches_reference(mode, k):
 @pytest.mark.parametrize("mode", MODES)
 def test_projection_matches_reference_with_vjp(mode, k):
     z, y = _data(seed=10 + k)
-    p, (g,) = value_and_grad(lambda s: rankmax(s, y, k=k), z, mode=mode)
+    p, (g,) = value_and_grad(lambda s: rankmax(y, s, k=k), z, mode=mode)
     z64 = z.astype(np.float64)
     want = np.stack([ref.rankmax(r, t, k)[0] for r, t in zip(z64, y)])
     up = upstream(p.shape)
@@ -536,7 +536,7 @@ def test_padded_ids_and_masked_positive(mode):
     want, want_g = _oracle(z, [[(i, 1.0) for i in r if i >= 0] for r in ids], 2)
     np.testing.assert_allclose(loss, want, atol=2e-5)
     np.testing.assert_allclose(g, want_g, atol=2e-5)
-    p = numpy(compiled(lambda s: rankmax(s, ids, k=2), mode)(z))
+    p = numpy(compiled(lambda s: rankmax(ids, s, k=2), mode)(z))
     assert p.shape == (3, 2, 6) and np.all(p[1, 1] == 0) and np.all(p[2] == 0)
     np.testing.assert_allclose(p[0, 1], ref.rankmax(z[0].astype(np.float64), 3, 2)[0], atol=1e-6)
     masked = z.copy()
@@ -568,7 +568,7 @@ def test_traced_bad_rows_are_nan_and_others_untouched(mode):
     bad_ids = y.copy()
     bad_ids[1], bad_ids[3] = 5, -2
     loss = compiled(lambda lab, s: rankmax_loss(lab, s, k=2), mode)
-    proj = compiled(lambda lab, logits: rankmax(logits, lab, k=2), mode)
+    proj = compiled(lambda lab, logits: rankmax(lab, logits, k=2), mode)
     for fn in (loss, proj):
         out = numpy(fn(bad_ids, z))
         assert np.all(np.isnan(out[[1, 3]])) and np.all(np.isfinite(out[[0, 2]]))
@@ -604,7 +604,7 @@ def test_eager_errors_name_the_argument():
     with pytest.raises(ValueError, match=r"`labels` holds class ids.*\[0, K\).*rows \[1\]"):
         rankmax_loss(np.array([0, 4, 1]), z)
     with pytest.raises(ValueError, match=r"`labels` holds class ids.*rows \[2\]"):
-        rankmax(z, np.array([0.0, 1.0, 1.5], np.float32))
+        rankmax(np.array([0.0, 1.0, 1.5], np.float32), z)
     nan_z = z.copy()
     nan_z[0, 1] = np.nan
     with pytest.raises(ValueError, match="`logits` must not hold NaN"):
@@ -612,7 +612,7 @@ def test_eager_errors_name_the_argument():
     with pytest.raises(ValueError, match="`y_pred` must not hold NaN"):
         rankmax_loss(y, nan_z, logits_name="y_pred")
     with pytest.raises(ValueError, match="`logits` must not hold NaN"):
-        rankmax(nan_z, y)
+        rankmax(y, nan_z)
     with pytest.raises(ValueError, match="`labels` must be finite and >= 0"):
         rankmax_loss(-np.eye(4, dtype=np.float32)[y], z)
     with pytest.raises(ValueError, match="`labels` is ambiguous"):
@@ -620,8 +620,8 @@ def test_eager_errors_name_the_argument():
     with pytest.raises(ValueError, match="`k` must be smaller"):
         rankmax_loss(y, z, k=4)
     with pytest.raises(TypeError, match="`k`"):
-        rankmax(z, y, k=2.0)
+        rankmax(y, z, k=2.0)
     with pytest.raises(ValueError, match="`margin`"):
         rankmax_loss(y, z, margin=0.0)
     with pytest.raises(TypeError, match="must be integer ids"):
-        rankmax(z, np.eye(4, dtype=np.float32)[y])
+        rankmax(np.eye(4, dtype=np.float32)[y], z)

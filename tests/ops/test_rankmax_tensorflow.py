@@ -62,7 +62,7 @@ def test_ragged_and_sparse_labels():
     np.testing.assert_allclose(rankmax_loss(sparse_dense, z).numpy(), want, rtol=1e-6, atol=1e-6)
     sparse_ids = tf.SparseTensor([[0, 0], [0, 1], [1, 0]], [0, 3, 4], [3, 2])
     np.testing.assert_allclose(rankmax_loss(sparse_ids, z).numpy(), want, rtol=1e-6, atol=1e-6)
-    p = rankmax(z, ragged).numpy()  # [3, 2, 5]: one projection per listed id, padding zero
+    p = rankmax(ragged, z).numpy()  # [3, 2, 5]: one projection per listed id, padding zero
     np.testing.assert_allclose(p[0, 1], ref.rankmax(z[0].astype(np.float64), 3, 1)[0], atol=1e-6)
     np.testing.assert_array_equal(p[1, 1], 0.0)
     empty = tf.ragged.constant([[], []], dtype=tf.int32)
