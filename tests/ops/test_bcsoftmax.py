@@ -25,6 +25,7 @@ from tests.harness import (
     numpy,
     value_and_grad,
 )
+from tests.programs import ValueAndGrad
 from tests.references import load_reference
 
 REF = load_reference("bcsoftmax")
@@ -485,13 +486,16 @@ def _problem(seed, n=4, k=6):
 
 
 @pytest.mark.parametrize(
-    # every mode for the default; the others compiled without XLA on TensorFlow (the contract
-    # suite runs every method under XLA), jitted on JAX (eager JAX compiles at every call)
+    # every mode for the default (its XLA / jax.jit program, with a per-row temperature: in
+    # test_traced_bad_rows_are_nan, one program for both); the others compiled without XLA on
+    # TensorFlow (the contract suite runs every method under XLA), jitted on JAX (eager JAX
+    # compiles at every call)
     "method, mode",
-    [("newton", mode) for mode in MODES] + [(m, FAST) for m in METHODS[1:]],
+    [("newton", mode) for mode in MODES if mode != TRACED] + [(m, FAST) for m in METHODS[1:]],
 )
 def test_values_and_gradients_match_the_oracle(method, mode):
-    """Also what XLA / jit vs eager checked: every mode against the oracle and its VJP."""
+    """Also what XLA / jit vs eager checked: every mode against the oracle and its VJP (the
+    traced mode in test_traced_bad_rows_are_nan)."""
     x, a, b = _problem(0)
     tau = np.float32(0.8)
 
@@ -579,8 +583,9 @@ def test_bad_rows_are_nan_with_validation_off(mode):
 
 @pytest.mark.skipif(TRACED is None, reason="PyTorch has no traced mode without assertions")
 def test_traced_bad_rows_are_nan():
-    """One program (XLA / jax.jit), validation on: every kind of bad row is NaN, the others
-    match the oracle."""
+    """One program (XLA / jax.jit), validation on: every kind of bad row is NaN, values and
+    gradients (also to the bounds and the per-row temperature) of the others match the oracle
+    and its VJP (the traced mode of test_values_and_gradients_match_the_oracle)."""
     x, a, b = _problem(5, n=8)
     t = np.full((8, 1), 0.9, np.float32)
     x[1, 2] = np.nan
@@ -589,11 +594,24 @@ def test_traced_bad_rows_are_nan():
     a[4, 0], b[4, 0] = 0.5, 0.2  # lower > upper
     a[5], b[5] = 0.5, 0.9  # sum(lower) > 1
     t[6] = -1.0  # temperature <= 0
-    y = numpy(compiled(bcsoftmax, TRACED)(x, a, b, t))
+    v = _upstream(x.shape).astype(np.float32)
+    y, (gx, ga, gb, gt) = _TRACED_VJP(v, x, a, b, t)
     assert np.isnan(y[1:7]).all()
+    assert np.isnan(gx[1:7]).all()
     good = [0, 7]
-    want = REF.bcsoftmax(x[good].astype(np.float64), a[good], b[good], 0.9)[0]
+    want, state = REF.bcsoftmax(x[good].astype(np.float64), a[good], b[good], 0.9)
     np.testing.assert_allclose(y[good], want, atol=2e-6)
+    wx, wa, wb = REF.bcsoftmax_vjp(want, state, v[good], 0.9)
+    np.testing.assert_allclose(gx[good], wx, atol=2e-5)
+    np.testing.assert_allclose(ga[good], wa, atol=2e-5)
+    np.testing.assert_allclose(gb[good], wb, atol=2e-5)
+    xs = x[good] - x[good].max(-1, keepdims=True)  # dL/dtau = -(1/tau) sum (x - max x) dL/dx
+    np.testing.assert_allclose(
+        gt[good], -(xs * gx[good]).sum(-1, keepdims=True) / 0.9, rtol=1e-4, atol=1e-5
+    )
+
+
+_TRACED_VJP = ValueAndGrad(bcsoftmax, TRACED, argnums=(0, 1, 2, 3)) if TRACED else None
 
 
 @pytest.mark.parametrize(
