@@ -20,6 +20,11 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
+
+pytestmark = pytest.mark.tensorflow_only(
+    reason="tf.distribute.MirroredStrategy: a TensorFlow subprocess whatever the suite's backend"
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -74,8 +79,8 @@ print("REPORT " + json.dumps(report))
 """
 
 
-def _run(script):
-    """Run ``script`` in a fresh process (TensorFlow, 2 logical CPUs); its JSON report."""
+def _run_reports(script):
+    """Run ``script`` in a fresh process (TensorFlow, 2 logical CPUs); its JSON reports."""
     env = {
         **os.environ,
         "KERAS_BACKEND": "tensorflow",
@@ -93,12 +98,20 @@ def _run(script):
         check=False,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    line = next(x for x in out.stdout.splitlines() if x.startswith("REPORT "))
-    return json.loads(line[len("REPORT ") :])
+    lines = [x for x in out.stdout.splitlines() if x.startswith("REPORT ")]
+    return [json.loads(line[len("REPORT ") :]) for line in lines]
 
 
-def test_dro_losses_train_under_successive_mirrored_strategies():
-    report = _run(_SCRIPT)
+def test_dro_losses_under_successive_mirrored_strategies():
+    """Both scripts in one fresh process (TensorFlow imported once): the successive-strategies
+    script, then the by-name script, whose strategies come after the first's (more successive
+    strategies in one process, as in a notebook)."""
+    first, by_name = _run_reports(_SCRIPT + f"NAMES = {_DRO_NAMES!r}\n" + _BY_NAME_SCRIPT)
+    _check_successive_strategies(first)
+    _check_by_name_inside_mirrored_scope(by_name)
+
+
+def _check_successive_strategies(report):
     assert [r["name"] for r in report][1:5] == [
         "kl_dro_batch_lse",
         "safe_kl_dro",
@@ -114,18 +127,10 @@ def test_dro_losses_train_under_successive_mirrored_strategies():
 
 
 _DRO_NAMES = ("safe_kl_dro", "kl_dro_batch_lse", "cvar", "kl_dro_sumexp")
+# Runs after _SCRIPT in its process (its imports, devices and strategies before these).
 _BY_NAME_SCRIPT = r"""
-import json
-import tensorflow as tf
-cpus = tf.config.list_physical_devices("CPU")
-tf.config.set_logical_device_configuration(cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
-import keras
-import numpy as np
-import losszoo
 from losszoo.losses.dro import find_dro_losses
-from tests import distributed as dist
 
-devices = [d.name for d in tf.config.list_logical_devices("CPU")][:2]
 report = []
 for name in NAMES:
     x, y = dist.data("cvar")
@@ -152,13 +157,12 @@ print("REPORT " + json.dumps(report))
 """
 
 
-def test_dro_losses_by_name_compiled_inside_mirrored_scope():
+def _check_by_name_inside_mirrored_scope(report):
     """Issue 31 item 2: ``compile(loss="safe_kl_dro")`` inside ``strategy.scope()`` raised
     "created outside the active tf.distribute strategy's scope" (Keras builds a loss given by
     name in its symbolic build, where the alpha variable is still deferred). All four DRO names
     by name under 2-replica Mirrored train as one device; safe-KL's alpha is mirrored and equal
     on both replicas."""
-    report = _run(f"NAMES = {_DRO_NAMES!r}\n" + _BY_NAME_SCRIPT)
     assert [r["name"] for r in report] == list(_DRO_NAMES)
     for r in report:
         single, mirrored = r["runs"]
