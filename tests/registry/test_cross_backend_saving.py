@@ -41,9 +41,11 @@ LOAD = """
 import json, sys
 import keras, numpy as np
 import losszoo
-model = keras.models.load_model(sys.argv[1], compile=False)
-x = np.load(sys.argv[2])
-print(json.dumps([np.asarray(p).tolist() for p in model.predict(x, verbose=0)]))
+out = {}
+for path in sys.argv[2:]:  # every other backend's file, in one process
+    model = keras.models.load_model(path, compile=False)
+    out[path] = [np.asarray(p).tolist() for p in model.predict(np.load(sys.argv[1]), verbose=0)]
+print(json.dumps(out))
 """
 
 
@@ -60,16 +62,39 @@ def _run(code, backend, *args):
         [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=600, env=env
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    return [np.array(p) for p in json.loads(result.stdout.strip().splitlines()[-1])]
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("saved_on", ["tensorflow", "jax", "torch"])
-def test_saved_model_predicts_the_same_on_every_backend(saved_on, tmp_path):
-    path, data = str(tmp_path / "model.keras"), str(tmp_path / "x.npy")
-    expected = _run(SAVE, saved_on, path, data)
-    assert expected[0].shape == (7, 5) and np.allclose(expected[0].sum(-1), 1, atol=1e-6)
-    for backend in {"tensorflow", "jax", "torch"} - {saved_on}:
-        got = _run(LOAD, backend, path, data)
-        for a, b in zip(got, expected):
-            np.testing.assert_allclose(a, b, atol=2e-6, err_msg=f"{saved_on} -> {backend}")
+BACKENDS = ("tensorflow", "jax", "torch")
+
+pytestmark = [
+    pytest.mark.slow,
+    # The test runs every backend in its own subprocesses, whatever the suite's backend: once
+    # per CI (the TensorFlow run), not the same processes again in the JAX and PyTorch runs.
+    pytest.mark.skipif(
+        os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow",
+        reason="cross-backend subprocesses run once, in the TensorFlow run",
+    ),
+]
+
+
+def test_saved_model_predicts_the_same_on_every_backend(tmp_path):
+    """One process per backend trains and saves its model, then one process per backend
+    loads the two other backends' files (6 processes instead of a save and two loads per
+    saving backend; one test, so pytest-xdist cannot split the saves between its workers)."""
+    data, files = str(tmp_path / "x.npy"), {}
+    for backend in BACKENDS:
+        path = str(tmp_path / f"{backend}.keras")
+        expected = [np.array(p) for p in _run(SAVE, backend, path, data)]
+        assert expected[0].shape == (7, 5) and np.allclose(expected[0].sum(-1), 1, atol=1e-6)
+        files[backend] = path, expected
+    for loaded_on in BACKENDS:
+        others = [b for b in BACKENDS if b != loaded_on]
+        got = _run(LOAD, loaded_on, data, *(files[b][0] for b in others))
+        for saved_on in others:
+            path, expected = files[saved_on]
+            assert len(got[path]) == len(expected)
+            for a, b in zip(got[path], expected):
+                np.testing.assert_allclose(
+                    np.array(a), b, atol=2e-6, err_msg=f"{saved_on} -> {loaded_on}"
+                )
