@@ -73,9 +73,7 @@ def _wait(procs):
         assert p.returncode == 0, f"worker failed (rc {p.returncode}):\n{log[-3000:]}"
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("mwms")
+def _runs(tmp):
     ports = ",".join(map(str, _free_ports(2)))
     outs = [tmp / f"worker{i}.json" for i in range(2)] + [tmp / "single.json"]
     procs = [_launch(["--index", str(i), "--ports", ports], outs[i]) for i in range(2)]
@@ -85,8 +83,16 @@ def runs(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", LOSSES)
-def test_two_workers_match_single_device(runs, name):
+def test_two_workers_match_single_device(tmp_path):
+    """Every loss of ``LOSSES``, from one run of the three processes. One test, not one per
+    loss around a module fixture: pytest-xdist (``-n 2``) ran that fixture, the three
+    processes, once in each of its workers."""
+    runs = _runs(tmp_path)
+    for name in LOSSES:
+        _check(runs, name)
+
+
+def _check(runs, name):
     assert name in losszoo.names("loss"), name
     worker0, worker1, single = (r[name] for r in runs)
     for worker in (worker0, worker1):
@@ -101,6 +107,6 @@ def test_two_workers_match_single_device(runs, name):
             np.testing.assert_allclose(
                 a, b, rtol=1e-5, atol=1e-6, err_msg=f"{name}: weights differ from one device"
             )
-        assert worker["state"] == pytest.approx(single["state"], rel=1e-5, abs=1e-7)
+        assert worker["state"] == pytest.approx(single["state"], rel=1e-5, abs=1e-7), name
     first = np.concatenate([np.ravel(w) for w in single["weights"]])
-    assert np.all(np.isfinite(first)) and single["losses"][0] != single["losses"][-1]
+    assert np.all(np.isfinite(first)) and single["losses"][0] != single["losses"][-1], name
