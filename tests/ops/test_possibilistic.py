@@ -5,6 +5,8 @@ constraints ``A p >= b`` (spec 1.4) solved by SciPy's SLSQP, the antipignistic f
 KL of a fixed target in closed form, and central finite differences of the loss.
 """
 
+import functools
+
 import numpy as np
 import pytest
 from scipy import optimize
@@ -92,13 +94,22 @@ def _data(seed=0, n=4, k=4):
 
 
 def test_spec_worked_example_4_and_antipignistic():
-    p, info = losszoo.ops.possibilistic_projection(
-        np.log([[0.48, 0.261, 0.259]]), np.array([[1.0, 0.51, 0.5]])
-    )
-    np.testing.assert_allclose(numpy(p), [[0.49, 0.25598077, 0.25401923]], atol=1e-8)
-    assert numpy(info.converged).all()
-    pdot = numpy(losszoo.ops.antipignistic(np.array([[1.0, 0.51, 0.5]])))
-    np.testing.assert_allclose(pdot, [[0.661667, 0.171667, 0.166667]], atol=1e-6)
+    z, pi = np.log([[0.48, 0.261, 0.259]]), np.array([[1.0, 0.51, 0.5]])
+    for kw in (
+        {},  # certified (interior point)
+        {"stopping": "paper"},  # the paper's Dykstra: one cycle, one binding prefix
+        {"stopping": "paper", "gap_policy": "antipignistic_tight", "eps_cap": 1e-3},
+    ):
+        p, info = losszoo.ops.possibilistic_projection(z, pi, **kw)
+        np.testing.assert_allclose(numpy(p), [[0.49, 0.25598077, 0.25401923]], atol=1e-8)
+        if not kw:
+            assert numpy(info.converged).all()
+            continue
+        assert numpy(info.cycles)[0] == 1
+        lam = numpy(info.multipliers)[0]
+        assert lam[0, 0] > 0 and np.all(lam.ravel()[1:] == 0)
+    pdot = numpy(losszoo.ops.antipignistic(pi))
+    np.testing.assert_allclose(pdot, [[0.661666667, 0.171666667, 0.166666667]], atol=1e-9)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -152,8 +163,11 @@ def test_fixed_target_losses_and_antipignistic_gradient(mode):
         t = np.where(target > 0, target, 1.0)
         np.testing.assert_allclose(value, np.sum(target * np.log(t / q), -1), atol=1e-12)
         np.testing.assert_allclose(g, upstream[:, None] * (q - target), atol=1e-12)
-    _, (gp,) = value_and_grad(losszoo.ops.antipignistic, pi, mode=mode)
-    np.testing.assert_allclose(gp, finite_difference(losszoo.ops.antipignistic, pi), atol=1e-6)
+    # antipignistic is piecewise linear in pi: its hand-derived gradient vs FD (no ties)
+    for kw in ({}, {"floor": 0.3}):
+        fn = functools.partial(losszoo.ops.antipignistic, **kw)
+        _, (gp,) = value_and_grad(fn, pi, mode=mode)
+        np.testing.assert_allclose(gp, finite_difference(fn, pi, eps=1e-7), atol=1e-7)
 
 
 @pytest.mark.parametrize("mode", MODES)
