@@ -56,9 +56,17 @@ def assert_certified(p, q, pi, info, gap_tol=1e-10, tol=1e-8):
     assert info.converged.all()
 
 
-def run(z, pi, **kw):
-    p, info = possibilistic_projection(np.asarray(z, np.float64), np.asarray(pi, np.float64), **kw)
-    return p.numpy(), type(info)(*(v.numpy() for v in info))
+def run(z, pi, pad_to=None, **kw):
+    """The projection as numpy. ``pad_to``: the batch padded to that many rows with all-ones
+    possibilities (they short-circuit: uniform, no iteration), so that tests share the kernels
+    compiled for one shape; the results are those of the given rows."""
+    z, pi = np.asarray(z, np.float64), np.asarray(pi, np.float64)
+    b = len(z)
+    if pad_to is not None:
+        z = np.concatenate([z, np.zeros((pad_to - b, z.shape[1]))])
+        pi = np.concatenate([pi, np.ones((pad_to - b, z.shape[1]))])
+    p, info = possibilistic_projection(z, pi, **kw)
+    return p.numpy()[:b], type(info)(*(v.numpy()[:b] for v in info))
 
 
 @pytest.mark.parametrize(
@@ -75,10 +83,12 @@ def run(z, pi, **kw):
     ],
 )
 def test_two_block_rows_are_solved_in_closed_form(pi, q, policy, binding):
+    # A batch of 3 rows (K = 4): the kernels' shape of the contract tests' valid inputs
+    # (tests/contract/test_possibilistic_contract.py), compiled once for both.
     pi, q = np.array([pi]), np.array([q])
-    p, info = run(np.log(q), pi, gap_policy=policy)
+    p, info = run(np.log(q), pi, pad_to=3, gap_policy=policy)
     assert info.iterations[0] == 0 and info.cycles[0] == 0  # no iteration at all
-    ref, ref_info = run(np.log(q), pi, gap_policy=policy, method="dykstra", tol=1e-13)
+    ref, ref_info = run(np.log(q), pi, pad_to=3, gap_policy=policy, method="dykstra", tol=1e-13)
     assert ref_info.converged.all()
     np.testing.assert_allclose(p, ref, atol=1e-12, rtol=0)
     lam = info.multipliers[0]  # [3, m1]: prefix, lower, upper
@@ -184,9 +194,14 @@ def test_batch_compaction_keeps_every_row(monkeypatch):
     from losszoo.ops.possibilistic import _interior_point, _projection
 
     rng = np.random.default_rng(14)
-    k, batch = 24, 40
+    k, batch = 12, 40
     z = 3.0 * rng.normal(size=(batch, k))
     pi = graded(rng, batch, k)
+    # The reference: the default kernel (no compaction below 128 rows), compiled once for
+    # this shape and shared with the eager references of
+    # tests/ops/test_possibilistic_tensorflow.py's None-batch test.
+    assert _interior_point._IPM_COMPACT_MIN_BATCH > batch
+    ref, ref_info = run(z, pi, max_cycles=1)
     # Compacted from 32 rows on here (the default, 128, keeps small batches in one copy).
     monkeypatch.setattr(_interior_point, "_IPM_COMPACT_MIN_BATCH", 32)
     compacted = tf.function(_interior_point._ipm_solve, jit_compile=True)
@@ -195,10 +210,6 @@ def test_batch_compaction_keeps_every_row(monkeypatch):
     iters = info.iterations
     assert len(set(iters.tolist())) > 2  # rows finish at different times
     assert np.sum(iters == iters.max()) <= batch // 4  # the last iterations are compacted
-    monkeypatch.setattr(_interior_point, "_IPM_COMPACT_MIN_BATCH", 10**9)
-    ipm = tf.function(_interior_point._ipm_solve, jit_compile=True)
-    monkeypatch.setattr(_projection, "IPM_JIT", ipm)
-    ref, ref_info = run(z, pi, max_cycles=1)
     np.testing.assert_array_equal(info.iterations, ref_info.iterations)
     np.testing.assert_allclose(p, ref, atol=1e-13, rtol=0)
     assert_certified(p, softmax(z), pi, info)
