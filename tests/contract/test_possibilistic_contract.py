@@ -167,6 +167,12 @@ def _fixed_c(z, votes):
     return ops.vote_kl_loss(votes, z)
 
 
+# One runner (one program per mode and signature) for every parameter of a test.
+FIXED_B = Modes(_fixed_b)
+FIXED_C = Modes(_fixed_c)
+ANTIPIGNISTIC = Modes(ops.antipignistic)
+
+
 @pytest.mark.parametrize(
     "bad_row",
     [
@@ -177,10 +183,13 @@ def _fixed_c(z, votes):
 def test_invalid_logit_rows_rejected_or_nan(bad_row):
     # Issue 19: these rows gave loss 0.0 (the projection was NaN).
     z = np.array([bad_row, GOOD_Z[1]])
-    for runner in (LOSS, PROJ, Modes(_fixed_b)):
-        assert_rejects(runner, z, GOOD_PI, name="logits", rows=[0], suite=SUITE)
     votes = np.array([[3.0, 1.0, 0.0, 2.0], [1.0, 1.0, 1.0, 1.0]])
-    assert_rejects(Modes(_fixed_c), z, votes, name="logits", rows=[0], suite=SUITE)
+    for runner, labels in ((LOSS, GOOD_PI), (PROJ, GOOD_PI), (FIXED_B, GOOD_PI), (FIXED_C, votes)):
+        assert_rejects(runner, z, labels, name="logits", rows=[0], suite=SUITE)
+        # where the bad row is NaN, the good row beside it stays finite (the cached program)
+        for mode in NAN_MODES:
+            out = np.asarray(runner(mode, z, labels))
+            assert np.isfinite(out[1]).all(), (mode, out)
 
 
 @pytest.mark.parametrize(
@@ -194,7 +203,7 @@ def test_invalid_logit_rows_rejected_or_nan(bad_row):
 )
 def test_antipignistic_bad_rows_rejected_or_nan(bad_row):
     pi = np.array([bad_row, GOOD_PI[1]])
-    assert_rejects(Modes(ops.antipignistic), pi, name="possibility", rows=[0], suite=SUITE)
+    assert_rejects(ANTIPIGNISTIC, pi, name="possibility", rows=[0], suite=SUITE)
 
 
 def test_constraint_options_rejected_naming_the_argument():
@@ -236,7 +245,6 @@ def _loss_and_projection(z, pi):
     return loss, tf.nn.softmax(z) - tape.gradient(loss, z)
 
 
-LOSS_NONE = _NoneBatch(_loss, K)
 BOTH_NONE = _NoneBatch(_loss_and_projection, K)
 _NONE_BATCH = "a None batch dim exists only in TensorFlow's traced signatures"
 
@@ -261,7 +269,8 @@ def test_none_batch_dim_agrees_with_eager(case):
 
 @pytest.mark.tensorflow_only(reason=_NONE_BATCH)
 def test_none_batch_dim_bad_input_rejected_or_nan():
+    # The loss (first output) of test_none_batch_dim_agrees_with_eager's programs (cached).
     z = np.array([[np.inf, 0.0, -1.0, 0.5], GOOD_Z[1]])
-    assert_rejects(LOSS_NONE, z, GOOD_PI, name="logits", rows=[0], suite=SUITE)
+    assert_rejects(BOTH_NONE, z, GOOD_PI, name="logits", rows=[0], suite=SUITE)
     pi = np.array([[np.nan, 1.0, 0.5, 0.2], GOOD_PI[1]])
-    assert_rejects(LOSS_NONE, GOOD_Z, pi, name="labels", rows=[0], suite=SUITE)
+    assert_rejects(BOTH_NONE, GOOD_Z, pi, name="labels", rows=[0], suite=SUITE)
