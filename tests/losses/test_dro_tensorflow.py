@@ -12,24 +12,13 @@ from losszoo import ops
 from losszoo.losses import CVaRLoss, KLDROBatchLSE, KLDROSumExp, SafeKLDRORisk
 from losszoo.losses.dro import alpha_updates, find_dro_losses
 from tests.helpers import assert_mirrored_matches_single, load_reference
+from tests.losses.test_dro import _data, _linear  # one copy of the data and model
 
 pytestmark = pytest.mark.tensorflow_only(
     reason="tf.GradientTape custom-loop rule; tf.distribute.MirroredStrategy; tf_keras adapter"
 )
 
 R = load_reference("safe_kl_dro")
-
-
-def _data(n=64, d=4, seed=0):
-    rng = np.random.default_rng(seed)
-    X = rng.normal(size=(n, d)).astype("float32")
-    y = (X @ rng.normal(size=d) + rng.standard_t(3, size=n)).astype("float32")
-    return X, y
-
-
-def _linear(d=4):
-    keras.utils.set_random_seed(0)
-    return keras.Sequential([keras.Input((d,)), keras.layers.Dense(1)])
 
 
 def _sq_losses(model, X, y):
