@@ -59,3 +59,28 @@ def test_possibilistic_loss_compiles_nothing_after_its_first_call(caplog):
             assert np.isfinite(float(value))
     assert calls[0], "the first call compiles"
     assert calls[1:] == [[], []], calls[1:]
+
+
+def test_safe_kl_dro_compiles_nothing_after_its_first_call(caplog):
+    # The loss solves alpha in a ``cond`` on its first step (and the op in a ``while_loop``):
+    # run op by op, both were compiled anew at every call.
+    import jax
+
+    rng = np.random.default_rng(2)
+    loss = losszoo.get("safe_kl_dro", kind="loss")
+    calls = []
+    for _ in range(3):  # new values, same shapes
+        y = rng.integers(0, 3, 8).astype("float32")
+        z = rng.normal(size=(8, 3)).astype("float32")
+        l = rng.uniform(0.0, 3.0, 8).astype("float32")
+        caplog.clear()
+        with jax.log_compiles(True), caplog.at_level("WARNING"):
+            value, grad = jax.value_and_grad(lambda z: loss(y, z))(z)
+            alpha = losszoo.ops.safe_kl_dro_solve_alpha(l, lam=1.0, rho=0.1)
+        calls.append([r.getMessage() for r in caplog.records if "Compiling" in r.getMessage()])
+        assert np.isfinite(float(value)) and np.all(np.isfinite(np.asarray(grad)))
+        # alpha solves sum_i w_i / n = 1 (spec 3.1): the weights' mean at it is 1
+        w = 1.0 / (1.0 + np.exp(-((l - float(alpha)) / 1.0 + np.log(0.1)))) / 0.1
+        np.testing.assert_allclose(w.mean(), 1.0, atol=1e-4)
+    assert calls[0], "the first call compiles"
+    assert calls[1:] == [[], []], calls[1:]

@@ -423,7 +423,7 @@ def _bisect_loop(l, s, lo, hi, c, iterations):
     return ops.where(s_sum > 0, 0.5 * (lo + hi), ops.zeros_like(lo))
 
 
-_bisect = _bisect_loop
+_bisect = _backend.jit_on_jax(_bisect_loop)  # JAX outside jit: one program per shape
 if _backend.TENSORFLOW:  # eager TensorFlow runs the loop as one graph (inlined when traced)
     _bisect = _backend.tf.function(_bisect_loop, reduce_retracing=True, autograph=False)
 

@@ -260,6 +260,20 @@ def cvar_risk_global(losses, rho, sample_weight=None):
     return ops.cast(_global_share(fn, l), original)
 
 
+def _solve_alpha_if(solve, losses, sample_weight, lam, rho, dtype):
+    """The optimal alpha of ``losses`` where ``solve`` (a scalar bool tensor), else 0."""
+    return ops.cond(
+        solve,
+        lambda: ops.cast(risks.safe_kl_dro_solve_alpha(losses, lam, rho, sample_weight), dtype),
+        lambda: ops.zeros([], dtype),
+    )
+
+
+# On JAX outside any ``jit``: one cached program per shape (the ``cond`` of new closures was
+# compiled anew at every training step).
+_SOLVE_ALPHA_IF = _backend.jit_on_jax(_solve_alpha_if, static_argnames=("lam", "rho", "dtype"))
+
+
 def safe_kl_dro_risk_and_stats_global(
     losses, alpha, lam, rho, sample_weight=None, calibrate=True, solve_alpha=None
 ):
@@ -294,13 +308,8 @@ def safe_kl_dro_risk_and_stats_global(
         # is all-gathered before it (every replica then solves the same global problem).
         l_all = replica_gather(ops.stop_gradient(l))
         s_all = None if s is None else replica_gather(s)
-        a_dt = dtype_name(alpha)
         with _backend.stop_recording():  # keeps XLA free of cond gradients
-            solved = ops.cond(
-                solve_alpha,
-                lambda: ops.cast(risks.safe_kl_dro_solve_alpha(l_all, lam, rho, s_all), a_dt),
-                lambda: ops.zeros([], a_dt),
-            )
+            solved = _SOLVE_ALPHA_IF(solve_alpha, l_all, s_all, lam, rho, dtype_name(alpha))
         alpha = ops.where(solve_alpha, solved, alpha)
     value, stats = risks.risk_and_stats(
         l, risks.scalar_alpha(alpha, dt), s, bad, lam, rho, calibrate
