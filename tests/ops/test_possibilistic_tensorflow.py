@@ -710,21 +710,30 @@ def test_none_batch_dim_matches_static_shapes(k, batches, kw, jit_compile):
 
     spec = [tf.TensorSpec([None, k], tf.float64)] * 2
     dynamic = tf.function(fn, input_signature=spec, jit_compile=jit_compile)
-    # The reference is the same mode's program at static shapes. Not eager: a compiled
-    # program rounds differently from eager (XLA fuses, and graph mode's optimiser rewrites
-    # ops on some CPUs: on CI's machine one row's iteration count was 13 in graph mode and
-    # 14 in eager).
+    # The reference is the same mode's program at static shapes, then eager. A row whose last
+    # residual sits at the stopping tolerance may stop one iteration apart in two programs
+    # (they differ in the compacted stage and in rounding: on CI and in a full local run,
+    # graph mode's None-batch program stopped one row at 13 iterations, the static one at
+    # 14; XLA against eager, 8 of 40 rows): such a row agrees to the certificate's tolerance
+    # (1e-8), every other row to 1e-10.
     reference = tf.function(fn, jit_compile=jit_compile)
     for batch in batches:
         z, pi = _none_batch_case(k, batch)
-        got, want = dynamic(z, pi), reference(z, pi)
-        assert got[2].shape.as_list() == [batch, k]
-        for a, b in zip(got, want):
-            np.testing.assert_allclose(a.numpy(), b.numpy(), atol=1e-10, rtol=0)
-        # and the programs' p* = q - gradient is the eager projection (certified)
-        p_eager, _ = possibilistic_projection(z, pi, **kw)
+        (it, loss, grad), (it_want, loss_want, grad_want) = dynamic(z, pi), reference(z, pi)
+        assert grad.shape.as_list() == [batch, k]
+        p_eager, info_eager = possibilistic_projection(z, pi, **kw)
         q = tf.nn.softmax(z).numpy()
-        np.testing.assert_allclose(q - got[2].numpy(), p_eager.numpy(), atol=1e-10, rtol=0)
+        # against the static program, then (p* = q - gradient) against the eager projection
+        for want_it, pairs in [
+            (it_want, [(loss, loss_want), (grad, grad_want)]),
+            (info_eager.iterations, [(q - grad.numpy(), p_eager)]),
+        ]:
+            apart = np.abs(it.numpy() - np.asarray(want_it))
+            assert apart.max() <= 1, (it.numpy(), np.asarray(want_it))
+            atol = np.where(apart == 0, 1e-10, 1e-8)
+            for a, b in pairs:
+                diff = np.abs(np.asarray(a) - np.asarray(b)).reshape(batch, -1).max(-1)
+                np.testing.assert_array_less(diff, atol)
 
 
 @pytest.mark.parametrize("jit_compile", [False, True])
