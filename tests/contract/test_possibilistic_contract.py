@@ -142,7 +142,10 @@ def _valid_case(draw):
 @hypothesis.settings(CONTRACT_SETTINGS, max_examples=examples(15))
 def test_valid_inputs_agree_across_modes_and_with_dykstra(case):
     z, pi = case
-    ref = ops.possibilistic_projection(z, pi, method="dykstra", max_cycles=20000)[0]
+    # 500 cycles: three of these examples never meet the certified rule (their gap stalls at
+    # rounding) and ran to the cap; their 500-cycle points equal the 20,000-cycle ones to
+    # 9e-16 (checked on TensorFlow), and on PyTorch's eager loop the cap cost 450 s.
+    ref = ops.possibilistic_projection(z, pi, method="dykstra", max_cycles=500)[0]
     ref = keras.ops.convert_to_numpy(ref)
     assert_modes_agree(PROJ, z, pi, reference=ref, atol=1e-6, suite=SUITE)
     assert_modes_agree(LOSS, z, pi, atol=1e-6, grad_wrt=(0,), suite=SUITE)
