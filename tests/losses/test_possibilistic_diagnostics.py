@@ -90,8 +90,14 @@ def test_fit_and_evaluate_log_the_ops_diagnostics(jit_compile, config):
     # evaluate's list: the loss, then the compiled metrics in order (its dict: by name)
     assert sorted(logs) == sorted(["loss", *NAMES])
     np.testing.assert_allclose(values, [logs[n] for n in ["loss", *NAMES]], rtol=1e-6)
+    # The reference runs the op eagerly; Keras' step is a compiled program (graph or XLA),
+    # which rounds differently: a row whose last residual sits at the stopping tolerance may
+    # stop one iteration apart (seen: 1 row of 80 under XLA). So up to 5% of the rows may
+    # count one step apart: the mean work within 0.05, the mean of the batches' p90 within 1.
     for got in ([logs[n] for n in NAMES], [history[n][-1] for n in NAMES]):
-        np.testing.assert_allclose(got, want, rtol=1e-6)
+        np.testing.assert_allclose(got[0], want[0], atol=0.05, rtol=0)
+        np.testing.assert_allclose(got[1], want[1], atol=1.0, rtol=0)
+        np.testing.assert_allclose(got[2], want[2], atol=0.05 * N if config == "tight" else 0)
 
 
 def test_projection_runs_once_per_step(monkeypatch):
