@@ -223,6 +223,22 @@ LOOPS_READ_HOST = NAME == "torch"
 them in Python, one sync with the device per trip (TensorFlow and JAX compile them)."""
 
 
+@functools.cache
+def compiles_for_gpu() -> bool:
+    """Whether compiled programs run on a GPU here: JAX's default backend is a GPU, or
+    TensorFlow sees one (it places ops there by default). False on PyTorch, whose eager ops
+    need no such choice. Read once per process; kernels use it to pick, per shape, the
+    variant with fewer kernel launches where launches dominate (a GPU runs a small problem's
+    loop trips slower than a sort)."""
+    if NAME == "jax":
+        import jax
+
+        return jax.default_backend() in ("gpu", "cuda", "rocm")
+    if NAME == "tensorflow":
+        return bool(tf.config.list_logical_devices("GPU"))
+    return False
+
+
 def in_graph_without_xla() -> bool:
     """Whether code is being traced into a TensorFlow graph that XLA will not compile (the
     one place where assertion ops run; under XLA they vanish, on JAX they do not exist)."""

@@ -32,6 +32,9 @@ chunks do, the search runs on the 64 chunks with the largest maxima (a ``top_k``
 maxima and a gather) and is exact; rows whose support spans more chunks make the batch go on
 with full steps from there. The row max is taken from the chunk maxima, so on this path one
 pass over the logits comes before the passes that form the output and the loss.
+Compiled for a GPU, a problem of at most 2^22 scores and 32768 classes per row is
+thresholded by one sort instead (spec A1, :func:`_sorts`): there each Newton step's kernel
+launches cost more than the sort. PyTorch sorts the candidates (:func:`_michelot`).
 
 Numerics: the maximum is subtracted first (without it float32 loses the support at large
 K, spec section 4); ``-inf`` scores get probability 0; ``+inf`` or all ``-inf`` rows give NaN,
@@ -59,6 +62,7 @@ from keras import ops
 
 from losszoo._backend import (
     LOOPS_READ_HOST,
+    compiles_for_gpu,
     cumsum,
     custom_gradient,
     jit_on_jax,
@@ -105,6 +109,28 @@ def _searches_candidates(num_classes) -> bool:
     """Whether the threshold of ``num_classes`` classes is searched on candidate chunks."""
     chunk = _chunk_size(num_classes)
     return chunk > 1 and num_classes // chunk >= _CANDIDATE_MIN
+
+
+# On a GPU a row of up to _SORT_MAX_CLASSES classes is thresholded by a sort when the whole
+# batch holds at most _SORT_MAX_ENTRIES scores: there the Newton search's loop trips (kernel
+# launches) cost more than the sort (H200, JAX, fwd+bwd of the loss: 256x1000 0.36 -> 0.10 ms,
+# 128x32768 0.58 -> 0.39 ms; the sort loses at 2048x32768, 5.1 against 1.2 ms, and at
+# 32x100000, 0.75 against 0.42 ms; BENCHMARKS.md, "GPU: H200").
+_SORT_MAX_CLASSES = 32768
+_SORT_MAX_ENTRIES = 2**22
+
+
+def _sorts(shape) -> bool:
+    """Whether the whole threshold search is one sort of the scores of static ``shape``: for
+    small problems of known size compiled for a GPU, else never (XLA on a CPU: the Newton
+    search is faster at every size; PyTorch: see :func:`_michelot`)."""
+    entries = int(np.prod(shape)) if all(d is not None for d in shape) else None
+    return (
+        compiles_for_gpu()
+        and entries is not None
+        and shape[-1] <= _SORT_MAX_CLASSES
+        and entries <= _SORT_MAX_ENTRIES
+    )
 
 
 def _chunks(z, chunk):
@@ -180,6 +206,8 @@ def _threshold(x, shift=0.0, maxima=None):
     # that cond's rewrite for gradients: FakeParam of its loop's accumulators).
     x = ops.stop_gradient(x)
     z = x - shift
+    if _sorts(tuple(z.shape)):
+        return ops.stop_gradient(_sorted_threshold(z))
     tau0 = -ops.ones_like(z[..., :1])  # f(-1) >= 0 because max(z) = 0
     chunk = _chunk_size(z.shape[-1])
     if chunk == 1:
@@ -211,7 +239,7 @@ def _row_max(x):
     holding a NaN or ``+inf``, which :func:`_threshold` spreads to the row), found in the same
     pass as the row max; otherwise None. Shifted by it, an all ``-inf`` row becomes NaN
     (``-inf - (-inf)``), as in softmax."""
-    if not _searches_candidates(x.shape[-1]):
+    if not _searches_candidates(x.shape[-1]) or _sorts(tuple(x.shape)):
         return ops.stop_gradient(reduce_max(x, axis=-1, keepdims=True)), None
     maxima = _chunk_maxima(x, _chunk_size(x.shape[-1]))
     top = ops.stop_gradient(reduce_max(maxima, axis=-1, keepdims=True))

@@ -1,0 +1,96 @@
+"""The sort the sparsemax threshold takes for small problems compiled for a GPU
+(``ops/_sparsemax.py::_sorts``), run on this CPU by answering ``compiles_for_gpu`` with True:
+the same values, losses, gradients and NaN rows as the sort-based reference, in every mode."""
+
+import keras
+import numpy as np
+import pytest
+from keras import ops as kops
+
+from losszoo import ops
+from losszoo.ops import _sparsemax
+from tests.harness import MODES, upstream, value_and_grad
+from tests.ops.test_sparsemax import ref, ref_sparsemax, sparsemax_vjp
+
+
+def _clear_compiled():
+    """Forget JAX's compiled kernels, so that no program traced under one answer of
+    ``compiles_for_gpu`` serves the other (``jit_on_jax`` caches by shape)."""
+    if keras.backend.backend() == "jax":
+        import jax
+
+        jax.clear_caches()
+
+
+@pytest.fixture
+def on_gpu(monkeypatch):
+    """Pretend programs run on a GPU; count the calls of the sort threshold (at trace time)."""
+    calls = []
+    sort = _sparsemax._sorted_threshold
+
+    def counted(z):
+        calls.append(tuple(z.shape))
+        return sort(z)
+
+    _clear_compiled()
+    monkeypatch.setattr(_sparsemax, "compiles_for_gpu", lambda: True)
+    monkeypatch.setattr(_sparsemax, "_sorted_threshold", counted)
+    yield calls
+    monkeypatch.undo()
+    _clear_compiled()
+
+
+def test_dispatch_by_shape(on_gpu, monkeypatch):
+    sorts = _sparsemax._sorts
+    assert sorts((256, 1000)) and sorts((128, 32768)) and sorts((2, 3, 10))
+    assert not sorts((2048, 32768))  # 2^26 scores: the Newton search is faster
+    assert not sorts((32, 100_000))  # more classes than the sort limit
+    assert not sorts((None, 1000))  # unknown batch: no bound on the sort's cost
+    monkeypatch.setattr(_sparsemax, "compiles_for_gpu", lambda: False)
+    assert not sorts((256, 1000))
+
+
+def bad_and_hard_rows(num_classes):
+    """Rows: Gaussian, ties at the top, a -inf mask, offset 1e4, then NaN, +inf and all -inf."""
+    rng = np.random.default_rng(11)
+    z = rng.normal(size=(7, num_classes)).astype(np.float32)
+    z[1, :5] = 2.5
+    z[2, ::3] = -np.inf
+    z[3] += 1e4
+    z[4, 3] = np.nan
+    z[5, 1] = np.inf
+    z[6] = -np.inf
+    q = np.zeros_like(z)
+    q[np.arange(7), [0, 1, 4, 2, 0, 0, 0]] = 1.0
+    return z, q
+
+
+@pytest.mark.parametrize("num_classes", [10, 1000, 32768])
+def test_sort_path_matches_the_reference_in_every_mode(on_gpu, num_classes):
+    z, q = bad_and_hard_rows(num_classes)
+    good = slice(0, 4)
+    finite = np.where(np.isinf(z[good]), -1e30, z[good]).astype(np.float64)
+    p_want = np.stack([ref.sparsemax(row)[0] for row in finite])
+    loss_want = [ref.sparsemax_loss(a, b) for a, b in zip(finite, q[good].astype(np.float64))]
+
+    def both(z):
+        return kops.concatenate([ops.sparsemax(z), ops.sparsemax_loss(q, z)[:, None]], -1)
+
+    u = upstream((7, num_classes + 1))
+    g_want = sparsemax_vjp(p_want, u[good, :-1]) + u[good, -1:] * (p_want - q[good])
+    for mode in MODES:
+        on_gpu.clear()
+        out, (g,) = value_and_grad(both, z, mode=mode)
+        assert on_gpu, f"{mode}: the sort was not taken"
+        np.testing.assert_allclose(out[good, :-1], p_want, atol=2e-6, err_msg=mode)
+        np.testing.assert_allclose(out[good, -1], loss_want, rtol=1e-5, atol=1e-5, err_msg=mode)
+        np.testing.assert_allclose(g[good], g_want, atol=1e-5, err_msg=mode)
+        assert np.all(np.isnan(out[4:])) and np.all(np.isnan(g[4:])), mode
+
+
+def test_large_problems_keep_the_newton_search(on_gpu):
+    """Rows of 10^5 classes are searched by Newton from the chunk maxima's threshold; only
+    that small problem (3,125 maxima per row) may be sorted."""
+    z = np.random.default_rng(2).normal(size=(2, 100_000)).astype(np.float32)
+    np.testing.assert_allclose(kops.convert_to_numpy(ops.sparsemax(z)), ref_sparsemax(z), atol=1e-6)
+    assert on_gpu == [(2, 3125)] or keras.backend.backend() == "torch"
