@@ -8,6 +8,8 @@ softmax+CE at 256 x 1000 and 128 x 1024, <= 2x at 32 x 100000 and 128 x 32768 (i
 were 2x and 3x).
 """
 
+from collections.abc import Callable
+
 import keras
 import numpy as np
 from harness import Case, one_hot_inputs, softmax_ce
@@ -15,6 +17,25 @@ from keras import ops as kops
 
 from losszoo import ops
 from losszoo.ops import _sparsemax as kernel
+
+
+def sparsemax_loss_ids(logits, ids):
+    return ops.sparsemax_loss(ids, logits)
+
+
+def softmax_ce_ids(logits, ids):
+    """The anchor of the class-id rows: Keras' sparse softmax cross-entropy from logits."""
+    return kops.sparse_categorical_crossentropy(ids, logits, from_logits=True)
+
+
+def ids_inputs(batch: int, k: int) -> Callable:
+    """``(logits, class ids)``: the logits and labels of :func:`one_hot_inputs`, as ids."""
+
+    def make():
+        logits, targets = one_hot_inputs(batch, k)()
+        return logits, np.argmax(targets, -1).astype(np.int32)
+
+    return make
 
 
 def keras_sparsemax(logits, targets):
@@ -77,4 +98,15 @@ def cases(quick=False):
                     repeats=5 if quick else 20,
                 )
             )
+        out.append(
+            Case(
+                op="sparsemax_loss (ids)",
+                shape=f"{batch}x{k}",
+                fn=sparsemax_loss_ids,
+                inputs=ids_inputs(batch, k),
+                anchors={"softmax_ce (ids)": softmax_ce_ids},
+                wrt=(0,),
+                repeats=5 if quick else 20,
+            )
+        )
     return out

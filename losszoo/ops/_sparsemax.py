@@ -74,6 +74,7 @@ from losszoo.contract import (
     TARGETS,
     check_number,
     check_static_rank,
+    class_ids_and_invalid,
     dense_labels,
     dtype_name,
     is_class_ids,
@@ -336,6 +337,33 @@ def _sparsemax_loss_last_axis(q, z, tol: float, threshold=_threshold):
     return f(z, q)
 
 
+@jit_on_jax
+def _sparsemax_loss_ids(ids, invalid, z):
+    """The loss for class ids (int32, ``z.shape[:-1]``; ``invalid`` marks ids breaking
+    ``CLASS_IDS``, NaN rows): ``1/2 ||p||^2 + 1/2 - (z_y - tau)`` with gradient
+    ``p - onehot(y)``, the dense formula for a one-hot ``q`` without forming ``q``: no pass
+    over the targets, and the one-hot only inside the gradient's subtraction."""
+
+    @custom_gradient
+    def f(z, ids, invalid):  # ids and invalid as arguments: JAX's custom VJP closes over none
+        top, maxima = _row_max(z)
+        tau = _threshold(z, top, maxima)
+        z = z - top
+        p = ops.relu(z - tau)
+        z_y = take_along_axis(z, ids[..., None], axis=-1)
+        loss = ops.relu(0.5 * ops.sum(p * p, -1) + 0.5 - (z_y - tau)[..., 0])
+        loss = nan_where(invalid, loss)
+
+        def grad(upstream):
+            target = ops.equal(ids[..., None], ops.arange(z.shape[-1], dtype=ids.dtype))
+            g = ops.cast(upstream, p.dtype)[..., None] * (p - ops.cast(target, p.dtype))
+            return nan_where(ops.isnan(loss)[..., None], g), None, None
+
+        return loss, grad
+
+    return f(z, ids, invalid)
+
+
 @functools.partial(jit_on_jax, static_argnames=("tol",))
 def _sparsemax_loss_default(q, z, tol: float):
     """:func:`_sparsemax_loss_last_axis` with the exact threshold (compiled once per shape
@@ -397,6 +425,9 @@ def sparsemax_loss(
     labels = dense_labels(labels, labels_name)
     if static_rank(labels) is not None and static_rank(labels) == len(z.shape):
         labels = move_axis_last(labels, axis)[0]  # z's rank is known: _prepare moved its axis
+    if is_class_ids(labels, z) and z.shape[-1] is not None:
+        ids, invalid = class_ids_and_invalid(labels, z, labels_name)
+        return ops.cast(_sparsemax_loss_ids(ids, invalid, z), dtype)
     has_target = None
     if normalize_labels is None and not is_class_ids(labels, z):
         q = ops.cast(labels, z.dtype)
