@@ -4,8 +4,8 @@ Parts (``--part``, repeatable; JAX parts run under ``jax.jit``, PyTorch ones eag
 
 * ``sparsemax`` (JAX): fwd+bwd (``value_and_grad`` of the summed loss with respect to the
   logits, class ids as labels) of ``losszoo.ops.sparsemax_loss`` at the issue's shapes, as
-  the op dispatches (``_sparsemax._sorts``) and with its kernel's threshold from a sort
-  (``_sorted_threshold``) and from the Newton search, against softmax cross-entropy
+  the op dispatches (``_sparsemax._sorts``) and with the threshold from a sort and from the
+  Newton search at every shape, against softmax cross-entropy
   (``optax``, integer labels: the anchor) and optax's ``multiclass_sparsemax_loss``; the
   heads: ``losszoo.ops.sparsemax``
   against ``softmax`` and ``keras.ops.sparsemax`` (sort-based), each summed against fixed
@@ -149,26 +149,24 @@ def part_sparsemax(args) -> None:
     import jax.numpy as jnp
     import optax
 
-    def sorted_threshold(z, top, maxima):
-        return _sparsemax._sorted_threshold(z - top)
+    def forced(sorts: bool):
+        """The op with the threshold from a sort (True) or the Newton search (False) at every
+        shape, whatever ``_sorts`` would choose (the answer holds while the op is traced)."""
 
-    def sparsemax_loss_sorted(x, y):
-        q = jax.nn.one_hot(y, x.shape[-1], dtype=x.dtype)
-        return _sparsemax._sparsemax_loss_last_axis(q, x, 1e-3, sorted_threshold)
+        def loss(x, y):
+            choose, _sparsemax._sorts = _sparsemax._sorts, lambda shape: sorts
+            try:
+                return losszoo.ops.sparsemax_loss(y, x)
+            finally:
+                _sparsemax._sorts = choose
 
-    def sparsemax_loss_newton(x, y):  # traced with the GPU sort dispatch turned off
-        q = jax.nn.one_hot(y, x.shape[-1], dtype=x.dtype)
-        sorts, _sparsemax._sorts = _sparsemax._sorts, lambda shape: False
-        try:
-            return _sparsemax._sparsemax_loss_last_axis(q, x, 1e-3)
-        finally:
-            _sparsemax._sorts = sorts
+        return loss
 
     losses = {
         "softmax_ce (optax, ids)": optax.softmax_cross_entropy_with_integer_labels,
         "losszoo sparsemax_loss": lambda x, y: losszoo.ops.sparsemax_loss(y, x),
-        "losszoo sparsemax_loss, sort threshold": sparsemax_loss_sorted,
-        "losszoo sparsemax_loss, Newton search": sparsemax_loss_newton,
+        "losszoo sparsemax_loss, sort threshold": forced(True),
+        "losszoo sparsemax_loss, Newton search": forced(False),
         "optax multiclass_sparsemax_loss": optax.losses.multiclass_sparsemax_loss,
     }
     heads = {
