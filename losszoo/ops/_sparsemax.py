@@ -68,6 +68,7 @@ from losszoo._backend import (
     jit_on_jax,
     maximum,
     reduce_max,
+    reduce_min,
     take_along_axis,
 )
 from losszoo.contract import (
@@ -80,6 +81,7 @@ from losszoo.contract import (
     is_class_ids,
     move_axis_last,
     nan_where,
+    rules_enforced,
     shapes_compatible,
     static_rank,
     target_distribution,
@@ -95,6 +97,10 @@ _MIN_CHUNKS = 16
 # largest maxima instead of the whole row (module docstring).
 _CANDIDATES = 64
 _CANDIDATE_MIN = 4 * _CANDIDATES
+# PyTorch (loops read the host at each trip): Newton steps run as straight-line code, their
+# convergence read once; the threshold search starts from the _TOP_K largest scores.
+_UNROLLED_ROUNDS = (3, 7)  # Newton steps per round; one host read after each
+_TOP_K = 64
 
 
 def _chunk_size(num_classes) -> int:
@@ -164,10 +170,9 @@ def _sorted_threshold(z):
 def _michelot(z, tau0):
     """Newton (Michelot) on ``sum_i (z_i - tau)_+ = 1`` from ``tau0`` ([..., 1]) at or left
     of the root: the exact threshold of each row of ``z``; NaN for rows holding a NaN.
-    Where loops read the host at each trip (PyTorch), the sort of
-    :func:`_sorted_threshold` instead (``tau0`` unused)."""
+    Where loops read the host at each trip (PyTorch), :func:`_michelot_unrolled`."""
     if LOOPS_READ_HOST:
-        return _sorted_threshold(z)
+        return _michelot_unrolled(z, tau0)
 
     def support_size(tau):
         return ops.sum(ops.cast(z > tau, "int32"), axis=-1, keepdims=True)
@@ -193,6 +198,143 @@ def _michelot(z, tau0):
         maximum_iterations=num_classes if num_classes is not None else ops.shape(z)[-1],
     )
     return tau
+
+
+def _newton_unrolled(z, tau, steps: int):
+    """``steps`` Newton (Michelot) steps on ``z`` from ``tau`` ([..., 1], at or left of the
+    root) as straight-line code, without a loop condition: ``(tau, converged)``, where
+    ``converged`` ([..., 1]) is true for the rows whose support did not change in the last
+    step. Their ``tau`` is exact, and is what :func:`_michelot`'s loop stops at (a further
+    step over the same support gives the same value). Rows holding a NaN are not marked
+    NaN here (the callers do)."""
+    keep = z > tau
+    count = ops.sum(ops.cast(keep, "int32"), axis=-1, keepdims=True)
+    converged = None
+    for _ in range(steps):
+        total = ops.sum(ops.where(keep, z, 0.0), -1, keepdims=True)
+        # max() keeps the iterates monotone under rounding, as in _michelot.
+        tau = maximum(tau, (total - 1.0) / ops.cast(count, z.dtype))
+        keep = z > tau
+        new_count = ops.sum(ops.cast(keep, "int32"), axis=-1, keepdims=True)
+        converged, count = ops.equal(new_count, count), new_count
+    return tau, converged
+
+
+def _newton_rounds(z, tau, done=False):
+    """Rounds of :func:`_newton_unrolled` (``_UNROLLED_ROUNDS`` steps) from ``tau``, one host
+    read after each of whether every row converged (or is ``done``, [..., 1]): the exact
+    threshold, or None when a row had not converged after the last round (supports of
+    thousands of classes; the callers sort then)."""
+    for steps in _UNROLLED_ROUNDS:
+        tau, converged = _newton_unrolled(z, tau, steps)
+        if bool(ops.all(converged | done)):
+            return tau
+    return None
+
+
+def _michelot_unrolled(z, tau0):
+    """:func:`_michelot` where loops read the host at each trip (PyTorch):
+    :func:`_newton_rounds` (from the chunk maxima's start 1 to 3 steps converge, module
+    docstring: one read), the sort of :func:`_sorted_threshold` if they did not converge.
+    Exact either way; NaN for rows holding a NaN (or both infinities)."""
+    tau = _newton_rounds(z, tau0)
+    if tau is None:
+        return _sorted_threshold(z)
+    return ops.where(ops.isnan(ops.sum(z, -1, keepdims=True)), np.nan, tau)
+
+
+def _top_threshold(x):
+    """PyTorch's threshold search, for :func:`_sparsemax_torch` and
+    :func:`_sparsemax_loss_torch`: ``(top, tau, head)`` per row of ``x`` (no gradient).
+
+    ``top`` is the row max and ``tau`` the exact threshold of ``x - top`` ([..., 1] each).
+    One ``top_k`` gives the ``_TOP_K + 1`` largest scores in order; the threshold of the
+    ``_TOP_K`` largest (spec A1 on them: no sort of the row) is a lower bound of ``tau``, and
+    equal to it when the next score does not exceed it (the support then lies in them). Then
+    ``head`` holds those ``_TOP_K`` scores minus ``top`` (the support's values). One host
+    read tells whether that held in every row; if not (supports of more than ``_TOP_K``
+    classes, e.g. logits of scale 0.01), Newton steps on the whole row from that bound
+    (:func:`_newton_rounds`: one or two more reads; the sort if they did not converge) and
+    ``head`` is None. A row holding a
+    NaN or ``+inf``, or only ``-inf``, gets ``top`` non-finite and ``tau`` NaN (``topk``
+    ranks NaN first)."""
+    num_classes = x.shape[-1]
+    ordered, _ = ops.top_k(x, min(num_classes, _TOP_K + 1))
+    top = ordered[..., :1]
+    head = ordered[..., :_TOP_K] - top
+    prefix = cumsum(head, axis=-1)
+    j = ops.arange(1, head.shape[-1] + 1, dtype=x.dtype)
+    size = ops.sum(ops.cast(1.0 + j * head > prefix, "int32"), -1, keepdims=True)
+    size = maximum(size, 1)  # 1 for a bad row (poisoned below)
+    tau = (take_along_axis(prefix, size - 1, axis=-1) - 1.0) / ops.cast(size, x.dtype)
+    bad = ops.logical_not(ops.isfinite(top))
+    if num_classes > _TOP_K and not bool(ops.all((ordered[..., _TOP_K:] - top <= tau) | bad)):
+        z = x - top
+        tau = _newton_rounds(z, tau, bad)
+        tau = _sorted_threshold(z) if tau is None else tau
+        head = None
+    return top, ops.where(bad, np.nan, tau), head
+
+
+@custom_gradient
+def _sparsemax_torch(z):
+    """:func:`_sparsemax_last_axis` on PyTorch: the threshold of :func:`_top_threshold`, and
+    fewer passes in the gradient: ``s = sign(p)`` is 1 on the support, 0 off it and NaN in a
+    NaN row, so ``s * (v - sum(s v) / sum(s))`` keeps such a row NaN without a mask."""
+    top, tau, _ = _top_threshold(z)
+    p = ops.relu(z - top - tau)
+
+    def grad(upstream):
+        upstream = ops.cast(upstream, p.dtype)
+        support = ops.sign(p)
+        mean = ops.sum(support * upstream, -1, keepdims=True) / ops.sum(support, -1, True)
+        return support * (upstream - mean)
+
+    return p, grad
+
+
+def _squared_norm(x):
+    """``sum(x^2)`` over the last axis: in float32 one fused pass (``norm``, squared; Keras'
+    ``norm`` computes wider dtypes in float32, so float64 squares and sums)."""
+    if dtype_name(x) == "float32":
+        return ops.square(ops.norm(x, axis=-1))
+    return ops.sum(x * x, -1)
+
+
+def _sparsemax_loss_torch(q, z, tol: float, checked: bool):
+    """:func:`_sparsemax_loss_last_axis` on PyTorch, in fewer passes over ``[..., K]``: the
+    threshold of :func:`_top_threshold`, ``||p||^2`` from its ``head`` (the support's
+    scores), ``<z - tau, q>`` with NaN (``-inf`` scores times 0) taken as 0, and the
+    gradient's NaN rows carried by the upstream factor (NaN times 0 is NaN eagerly). A NaN
+    row of ``z`` stays NaN through ``||p||^2``. ``checked``: the labels were validated here
+    (:func:`losszoo.contract.rules_enforced`), so the kernel's NaN mask of bad target rows
+    is skipped; otherwise it is two reductions (``min(q) >= 0`` fails for NaN and negative
+    entries, the row sum for ``+inf`` and the tolerance)."""
+
+    @custom_gradient
+    def f(z, q):
+        top, tau, head = _top_threshold(z)
+        d = z - top - tau
+        p = ops.relu(d)
+        if head is None:
+            square = _squared_norm(p)
+        else:
+            square = ops.relu(head - tau)
+            square = ops.sum(square * square, -1)
+        margin = ops.sum(ops.nan_to_num(d * q, nan=0.0, posinf=np.inf, neginf=-np.inf), -1)
+        loss = ops.relu(0.5 * (square + _squared_norm(q)) - margin)  # L >= 0 exactly
+        if not checked:
+            bad = ops.logical_not(reduce_min(q, -1) >= 0)
+            bad = bad | ops.logical_not(ops.abs(ops.sum(q, -1) - 1.0) <= tol)
+            loss = nan_where(bad, loss)
+
+        def grad(upstream):
+            upstream = nan_where(ops.isnan(loss), ops.cast(upstream, p.dtype))
+            return upstream[..., None] * (p - q), None
+
+        return loss, grad
+
+    return f(z, q)
 
 
 def _threshold(x, shift=0.0, maxima=None):
@@ -292,7 +434,8 @@ def sparsemax(logits, axis: int = -1):
       array([0.  , 0.25, 0.75], dtype=float32)
     """
     z, dtype, undo = _prepare(logits, axis, "logits")
-    return ops.cast(undo(_sparsemax_last_axis(z)), dtype)
+    kernel = _sparsemax_torch if LOOPS_READ_HOST else _sparsemax_last_axis
+    return ops.cast(undo(kernel(z)), dtype)
 
 
 # Machine epsilon per floating dtype (np.finfo does not know bfloat16).
@@ -367,7 +510,10 @@ def _sparsemax_loss_ids(ids, invalid, z):
 @functools.partial(jit_on_jax, static_argnames=("tol",))
 def _sparsemax_loss_default(q, z, tol: float):
     """:func:`_sparsemax_loss_last_axis` with the exact threshold (compiled once per shape
-    on JAX, see :func:`losszoo._backend.jit_on_jax`)."""
+    on JAX, see :func:`losszoo._backend.jit_on_jax`); :func:`_sparsemax_loss_torch` on
+    PyTorch."""
+    if LOOPS_READ_HOST:
+        return _sparsemax_loss_torch(q, z, tol, rules_enforced(q, z))
     return _sparsemax_loss_last_axis(q, z, tol)
 
 
