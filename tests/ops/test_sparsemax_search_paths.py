@@ -1,0 +1,90 @@
+"""Sparsemax's threshold search off its common path, against the spec's numpy reference:
+supports larger than the 64 scores PyTorch's search starts from (small logits, as at the start
+of training), rows that take different paths in one batch, and the labels' NaN mask with
+validation off. Eager only, small shapes. On PyTorch also: no sort and at most 2 host reads
+per call for typical logits, and the last-resort sort stays exact."""
+
+import keras
+import numpy as np
+import pytest
+
+import losszoo
+from losszoo import ops
+from tests.harness import BACKEND, numpy, upstream, value_and_grad
+from tests.ops.test_sparsemax import ref_losses, ref_sparsemax, sparsemax_vjp
+
+torch_only = pytest.mark.skipif(BACKEND != "torch", reason="PyTorch's threshold search")
+
+
+def _mixed_rows(k=1000, seed=0):
+    """Rows whose supports hold ~3, ~40, ~200 and ~800 classes, and a tied row."""
+    rng = np.random.default_rng(seed)
+    z = rng.normal(size=(5, k)) * np.array([[3.0], [0.1], [0.01], [0.001], [1.0]])
+    z[4] = np.round(z[4])  # ties, at the threshold too
+    return z.astype(np.float32)
+
+
+def test_large_and_small_supports_in_one_batch():
+    z = _mixed_rows()
+    sizes = (ref_sparsemax(z) > 0).sum(-1)
+    assert sizes[0] < 64 < sizes[2] < sizes[3]  # both sides of the 64-score start
+    q = np.eye(z.shape[-1], dtype=np.float32)[[0, 5, 9, 17, 3]]
+    q[1] = np.random.default_rng(1).dirichlet(np.ones(z.shape[-1]))
+
+    def both(z):
+        return keras.ops.concatenate([ops.sparsemax(z), ops.sparsemax_loss(q, z)[:, None]], -1)
+
+    out, (g,) = value_and_grad(both, z)
+    p = ref_sparsemax(z)
+    np.testing.assert_allclose(out[:, :-1], p, atol=1e-6)
+    np.testing.assert_allclose(out[:, -1], ref_losses(z, q), atol=1e-5)
+    u = upstream(out.shape)
+    np.testing.assert_allclose(g, sparsemax_vjp(p, u[:, :-1]) + u[:, -1:] * (p - q), atol=1e-5)
+
+
+def test_bad_labels_poison_their_rows_with_validation_off():
+    """The kernel's half of the labels' contract: NaN, negative, +inf entries and rows not
+    summing to 1 give NaN loss and gradient rows; the other rows are unaffected."""
+    z = np.random.default_rng(2).normal(size=(6, 100)).astype(np.float32)
+    q = np.eye(100, dtype=np.float32)[:6].copy()
+    q[1, 4] = np.nan
+    q[2, 4] = -0.5
+    q[2, 5] = 0.5
+    q[3, 4] = np.inf
+    q[4, 0] = 0.9  # sums to 0.9
+    with losszoo.validation(False):
+        loss, (g,) = value_and_grad(lambda z: ops.sparsemax_loss(q, z), z)
+    bad = np.array([False, True, True, True, True, False])
+    assert np.isnan(loss[bad]).all() and np.isnan(g[bad]).all()
+    np.testing.assert_allclose(loss[~bad], ref_losses(z[~bad], q[~bad]), atol=1e-5)
+    assert np.isfinite(g[~bad]).all()
+
+
+@torch_only
+def test_torch_sorts_only_as_a_last_resort(monkeypatch):
+    """Typical logits take no sort and at most 2 host reads per fwd+bwd (validation on);
+    with too few Newton steps allowed, the sort gives the same exact result."""
+    import torch
+
+    from losszoo.ops import _sparsemax
+
+    sorts = []
+    sort = _sparsemax._sorted_threshold
+    monkeypatch.setattr(_sparsemax, "_sorted_threshold", lambda z: sorts.append(1) or sort(z))
+    reads = []
+    real_bool = torch.Tensor.__bool__
+    z = np.random.default_rng(3).normal(size=(4, 1000)).astype(np.float32)
+    q = np.eye(1000, dtype=np.float32)[:4]
+    zt = torch.tensor(z, requires_grad=True)
+    monkeypatch.setattr(torch.Tensor, "__bool__", lambda t: reads.append(1) or real_bool(t))
+    ops.sparsemax_loss(q, zt).sum().backward()
+    ops.sparsemax(zt).sum().backward()
+    monkeypatch.setattr(torch.Tensor, "__bool__", real_bool)
+    assert (sorts, len(reads)) == ([], 3)  # loss: labels' check + search; head: search
+
+    z = _mixed_rows()
+    expected = numpy(ops.sparsemax(z))
+    np.testing.assert_allclose(expected, ref_sparsemax(z), atol=1e-6)
+    monkeypatch.setattr(_sparsemax, "_UNROLLED_ROUNDS", (1,))
+    np.testing.assert_allclose(numpy(ops.sparsemax(z)), expected, atol=1e-7)
+    assert sorts == [1]
