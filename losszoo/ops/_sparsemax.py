@@ -507,6 +507,40 @@ def _sparsemax_loss_ids(ids, invalid, z):
     return f(z, ids, invalid)
 
 
+def _sparsemax_loss_ids_torch(ids, invalid, z):
+    """:func:`_sparsemax_loss_torch` for class ids ``y`` (``z``'s shape without the class
+    axis), without one-hot targets: with ``q = e_y``, ``L = 1/2 ||p||^2 + 1/2 - (z_y - tau)``
+    (a gather) and the gradient ``p - e_y`` (``-1`` added at ``y`` by a scatter). ``invalid``
+    ids (already rejected eagerly when validation is on) make their rows NaN."""
+    num_classes = z.shape[-1]
+    batch = ops.shape(z)[:-1]
+    z = ops.reshape(z, [-1, num_classes])
+    ids = ops.reshape(ids, [-1, 1])
+    invalid = ops.reshape(invalid, [-1])
+
+    @custom_gradient
+    def f(z):
+        top, tau, head = _top_threshold(z)
+        d = z - top - tau
+        p = ops.relu(d)
+        if head is None:
+            square = _squared_norm(p)
+        else:
+            square = ops.relu(head - tau)
+            square = ops.sum(square * square, -1)
+        target = take_along_axis(d, ids, axis=-1)[:, 0]
+        loss = nan_where(invalid, ops.relu(0.5 * (square + 1.0) - target))  # L >= 0 exactly
+
+        def grad(upstream):
+            upstream = nan_where(ops.isnan(loss), ops.cast(upstream, p.dtype))
+            at = ops.stack([ops.arange(ops.shape(ids)[0], dtype=ids.dtype), ids[:, 0]], axis=1)
+            return ops.scatter_update(upstream[:, None] * p, at, -upstream, reduction="add")
+
+        return loss, grad
+
+    return ops.reshape(f(z), batch)
+
+
 @functools.partial(jit_on_jax, static_argnames=("tol",))
 def _sparsemax_loss_default(q, z, tol: float):
     """:func:`_sparsemax_loss_last_axis` with the exact threshold (compiled once per shape
@@ -573,7 +607,8 @@ def sparsemax_loss(
         labels = move_axis_last(labels, axis)[0]  # z's rank is known: _prepare moved its axis
     if is_class_ids(labels, z) and z.shape[-1] is not None:
         ids, invalid = class_ids_and_invalid(labels, z, labels_name)
-        return ops.cast(_sparsemax_loss_ids(ids, invalid, z), dtype)
+        kernel = _sparsemax_loss_ids_torch if LOOPS_READ_HOST else _sparsemax_loss_ids
+        return ops.cast(kernel(ids, invalid, z), dtype)
     has_target = None
     if normalize_labels is None and not is_class_ids(labels, z):
         q = ops.cast(labels, z.dtype)
