@@ -51,6 +51,16 @@ once, and rejects bad ids, NaN/inf or negative ``labels`` and label rows that do
 eagerly and in graphs (skipped with ``losszoo.set_validation(False)``); under XLA such a
 row's loss and gradient are NaN.
 ``axis`` must be an integer.
+
+PyTorch runs a ``while_loop`` in Python, reading its condition on the host at every trip,
+and each op as its own pass (no fusion), so it has kernels of its own (same values within
+float32 rounding): one ``top_k`` gives the row max and the 65 largest scores; spec A1 on the
+64 largest gives their threshold, exact for the row when the 65th does not exceed it (one host
+read for the batch). Otherwise Newton steps run as straight-line code from that lower bound,
+3 then 7, with one read after each round of whether every row's support stopped changing
+(then exact); the sort only if not. ``||p||^2`` comes from the 64 scores, class ids are
+gathered instead of expanded to one-hot rows, and the labels' NaN mask is skipped where
+validation already checked them (``contract.rules_enforced``).
 """
 
 from __future__ import annotations

@@ -88,3 +88,31 @@ def test_torch_sorts_only_as_a_last_resort(monkeypatch):
     monkeypatch.setattr(_sparsemax, "_UNROLLED_ROUNDS", (1,))
     np.testing.assert_allclose(numpy(ops.sparsemax(z)), expected, atol=1e-7)
     assert sorts == [1]
+
+
+def test_class_ids_match_one_hot_targets():
+    """Ids (PyTorch gathers them instead of building one-hot rows) against the numpy
+    reference, rank 3, a target on a masked class (+inf loss), and with validation off an
+    invalid id's row NaN."""
+    rng = np.random.default_rng(4)
+    z = rng.normal(size=(2, 3, 50)).astype(np.float32)
+    ids = rng.integers(1, 50, (2, 3))
+    z[0, 0, 0] = -np.inf
+    ids[0, 1] = 0
+    z[0, 1, 0] = -np.inf  # target on a masked class
+    q = np.eye(50, dtype=np.float32)[ids]
+    loss, (g,) = value_and_grad(lambda z: ops.sparsemax_loss(ids, z), z)
+    finite = np.where(np.isinf(z), -1e30, z)
+    expected = ref_losses(finite.reshape(6, 50), q.reshape(6, 50)).reshape(2, 3)
+    assert np.isposinf(loss[0, 1])
+    ok = np.isfinite(expected) & (expected < 1e29)
+    np.testing.assert_allclose(loss[ok], expected[ok], atol=1e-5)
+    p = ref_sparsemax(z.reshape(6, 50)).reshape(2, 3, 50)
+    u = upstream(loss.shape)[..., None]
+    np.testing.assert_allclose(g, u * (p - q), atol=1e-5)
+    bad = ids.copy()
+    bad[1, 2] = 50
+    with losszoo.validation(False):
+        out, (g,) = value_and_grad(lambda z: ops.sparsemax_loss(bad, z), z)
+    assert np.isnan(out[1, 2]) and np.isnan(g[1, 2]).all()
+    np.testing.assert_allclose(out[1, :2], loss[1, :2], atol=1e-6)
