@@ -266,8 +266,7 @@ def _top_threshold(x):
     classes, e.g. logits of scale 0.01), Newton steps on the whole row from that bound
     (:func:`_newton_rounds`: one or two more reads; the sort if they did not converge) and
     ``head`` is None. A row holding a
-    NaN or ``+inf``, or only ``-inf``, gets ``top`` non-finite and ``tau`` NaN (``topk``
-    ranks NaN first)."""
+    NaN or ``+inf``, or only ``-inf``, gets ``tau`` NaN."""
     num_classes = x.shape[-1]
     ordered, _ = ops.top_k(x, min(num_classes, _TOP_K + 1))
     top = ordered[..., :1]
@@ -277,7 +276,9 @@ def _top_threshold(x):
     size = ops.sum(ops.cast(1.0 + j * head > prefix, "int32"), -1, keepdims=True)
     size = maximum(size, 1)  # 1 for a bad row (poisoned below)
     tau = (take_along_axis(prefix, size - 1, axis=-1) - 1.0) / ops.cast(size, x.dtype)
-    bad = ops.logical_not(ops.isfinite(top))
+    # topk ranks NaN first on the CPU, but on CUDA a NaN with its sign bit set may come last
+    # (pytorch/pytorch#117617): the row sum finds it (one reduction).
+    bad = ops.logical_not(ops.isfinite(top)) | ops.isnan(ops.sum(x, -1, keepdims=True))
     if num_classes > _TOP_K and not bool(ops.all((ordered[..., _TOP_K:] - top <= tau) | bad)):
         z = x - top
         tau = _newton_rounds(z, tau, bad)

@@ -116,3 +116,28 @@ def test_class_ids_match_one_hot_targets():
         out, (g,) = value_and_grad(lambda z: ops.sparsemax_loss(bad, z), z)
     assert np.isnan(out[1, 2]) and np.isnan(g[1, 2]).all()
     np.testing.assert_allclose(out[1, :2], loss[1, :2], atol=1e-6)
+
+
+@torch_only
+def test_torch_nan_row_even_when_top_k_ranks_nan_last(monkeypatch):
+    """On CUDA, ``topk`` may rank a NaN with its sign bit set last (pytorch/pytorch#117617):
+    the row still comes out NaN (output, loss, gradient), the other rows unaffected."""
+    from losszoo.ops import _sparsemax
+
+    top_k = keras.ops.top_k
+
+    def nan_last(x, k, sorted=True):
+        return top_k(keras.ops.where(keras.ops.isnan(x), -np.inf, x), k, sorted=sorted)
+
+    monkeypatch.setattr(_sparsemax.ops, "top_k", nan_last)
+    z = np.random.default_rng(5).normal(size=(3, 200)).astype(np.float32)
+    z[1, 7] = np.nan
+    q = np.eye(200, dtype=np.float32)[[0, 1, 2]]
+    for fn in (
+        ops.sparsemax,
+        lambda z: ops.sparsemax_loss(q, z),
+        lambda z: ops.sparsemax_loss([0, 1, 2], z),
+    ):
+        out, (g,) = value_and_grad(fn, z)
+        assert np.isnan(out[1]).all() and np.isnan(g[1]).all()
+        assert np.isfinite(out[[0, 2]]).all() and np.isfinite(g[[0, 2]]).all()
