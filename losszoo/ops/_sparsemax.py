@@ -34,7 +34,7 @@ with full steps from there. The row max is taken from the chunk maxima, so on th
 pass over the logits comes before the passes that form the output and the loss.
 Compiled for a GPU, a problem of at most 2^22 scores and 32768 classes per row is
 thresholded by one sort instead (spec A1, :func:`_sorts`): there each Newton step's kernel
-launches cost more than the sort. PyTorch sorts the candidates (:func:`_michelot`).
+launches cost more than the sort. PyTorch has kernels of its own (end of this docstring).
 
 Numerics: the maximum is subtracted first (without it float32 loses the support at large
 K, spec section 4); ``-inf`` scores get probability 0; ``+inf`` or all ``-inf`` rows give NaN,
@@ -140,7 +140,7 @@ _SORT_MAX_ENTRIES = 2**22
 def _sorts(shape) -> bool:
     """Whether the whole threshold search is one sort of the scores of static ``shape``: for
     small problems of known size compiled for a GPU, else never (XLA on a CPU: the Newton
-    search is faster at every size; PyTorch: see :func:`_michelot`)."""
+    search is faster at every size; PyTorch: :func:`_top_threshold`)."""
     entries = int(np.prod(shape)) if all(d is not None for d in shape) else None
     return (
         compiles_for_gpu()
