@@ -81,7 +81,8 @@ def test_sort_path_matches_the_reference_in_every_mode(on_gpu, num_classes):
     for mode in MODES:
         on_gpu.clear()
         out, (g,) = value_and_grad(both, z, mode=mode)
-        assert on_gpu, f"{mode}: the sort was not taken"
+        # PyTorch has its own search (ops/_sparsemax.py::_top_threshold): no sort to take
+        assert on_gpu or keras.backend.backend() == "torch", f"{mode}: the sort was not taken"
         np.testing.assert_allclose(out[good, :-1], p_want, atol=2e-6, err_msg=mode)
         np.testing.assert_allclose(out[good, -1], loss_want, rtol=1e-5, atol=1e-5, err_msg=mode)
         np.testing.assert_allclose(g[good], g_want, atol=1e-5, err_msg=mode)
