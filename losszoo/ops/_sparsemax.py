@@ -312,6 +312,14 @@ def _squared_norm(x):
     return ops.sum(x * x, -1)
 
 
+def _p_squared(p, head, tau):
+    """``||p||^2`` per row: from ``head`` (the support's scores from :func:`_top_threshold`)
+    when it holds them, else from ``p``."""
+    if head is None:
+        return _squared_norm(p)
+    return ops.sum(ops.square(ops.relu(head - tau)), -1)
+
+
 def _sparsemax_loss_torch(q, z, tol: float, checked: bool):
     """:func:`_sparsemax_loss_last_axis` on PyTorch, in fewer passes over ``[..., K]``: the
     threshold of :func:`_top_threshold`, ``||p||^2`` from its ``head`` (the support's
@@ -327,11 +335,7 @@ def _sparsemax_loss_torch(q, z, tol: float, checked: bool):
         top, tau, head = _top_threshold(z)
         d = z - top - tau
         p = ops.relu(d)
-        if head is None:
-            square = _squared_norm(p)
-        else:
-            square = ops.relu(head - tau)
-            square = ops.sum(square * square, -1)
+        square = _p_squared(p, head, tau)
         margin = ops.sum(ops.nan_to_num(d * q, nan=0.0, posinf=np.inf, neginf=-np.inf), -1)
         loss = ops.relu(0.5 * (square + _squared_norm(q)) - margin)  # L >= 0 exactly
         if not checked:
@@ -534,11 +538,7 @@ def _sparsemax_loss_ids_torch(ids, invalid, z):
         top, tau, head = _top_threshold(z)
         d = z - top - tau
         p = ops.relu(d)
-        if head is None:
-            square = _squared_norm(p)
-        else:
-            square = ops.relu(head - tau)
-            square = ops.sum(square * square, -1)
+        square = _p_squared(p, head, tau)
         target = take_along_axis(d, ids, axis=-1)[:, 0]
         loss = nan_where(invalid, ops.relu(0.5 * (square + 1.0) - target))  # L >= 0 exactly
 
