@@ -15,8 +15,17 @@ from __future__ import annotations
 
 from keras import ops
 
-from losszoo._backend import custom_gradient, jit_on_jax
-from losszoo.contract import check_not_nan, check_static_rank, target_distribution, to_compute_dtype
+from losszoo._backend import custom_gradient, jit_on_jax, take_along_axis
+from losszoo.contract import (
+    check_not_nan,
+    check_static_rank,
+    class_ids_and_invalid,
+    dense_labels,
+    is_class_ids,
+    nan_where,
+    target_distribution,
+    to_compute_dtype,
+)
 
 
 @jit_on_jax
@@ -33,6 +42,29 @@ def _cross_entropy(q, z):
         return None, ops.cast(upstream, z.dtype)[..., None] * (total * ops.exp(log_p) - q)
 
     return loss, grad
+
+
+@jit_on_jax
+def _cross_entropy_ids(ids, invalid, z):
+    """``logsumexp(z) - z_y`` per row for class ids (int32; ``invalid`` rows NaN), gradient
+    ``softmax(z) - onehot(y)``: :func:`_cross_entropy` for a one-hot ``q`` without forming
+    ``q`` (no pass over targets; the one-hot only inside the gradient's subtraction)."""
+
+    @custom_gradient
+    def f(z, ids, invalid):  # ids and invalid as arguments: JAX's custom VJP closes over none
+        log_p = ops.log_softmax(z, axis=-1)
+        loss = nan_where(invalid, -take_along_axis(log_p, ids[..., None], axis=-1)[..., 0])
+
+        def grad(upstream):
+            target = ops.equal(ids[..., None], ops.arange(z.shape[-1], dtype=ids.dtype))
+            g = ops.cast(upstream, z.dtype)[..., None] * (
+                ops.exp(log_p) - ops.cast(target, z.dtype)
+            )
+            return nan_where(ops.isnan(loss)[..., None], g), None, None
+
+        return loss, grad
+
+    return f(z, ids, invalid)
 
 
 def softmax_cross_entropy(
@@ -80,5 +112,8 @@ def softmax_cross_entropy(
     z, _ = to_compute_dtype(logits, logits_name)
     check_static_rank(z, 1, logits_name)
     z = check_not_nan(z, logits_name)
+    labels = dense_labels(labels, labels_name)
+    if is_class_ids(labels, z) and z.shape[-1] is not None:
+        return _cross_entropy_ids(*class_ids_and_invalid(labels, z, labels_name), z)
     q, has_target = target_distribution(labels, z, normalize_labels, labels_name)
     return _cross_entropy(ops.stop_gradient(q), z) * has_target
