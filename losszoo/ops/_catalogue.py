@@ -302,7 +302,7 @@ def catalogue_loss(
     temperature: float = 1.0,
     exclude=None,
     margin: float = 1.0,
-    chunk_size: int = 8192,
+    chunk_size: int | None = None,
 ):
     """Exact per-query loss over a whole candidate table, streamed over candidate chunks.
 
@@ -332,7 +332,9 @@ def catalogue_loss(
         positive.
       margin: Rankmax's ``eta > 0`` (the paper's 1); ignored by the other losses.
       chunk_size: candidates per chunk, a multiple of 256 (memory ``~ B * chunk_size`` floats
-        a few times over; the last chunk is padded).
+        a few times over; the last chunk is padded). ``None``: 8192, or 32768 where programs
+        run on a GPU (fewer loop trips: a step 7-9% faster at batch 4096 and 10^6 items on an
+        H200, where larger chunks slow a CPU down: ``BENCHMARKS.md``).
 
     Returns:
       ``[B]`` losses in ``queries``' dtype.
@@ -353,6 +355,8 @@ def catalogue_loss(
     check_choice(loss, "loss", LOSSES)
     temperature = check_number(temperature, "temperature", low=0.0, low_open=True, tensor_ok=False)
     margin = check_number(margin, "margin", low=0.0, low_open=True, tensor_ok=False)
+    if chunk_size is None:
+        chunk_size = 32768 if _backend.compiles_for_gpu() else 8192
     chunk_size = check_number(chunk_size, "chunk_size", low=_CHUNK_MULTIPLE, integer=True)
     if chunk_size % _CHUNK_MULTIPLE:
         raise ValueError(f"`chunk_size` must be a multiple of {_CHUNK_MULTIPLE}, got {chunk_size}.")

@@ -43,7 +43,8 @@ class FullCatalogueRetrieval(keras.layers.Layer):
         registered names; ``"softmax"`` too).
       temperature: ``T > 0``; ``None`` for 1.
       margin: Rankmax's margin.
-      chunk_size: items per chunk (a multiple of 256).
+      chunk_size: items per chunk (a multiple of 256); ``None``: the op's default (8192, or
+        32768 where programs run on a GPU).
       reduction: ``"sum"`` (default) or ``"mean"`` over the batch.
       metrics: :class:`~losszoo.retrieval.metrics.CatalogueTopK` metric(s) updated with the
         queries and the positive ids when ``compute_metrics`` (not in the config).
@@ -67,7 +68,7 @@ class FullCatalogueRetrieval(keras.layers.Layer):
         loss="softmax_cross_entropy",
         temperature: float | None = None,
         margin: float = 1.0,
-        chunk_size: int = 8192,
+        chunk_size: int | None = None,
         reduction: str = "sum",
         metrics=None,
         name: str | None = None,
@@ -79,7 +80,9 @@ class FullCatalogueRetrieval(keras.layers.Layer):
             temperature, "temperature", low=0, low_open=True, allow_none=True, tensor_ok=False
         )
         self.margin = check_number(margin, "margin", low=0, low_open=True, tensor_ok=False)
-        self.chunk_size = check_number(chunk_size, "chunk_size", low=256, integer=True)
+        if chunk_size is not None:
+            chunk_size = check_number(chunk_size, "chunk_size", low=256, integer=True)
+        self.chunk_size = chunk_size
         self.reduction = check_choice(reduction, "reduction", ("sum", "mean"))
         if metrics is None:
             metrics = []

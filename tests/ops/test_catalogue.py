@@ -225,3 +225,26 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="`positive_ids` must be \\[B\\]"):
         catalogue_loss(q, t, pos[:, None])
     assert keras.backend.backend() == BACKEND
+
+
+@pytest.mark.parametrize("gpu, chunk", [(False, 8192), (True, 32768)])
+def test_default_chunk_size_follows_the_platform(monkeypatch, gpu, chunk):
+    """``chunk_size=None``: chunks of 8192 items, of 32768 where programs run on a GPU; the
+    loss is the materialised one either way (eager, so no compiled program is reused)."""
+    from losszoo.ops import _catalogue
+
+    seen = []
+    sweep = _catalogue._sweep
+
+    def spy(qs, table3, *args, **kwargs):
+        seen.append(table3.shape[1])
+        return sweep(qs, table3, *args, **kwargs)
+
+    monkeypatch.setattr(_catalogue._backend, "compiles_for_gpu", lambda: gpu)
+    monkeypatch.setattr(_catalogue, "_sweep", spy)
+    rng = np.random.default_rng(5)
+    q, t = rng.normal(size=(3, 4)).astype(np.float32), rng.normal(size=(40_000, 4))
+    pos = np.array([0, 17, 39_999])
+    got = numpy(catalogue_loss(q, t.astype(np.float32), pos))
+    np.testing.assert_allclose(got, reference("softmax", q, t, pos)[0], rtol=1e-5)
+    assert seen and set(seen) == {chunk}
