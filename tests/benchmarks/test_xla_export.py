@@ -78,23 +78,21 @@ def _run(folder, *args, timeout=300):
     return proc, rows
 
 
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("xla") / "small"
+def test_export_run_with_jaxlib_and_catch_a_wrong_reference(tmp_path):
+    """One test for the four checks of one export and one jaxlib run (module fixtures were
+    computed again on each pytest-xdist worker that ran one of them: ~60 s twice)."""
+    folder = tmp_path / "small"
     manifest = _import("xla_export").export(
         "small", folder, cap=CAP, log=lambda *_: None, reference="graph"
     )
-    return folder, manifest
+    _check_every_op_is_exported(folder, manifest)
+    ran = _run(folder, "--repeats", "2")
+    _check_no_tensorflow_only_custom_calls(manifest, ran)
+    _check_jaxlib_outputs_match_tensorflow(manifest, ran)
+    _check_a_wrong_reference_is_caught(folder, manifest, tmp_path)
 
 
-@pytest.fixture(scope="module")
-def ran(exported):
-    folder, _ = exported
-    return _run(folder, "--repeats", "2")
-
-
-def test_every_op_is_exported(exported):
-    folder, manifest = exported
+def _check_every_op_is_exported(folder, manifest):
     ops = [c["op"] for c in manifest["cases"]]
     for name in REQUIRED_CASES:
         assert name in ops, name
@@ -116,8 +114,7 @@ def test_every_op_is_exported(exported):
     ].get("conditional")
 
 
-def test_no_tensorflow_only_custom_calls(exported, ran):
-    _, manifest = exported
+def _check_no_tensorflow_only_custom_calls(manifest, ran):
     _, rows = ran
     for case in manifest["cases"]:
         for name, meta in case["modules"].items():
@@ -127,8 +124,7 @@ def test_no_tensorflow_only_custom_calls(exported, ran):
             assert mod["custom_calls"] == [], (row["op"], name)
 
 
-def test_jaxlib_outputs_match_tensorflow(exported, ran):
-    _, manifest = exported
+def _check_jaxlib_outputs_match_tensorflow(manifest, ran):
     proc, rows = ran
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert len(rows) == len(manifest["cases"])
@@ -149,8 +145,7 @@ def test_jaxlib_outputs_match_tensorflow(exported, ran):
     assert all(line.count("|") == 8 for line in table)
 
 
-def test_a_wrong_reference_is_caught(exported, tmp_path):
-    folder, manifest = exported
+def _check_a_wrong_reference_is_caught(folder, manifest, tmp_path):
     bad = tmp_path / "bad"
     shutil.copytree(folder, bad, ignore=shutil.ignore_patterns("result.json"))
     case = next(c for c in manifest["cases"] if c["op"] == "sparsemax_loss")
