@@ -11,6 +11,8 @@ Oracle: ``losszoo.ops.possibilistic_projection_loss(..., return_info=True)`` on 
 batches of the same (fixed: learning rate 0) predictions, numpy statistics on its info.
 """
 
+import functools
+
 import keras
 import numpy as np
 import pytest
@@ -70,6 +72,14 @@ def _reference(model, loss, x, pi):
     return [np.concatenate(work).mean(), np.mean(p90), bad]
 
 
+@functools.cache
+def _auto_resolves_to():
+    """What Keras' compile() makes of ``jit_compile="auto"`` on this machine."""
+    model = keras.Sequential([keras.Input((D,)), keras.layers.Dense(K)])
+    model.compile(jit_compile="auto")
+    return model.jit_compile
+
+
 @pytest.mark.parametrize(
     "jit_compile,config", [(jit, "default") for jit in JIT] + [("auto", "tight")]
 )
@@ -77,6 +87,10 @@ def test_fit_and_evaluate_log_the_ops_diagnostics(jit_compile, config):
     x, pi = _data()
     loss = PossibilisticProjectionLoss(**CONFIGS[config])
     model = _model(loss, loss.metrics, jit_compile=jit_compile)
+    if jit_compile != "auto" and model.jit_compile == _auto_resolves_to():
+        # Keras' compile() resolves "auto" to a bool before any step is built (TensorFlow on
+        # CPU: False; JAX: True; PyTorch: False): the [auto-default] case runs this program.
+        pytest.skip(f'jit_compile={jit_compile!r} is what "auto" resolves to here')
     assert [m.name for m in loss.metrics] == NAMES
     assert loss.diagnostic_metrics() == loss.metrics  # the same objects
     values = model.evaluate(x, pi, batch_size=BATCH, verbose=0)  # before any fit
