@@ -101,8 +101,10 @@ def _overconfident(rng, n, k=10, tau_true=2.0):
 
 def test_fit_calibrator_on_synthetic_overconfident_logits():
     rng = np.random.default_rng(2)
-    xv, yv = _overconfident(rng, 3000)
-    xt, yt = _overconfident(rng, 3000)
+    # 3,072 = 12 x 256 rows: no partial last batch, so each compiled training step (XLA on
+    # JAX) is built for one batch shape, not two; predict runs in one batch (one program)
+    xv, yv = _overconfident(rng, 3072)
+    xt, yt = _overconfident(rng, 3072)
     uncal = np.exp(xt) / np.exp(xt).sum(1, keepdims=True)
     ece_uncal = C.ece(uncal, yt)
     ts = C.fit_calibrator(xv, None, yv, "ts", epochs=40, learning_rate=1e-2, batch_size=256)
@@ -111,7 +113,7 @@ def test_fit_calibrator_on_synthetic_overconfident_logits():
         model = C.fit_calibrator(
             xv, None, yv, method, epochs=25, learning_rate=1e-2, batch_size=256
         )
-        p = model.predict(xt, verbose=0)
+        p = model.predict(xt, batch_size=len(xt), verbose=0)
         assert C.ece(p, yt) < 0.5 * ece_uncal, method
         if method == "pb-c-l":
             np.testing.assert_array_equal(p.argmax(1), xt.argmax(1))  # accuracy preserved
