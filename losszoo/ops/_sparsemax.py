@@ -140,14 +140,11 @@ _SORT_MAX_ENTRIES = 2**22
 def _sorts(shape) -> bool:
     """Whether the whole threshold search is one sort of the scores of static ``shape``: for
     small problems of known size compiled for a GPU, else never (XLA on a CPU: the Newton
-    search is faster at every size; PyTorch: :func:`_top_threshold`)."""
-    entries = int(np.prod(shape)) if all(d is not None for d in shape) else None
-    return (
-        compiles_for_gpu()
-        and entries is not None
-        and shape[-1] <= _SORT_MAX_CLASSES
-        and entries <= _SORT_MAX_ENTRIES
-    )
+    search is faster at every size; PyTorch: :func:`_top_threshold`). A size that is not a
+    Python int (``None``, or a symbolic size of a shape-polymorphic JAX export) is unknown."""
+    if not compiles_for_gpu() or not all(isinstance(d, (int, np.integer)) for d in shape):
+        return False
+    return shape[-1] <= _SORT_MAX_CLASSES and int(np.prod(shape)) <= _SORT_MAX_ENTRIES
 
 
 def _chunks(z, chunk):

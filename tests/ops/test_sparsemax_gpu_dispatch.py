@@ -46,6 +46,10 @@ def test_dispatch_by_shape(on_gpu, monkeypatch):
     assert not sorts((2048, 32768))  # 2^26 scores: the Newton search is faster
     assert not sorts((32, 100_000))  # more classes than the sort limit
     assert not sorts((None, 1000))  # unknown batch: no bound on the sort's cost
+    if keras.backend.backend() == "jax":  # a shape-polymorphic export's symbolic batch
+        from jax import export
+
+        assert not sorts(tuple(export.symbolic_shape("b, 1000")))
     monkeypatch.setattr(_sparsemax, "compiles_for_gpu", lambda: False)
     assert not sorts((256, 1000))
 
