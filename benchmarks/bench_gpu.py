@@ -55,6 +55,7 @@ os.environ.setdefault("KERAS_BACKEND", "jax")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+from harness import _wait  # noqa: E402  (benchmarks/ is the script's folder)
 from keras import ops as kops  # noqa: E402
 
 import losszoo  # noqa: E402
@@ -77,25 +78,13 @@ def shape_of(text: str) -> tuple[int, int]:
 # ------------------------------------------------------------------ timing, both backends
 
 
-def _sync(out) -> None:
-    if BACKEND == "jax":
-        import jax
-
-        jax.block_until_ready(out)
-    else:
-        import torch
-
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-
-
 def race(fns: dict, args: tuple, rounds: int, repeats: int, anchor: str) -> dict:
     """Median ms per call of each function and median per-round ratio to ``anchor``; a
     function that raises is reported by its error instead."""
     ok, failed = {}, {}
     for name, fn in fns.items():
         try:
-            _sync(fn(*args))  # compile / warm up
+            _wait(fn(*args))  # compile / warm up
             ok[name] = fn
         except Exception as e:  # noqa: BLE001 - a peer's limit (e.g. Liger's block size)
             failed[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:90]}"
@@ -103,11 +92,11 @@ def race(fns: dict, args: tuple, rounds: int, repeats: int, anchor: str) -> dict
     names = list(ok)
     for r in range(rounds):
         for name in names[r % len(names) :] + names[: r % len(names)]:
-            _sync(None)
+            _wait(None)
             start = time.perf_counter()
             for _ in range(repeats):
                 out = ok[name](*args)
-            _sync(out)
+            _wait(out)
             times[name].append((time.perf_counter() - start) / repeats * 1e3)
     result = {name: {"error": why} for name, why in failed.items()}
     for name in names:

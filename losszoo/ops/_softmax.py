@@ -56,10 +56,8 @@ def _cross_entropy_ids(ids, invalid, z):
         loss = nan_where(invalid, -take_along_axis(log_p, ids[..., None], axis=-1)[..., 0])
 
         def grad(upstream):
-            target = ops.equal(ids[..., None], ops.arange(z.shape[-1], dtype=ids.dtype))
-            g = ops.cast(upstream, z.dtype)[..., None] * (
-                ops.exp(log_p) - ops.cast(target, z.dtype)
-            )
+            target = ops.one_hot(ids, z.shape[-1], dtype=z.dtype)
+            g = ops.cast(upstream, z.dtype)[..., None] * (ops.exp(log_p) - target)
             return nan_where(ops.isnan(loss)[..., None], g), None, None
 
         return loss, grad

@@ -510,8 +510,8 @@ def _sparsemax_loss_ids(ids, invalid, z):
         loss = nan_where(invalid, loss)
 
         def grad(upstream):
-            target = ops.equal(ids[..., None], ops.arange(z.shape[-1], dtype=ids.dtype))
-            g = ops.cast(upstream, p.dtype)[..., None] * (p - ops.cast(target, p.dtype))
+            target = ops.one_hot(ids, z.shape[-1], dtype=p.dtype)
+            g = ops.cast(upstream, p.dtype)[..., None] * (p - target)
             return nan_where(ops.isnan(loss)[..., None], g), None, None
 
         return loss, grad

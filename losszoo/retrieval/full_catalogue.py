@@ -80,9 +80,9 @@ class FullCatalogueRetrieval(keras.layers.Layer):
             temperature, "temperature", low=0, low_open=True, allow_none=True, tensor_ok=False
         )
         self.margin = check_number(margin, "margin", low=0, low_open=True, tensor_ok=False)
-        if chunk_size is not None:
-            chunk_size = check_number(chunk_size, "chunk_size", low=256, integer=True)
-        self.chunk_size = chunk_size
+        self.chunk_size = check_number(
+            chunk_size, "chunk_size", low=256, integer=True, allow_none=True
+        )
         self.reduction = check_choice(reduction, "reduction", ("sum", "mean"))
         if metrics is None:
             metrics = []
