@@ -5,7 +5,8 @@ Parts (``--part``, repeatable; JAX parts run under ``jax.jit``, PyTorch ones eag
 * ``sparsemax`` (JAX): fwd+bwd (``value_and_grad`` of the summed loss with respect to the
   logits, class ids as labels) of ``losszoo.ops.sparsemax_loss`` at the issue's shapes, as
   the op dispatches (``_sparsemax._sorts``) and with the threshold from a sort and from the
-  Newton search at every shape, against softmax cross-entropy
+  Newton search at every shape (with its ``_GPU_NEWTON_STEPS`` unrolled start, and with the
+  loop alone), against softmax cross-entropy
   (``optax``, integer labels: the anchor) and optax's ``multiclass_sparsemax_loss``; the
   heads: ``losszoo.ops.sparsemax``
   against ``softmax`` and ``keras.ops.sparsemax`` (sort-based), each summed against fixed
@@ -151,11 +152,20 @@ def part_sparsemax(args) -> None:
 
         return loss
 
+    def loop_only(x, y):
+        """The Newton search with its loop from the first step (no unrolled start)."""
+        steps, _sparsemax._GPU_NEWTON_STEPS = _sparsemax._GPU_NEWTON_STEPS, 0
+        try:
+            return forced(False)(x, y)
+        finally:
+            _sparsemax._GPU_NEWTON_STEPS = steps
+
     losses = {
         "softmax_ce (optax, ids)": optax.softmax_cross_entropy_with_integer_labels,
         "losszoo sparsemax_loss": lambda x, y: losszoo.ops.sparsemax_loss(y, x),
         "losszoo sparsemax_loss, sort threshold": forced(True),
         "losszoo sparsemax_loss, Newton search": forced(False),
+        "losszoo sparsemax_loss, Newton loop only": loop_only,
         "optax multiclass_sparsemax_loss": optax.losses.multiclass_sparsemax_loss,
     }
     heads = {

@@ -129,12 +129,17 @@ def _searches_candidates(num_classes) -> bool:
 
 
 # On a GPU a row of up to _SORT_MAX_CLASSES classes is thresholded by a sort when the whole
-# batch holds at most _SORT_MAX_ENTRIES scores: there the Newton search's loop trips (kernel
-# launches) cost more than the sort (H200, JAX, fwd+bwd of the loss: 256x1000 0.36 -> 0.10 ms,
-# 128x32768 0.58 -> 0.39 ms; the sort loses at 2048x32768, 5.1 against 1.2 ms, and at
-# 32x100000, 0.75 against 0.42 ms; BENCHMARKS.md, "GPU: H200").
+# batch holds at most _SORT_MAX_ENTRIES scores: there the Newton search's kernel launches cost
+# more than the sort (H200, JAX, fwd+bwd of the loss, sort against Newton with its unrolled
+# start: 256x1000 0.11 / 0.29 ms, 128x16384 0.21 / 0.41 ms; from 2^22 scores on the Newton
+# search wins: 128x32768 0.40 / 0.36 ms, 1024x4096 0.38 / 0.34, 2048x32768 5.0 / 0.69;
+# BENCHMARKS.md, "GPU: the Newton search's unrolled start").
 _SORT_MAX_CLASSES = 32768
-_SORT_MAX_ENTRIES = 2**22
+_SORT_MAX_ENTRIES = 2**21
+# Compiled for a GPU, the Newton search first runs this many steps as straight-line code (no
+# loop condition to read); its loop then starts only if a row has not converged (from the
+# chunk maxima's start 1 to 3 steps converge: module docstring). 0: the loop from the start.
+_GPU_NEWTON_STEPS = 3
 
 
 def _sorts(shape) -> bool:
@@ -177,7 +182,8 @@ def _sorted_threshold(z):
 def _michelot(z, tau0):
     """Newton (Michelot) on ``sum_i (z_i - tau)_+ = 1`` from ``tau0`` ([..., 1]) at or left
     of the root: the exact threshold of each row of ``z``; NaN for rows holding a NaN.
-    Where loops read the host at each trip (PyTorch), :func:`_michelot_unrolled`."""
+    Where loops read the host at each trip (PyTorch), :func:`_michelot_unrolled`; compiled
+    for a GPU, ``_GPU_NEWTON_STEPS`` unrolled steps before the loop."""
     if LOOPS_READ_HOST:
         return _michelot_unrolled(z, tau0)
 
@@ -197,23 +203,31 @@ def _michelot(z, tau0):
         new_count = support_size(new_tau)
         return new_tau, new_count, ops.any(ops.not_equal(new_count, count))
 
+    unrolled = _GPU_NEWTON_STEPS if compiles_for_gpu() else 0
+    if unrolled:
+        tau, converged, count = _newton_unrolled(z, tau0, unrolled)
+        start = (tau, count, ops.logical_not(ops.all(converged)))
+    else:
+        start = (tau0, support_size(tau0), ops.convert_to_tensor(True))
     num_classes = z.shape[-1]
     tau, _, _ = ops.while_loop(
         lambda tau, count, changed: changed,
         newton_step,
-        (tau0, support_size(tau0), ops.convert_to_tensor(True)),
+        start,
         maximum_iterations=num_classes if num_classes is not None else ops.shape(z)[-1],
     )
+    if unrolled:  # the unrolled steps skip NaNs; a row holding one may not enter the loop
+        tau = ops.where(ops.isnan(ops.sum(z, -1, keepdims=True)), np.nan, tau)
     return tau
 
 
 def _newton_unrolled(z, tau, steps: int):
     """``steps`` Newton (Michelot) steps on ``z`` from ``tau`` ([..., 1], at or left of the
-    root) as straight-line code, without a loop condition: ``(tau, converged)``, where
+    root) as straight-line code, without a loop condition: ``(tau, converged, count)``, where
     ``converged`` ([..., 1]) is true for the rows whose support did not change in the last
-    step. Their ``tau`` is exact, and is what :func:`_michelot`'s loop stops at (a further
-    step over the same support gives the same value). Rows holding a NaN are not marked
-    NaN here (the callers do)."""
+    step and ``count`` is the support size at ``tau``. Their ``tau`` is exact, and is what
+    :func:`_michelot`'s loop stops at (a further step over the same support gives the same
+    value). Rows holding a NaN are not marked NaN here (the callers do)."""
     keep = z > tau
     count = ops.sum(ops.cast(keep, "int32"), axis=-1, keepdims=True)
     converged = None
@@ -224,7 +238,7 @@ def _newton_unrolled(z, tau, steps: int):
         keep = z > tau
         new_count = ops.sum(ops.cast(keep, "int32"), axis=-1, keepdims=True)
         converged, count = ops.equal(new_count, count), new_count
-    return tau, converged
+    return tau, converged, count
 
 
 def _newton_rounds(z, tau, done=False):
@@ -233,7 +247,7 @@ def _newton_rounds(z, tau, done=False):
     threshold, or None when a row had not converged after the last round (supports of
     thousands of classes; the callers sort then)."""
     for steps in _UNROLLED_ROUNDS:
-        tau, converged = _newton_unrolled(z, tau, steps)
+        tau, converged, _ = _newton_unrolled(z, tau, steps)
         if bool(ops.all(converged | done)):
             return tau
     return None

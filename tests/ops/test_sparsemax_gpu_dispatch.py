@@ -42,8 +42,9 @@ def on_gpu(monkeypatch):
 
 def test_dispatch_by_shape(on_gpu, monkeypatch):
     sorts = _sparsemax._sorts
-    assert sorts((256, 1000)) and sorts((128, 32768)) and sorts((2, 3, 10))
-    assert not sorts((2048, 32768))  # 2^26 scores: the Newton search is faster
+    assert sorts((256, 1000)) and sorts((128, 16384)) and sorts((2, 3, 10))
+    assert not sorts((128, 32768))  # 2^22 scores: the Newton search is faster
+    assert not sorts((2048, 32768))
     assert not sorts((32, 100_000))  # more classes than the sort limit
     assert not sorts((None, 1000))  # unknown batch: no bound on the sort's cost
     if keras.backend.backend() == "jax":  # a shape-polymorphic export's symbolic batch
@@ -99,3 +100,42 @@ def test_large_problems_keep_the_newton_search(on_gpu):
     z = np.random.default_rng(2).normal(size=(2, 100_000)).astype(np.float32)
     np.testing.assert_allclose(kops.convert_to_numpy(ops.sparsemax(z)), ref_sparsemax(z), atol=1e-6)
     assert on_gpu == [(2, 3125)] or keras.backend.backend() == "torch"
+
+
+@pytest.mark.parametrize("num_classes", [1009, 40_000])
+def test_newton_search_with_its_unrolled_start_matches_the_reference(
+    on_gpu, monkeypatch, num_classes
+):
+    """Compiled for a GPU, the Newton search runs ``_GPU_NEWTON_STEPS`` steps unrolled, then
+    its loop only for rows that have not converged: a ramp row needs 7 steps (the loop runs
+    on), the others fewer; NaN rows stay NaN. 1009 classes (prime: no chunks) and 40,000
+    (more than the sort takes: the candidate-chunk search)."""
+    z, q = bad_and_hard_rows(num_classes)
+    z[0] = -np.arange(num_classes) * 1e-3  # 7 Newton steps from -1 (4 for 40,000 / 25 chunks)
+    starts = []
+    unrolled = _sparsemax._newton_unrolled
+
+    def counted(z, tau, steps):
+        starts.append(steps)
+        return unrolled(z, tau, steps)
+
+    monkeypatch.setattr(_sparsemax, "_newton_unrolled", counted)
+    monkeypatch.setattr(_sparsemax, "_sorts", lambda shape: False)
+    good = slice(0, 4)
+    finite = np.where(np.isinf(z[good]), -1e30, z[good]).astype(np.float64)
+    p_want = np.stack([ref.sparsemax(row)[0] for row in finite])
+    loss_want = [ref.sparsemax_loss(a, b) for a, b in zip(finite, q[good].astype(np.float64))]
+    u = upstream((7, num_classes))
+    g_want = sparsemax_vjp(p_want, u[good])
+    for mode in MODES:
+        starts.clear()
+        _clear_compiled()
+        out, (g,) = value_and_grad(ops.sparsemax, z, mode=mode)
+        loss = kops.convert_to_numpy(ops.sparsemax_loss(q, z))
+        if keras.backend.backend() != "torch":  # PyTorch: its own rounds (_newton_rounds)
+            assert _sparsemax._GPU_NEWTON_STEPS in starts, f"{mode}: no unrolled start"
+        np.testing.assert_allclose(out[good], p_want, atol=2e-6, err_msg=mode)
+        np.testing.assert_allclose(loss[good], loss_want, rtol=1e-5, atol=1e-5, err_msg=mode)
+        np.testing.assert_allclose(g[good], g_want, atol=1e-5, err_msg=mode)
+        assert np.all(np.isnan(out[4:])) and np.all(np.isnan(g[4:])), mode
+        assert np.all(np.isnan(loss[4:])), mode
