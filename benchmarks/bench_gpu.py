@@ -5,8 +5,8 @@ Parts (``--part``, repeatable; JAX parts run under ``jax.jit``, PyTorch ones eag
 * ``sparsemax`` (JAX): fwd+bwd (``value_and_grad`` of the summed loss with respect to the
   logits, class ids as labels) of ``losszoo.ops.sparsemax_loss`` at the issue's shapes, as
   the op dispatches (``_sparsemax._sorts``) and with the threshold from a sort and from the
-  Newton search at every shape (with its ``_GPU_NEWTON_STEPS`` unrolled start, and with the
-  loop alone), against softmax cross-entropy
+  Newton search at every shape (on whole rows; on candidate chunks with its unrolled start,
+  and with its loop alone), against softmax cross-entropy
   (``optax``, integer labels: the anchor) and optax's ``multiclass_sparsemax_loss``; the
   heads: ``losszoo.ops.sparsemax``
   against ``softmax`` and ``keras.ops.sparsemax`` (sort-based), each summed against fixed
@@ -139,33 +139,34 @@ def part_sparsemax(args) -> None:
     import jax.numpy as jnp
     import optax
 
-    def forced(sorts: bool):
-        """The op with the threshold from a sort (True) or the Newton search (False) at every
-        shape, whatever ``_sorts`` would choose (the answer holds while the op is traced)."""
+    def variant(**patch):
+        """The op traced with module attributes of ``_sparsemax`` replaced (read at trace time):
+        ``_sorts`` / ``_whole_rows`` (the GPU dispatch), ``_GPU_NEWTON_STEPS`` (the unrolled
+        start of the search on candidate chunks; 0: its loop alone)."""
 
         def loss(x, y):
-            choose, _sparsemax._sorts = _sparsemax._sorts, lambda shape: sorts
+            saved = {name: getattr(_sparsemax, name) for name in patch}
+            for name, value in patch.items():
+                setattr(_sparsemax, name, value)
             try:
                 return losszoo.ops.sparsemax_loss(y, x)
             finally:
-                _sparsemax._sorts = choose
+                for name, value in saved.items():
+                    setattr(_sparsemax, name, value)
 
         return loss
 
-    def loop_only(x, y):
-        """The Newton search with its loop from the first step (no unrolled start)."""
-        steps, _sparsemax._GPU_NEWTON_STEPS = _sparsemax._GPU_NEWTON_STEPS, 0
-        try:
-            return forced(False)(x, y)
-        finally:
-            _sparsemax._GPU_NEWTON_STEPS = steps
-
+    never, always = (lambda shape: False), (lambda shape: True)
+    chunks = {"_sorts": never, "_whole_rows": never}
     losses = {
         "softmax_ce (optax, ids)": optax.softmax_cross_entropy_with_integer_labels,
         "losszoo sparsemax_loss": lambda x, y: losszoo.ops.sparsemax_loss(y, x),
-        "losszoo sparsemax_loss, sort threshold": forced(True),
-        "losszoo sparsemax_loss, Newton search": forced(False),
-        "losszoo sparsemax_loss, Newton loop only": loop_only,
+        "losszoo sparsemax_loss, sort threshold": variant(_sorts=always),
+        "losszoo sparsemax_loss, Newton on whole rows": variant(_sorts=never, _whole_rows=always),
+        "losszoo sparsemax_loss, Newton on candidate chunks": variant(**chunks),
+        "losszoo sparsemax_loss, candidate chunks, loop only": variant(
+            **chunks, _GPU_NEWTON_STEPS=0
+        ),
         "optax multiclass_sparsemax_loss": optax.losses.multiclass_sparsemax_loss,
     }
     heads = {

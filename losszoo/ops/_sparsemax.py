@@ -133,13 +133,19 @@ def _searches_candidates(num_classes) -> bool:
 # more than the sort (H200, JAX, fwd+bwd of the loss, sort against Newton with its unrolled
 # start: 256x1000 0.11 / 0.29 ms, 128x16384 0.21 / 0.41 ms; from 2^22 scores on the Newton
 # search wins: 128x32768 0.40 / 0.36 ms, 1024x4096 0.38 / 0.34, 2048x32768 5.0 / 0.69;
-# BENCHMARKS.md, "GPU: the Newton search's unrolled start").
+# BENCHMARKS.md, "GPU: the Newton search's unrolled start, whole rows ...").
 _SORT_MAX_CLASSES = 32768
 _SORT_MAX_ENTRIES = 2**21
 # Compiled for a GPU, the Newton search first runs this many steps as straight-line code (no
 # loop condition to read); its loop then starts only if a row has not converged (from the
 # chunk maxima's start 1 to 3 steps converge: module docstring). 0: the loop from the start.
 _GPU_NEWTON_STEPS = 3
+# Up to _WHOLE_ROW_MAX_ENTRIES scores (and more than the sort takes), a GPU searches whole
+# rows from -1 after _WHOLE_ROW_STEPS unrolled steps, without the candidate chunks' row max,
+# chunk maxima, top_k and gather (H200, JAX, fwd+bwd, ratio to optax CE: 32x100000 3.10x ->
+# 2.00x, 128x32768 2.78x -> 2.24x; at 2048x32768 the chunks win, 1.96x against 2.85x).
+_WHOLE_ROW_MAX_ENTRIES = 2**22
+_WHOLE_ROW_STEPS = 6
 
 
 def _sorts(shape) -> bool:
@@ -150,6 +156,15 @@ def _sorts(shape) -> bool:
     if not compiles_for_gpu() or not all(isinstance(d, (int, np.integer)) for d in shape):
         return False
     return shape[-1] <= _SORT_MAX_CLASSES and int(np.prod(shape)) <= _SORT_MAX_ENTRIES
+
+
+def _whole_rows(shape) -> bool:
+    """Whether the Newton search runs on whole rows of static ``shape`` rather than on
+    candidate chunks: compiled for a GPU, at most ``_WHOLE_ROW_MAX_ENTRIES`` scores of known
+    size (as :func:`_sorts`, which is asked first)."""
+    if not compiles_for_gpu() or not all(isinstance(d, (int, np.integer)) for d in shape):
+        return False
+    return int(np.prod(shape)) <= _WHOLE_ROW_MAX_ENTRIES
 
 
 def _chunks(z, chunk):
@@ -179,11 +194,11 @@ def _sorted_threshold(z):
     return ops.where(ops.any(ops.isnan(z), -1, keepdims=True), np.nan, tau)
 
 
-def _michelot(z, tau0):
+def _michelot(z, tau0, gpu_steps=None):
     """Newton (Michelot) on ``sum_i (z_i - tau)_+ = 1`` from ``tau0`` ([..., 1]) at or left
     of the root: the exact threshold of each row of ``z``; NaN for rows holding a NaN.
     Where loops read the host at each trip (PyTorch), :func:`_michelot_unrolled`; compiled
-    for a GPU, ``_GPU_NEWTON_STEPS`` unrolled steps before the loop."""
+    for a GPU, ``gpu_steps`` (default ``_GPU_NEWTON_STEPS``) unrolled steps before the loop."""
     if LOOPS_READ_HOST:
         return _michelot_unrolled(z, tau0)
 
@@ -203,7 +218,7 @@ def _michelot(z, tau0):
         new_count = support_size(new_tau)
         return new_tau, new_count, ops.any(ops.not_equal(new_count, count))
 
-    unrolled = _GPU_NEWTON_STEPS if compiles_for_gpu() else 0
+    unrolled = (gpu_steps or _GPU_NEWTON_STEPS) if compiles_for_gpu() else 0
     if unrolled:
         tau, converged, count = _newton_unrolled(z, tau0, unrolled)
         start = (tau, count, ops.logical_not(ops.all(converged)))
@@ -378,6 +393,8 @@ def _threshold(x, shift=0.0, maxima=None):
     if _sorts(tuple(z.shape)):
         return ops.stop_gradient(_sorted_threshold(z))
     tau0 = -ops.ones_like(z[..., :1])  # f(-1) >= 0 because max(z) = 0
+    if _whole_rows(tuple(z.shape)):
+        return ops.stop_gradient(_michelot(z, tau0, _WHOLE_ROW_STEPS))
     chunk = _chunk_size(z.shape[-1])
     if chunk == 1:
         return ops.stop_gradient(_michelot(z, tau0))
@@ -408,7 +425,7 @@ def _row_max(x):
     holding a NaN or ``+inf``, which :func:`_threshold` spreads to the row), found in the same
     pass as the row max; otherwise None. Shifted by it, an all ``-inf`` row becomes NaN
     (``-inf - (-inf)``), as in softmax."""
-    if not _searches_candidates(x.shape[-1]) or _sorts(tuple(x.shape)):
+    if not _searches_candidates(x.shape[-1]) or _whole_rows(tuple(x.shape)):
         return ops.stop_gradient(reduce_max(x, axis=-1, keepdims=True)), None
     maxima = _chunk_maxima(x, _chunk_size(x.shape[-1]))
     top = ops.stop_gradient(reduce_max(maxima, axis=-1, keepdims=True))

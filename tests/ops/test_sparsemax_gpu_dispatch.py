@@ -45,6 +45,9 @@ def test_dispatch_by_shape(on_gpu, monkeypatch):
     assert sorts((256, 1000)) and sorts((128, 16384)) and sorts((2, 3, 10))
     assert not sorts((128, 32768))  # 2^22 scores: the Newton search is faster
     assert not sorts((2048, 32768))
+    whole = _sparsemax._whole_rows
+    assert whole((128, 32768)) and whole((32, 100_000)) and not whole((2048, 32768))
+    assert not whole((None, 1000))
     assert not sorts((32, 100_000))  # more classes than the sort limit
     assert not sorts((None, 1000))  # unknown batch: no bound on the sort's cost
     if keras.backend.backend() == "jax":  # a shape-polymorphic export's symbolic batch
@@ -94,24 +97,27 @@ def test_sort_path_matches_the_reference_in_every_mode(on_gpu, num_classes):
         assert np.all(np.isnan(out[4:])) and np.all(np.isnan(g[4:])), mode
 
 
-def test_large_problems_keep_the_newton_search(on_gpu):
-    """Rows of 10^5 classes are searched by Newton from the chunk maxima's threshold; only
-    that small problem (3,125 maxima per row) may be sorted."""
+def test_large_problems_keep_the_newton_search(on_gpu, monkeypatch):
+    """Rows of 10^5 classes in a problem larger than ``_WHOLE_ROW_MAX_ENTRIES`` (lowered here
+    to 10^5 scores, so that two rows stand for a large batch) are searched by Newton from the
+    chunk maxima's threshold; only that small problem (3,125 maxima per row) may be sorted."""
+    monkeypatch.setattr(_sparsemax, "_WHOLE_ROW_MAX_ENTRIES", 100_000)
     z = np.random.default_rng(2).normal(size=(2, 100_000)).astype(np.float32)
     np.testing.assert_allclose(kops.convert_to_numpy(ops.sparsemax(z)), ref_sparsemax(z), atol=1e-6)
     assert on_gpu == [(2, 3125)] or keras.backend.backend() == "torch"
 
 
-@pytest.mark.parametrize("num_classes", [1009, 40_000])
+@pytest.mark.parametrize("num_classes,whole_rows", [(1009, True), (40_000, True), (40_000, False)])
 def test_newton_search_with_its_unrolled_start_matches_the_reference(
-    on_gpu, monkeypatch, num_classes
+    on_gpu, monkeypatch, num_classes, whole_rows
 ):
-    """Compiled for a GPU, the Newton search runs ``_GPU_NEWTON_STEPS`` steps unrolled, then
-    its loop only for rows that have not converged: a ramp row needs 7 steps (the loop runs
-    on), the others fewer; NaN rows stay NaN. 1009 classes (prime: no chunks) and 40,000
-    (more than the sort takes: the candidate-chunk search)."""
+    """Compiled for a GPU, the Newton search runs some steps unrolled, then its loop only for
+    rows that have not converged: a ramp row needs 7 steps from -1 (the loop runs on after
+    ``_GPU_NEWTON_STEPS``), the others fewer; NaN rows stay NaN. Whole rows (what a GPU
+    does up to ``_WHOLE_ROW_MAX_ENTRIES`` scores, ``_WHOLE_ROW_STEPS`` unrolled), and the
+    candidate-chunk search (40,000 classes: 1,250 chunks of 32) that larger problems take."""
     z, q = bad_and_hard_rows(num_classes)
-    z[0] = -np.arange(num_classes) * 1e-3  # 7 Newton steps from -1 (4 for 40,000 / 25 chunks)
+    z[0] = -np.arange(num_classes) * 1e-3
     starts = []
     unrolled = _sparsemax._newton_unrolled
 
@@ -121,6 +127,9 @@ def test_newton_search_with_its_unrolled_start_matches_the_reference(
 
     monkeypatch.setattr(_sparsemax, "_newton_unrolled", counted)
     monkeypatch.setattr(_sparsemax, "_sorts", lambda shape: False)
+    monkeypatch.setattr(_sparsemax, "_WHOLE_ROW_MAX_ENTRIES", 2**22 if whole_rows else 0)
+    monkeypatch.setattr(_sparsemax, "_WHOLE_ROW_STEPS", 4)  # < 7: the ramp needs the loop
+    steps = 4 if whole_rows else _sparsemax._GPU_NEWTON_STEPS
     good = slice(0, 4)
     finite = np.where(np.isinf(z[good]), -1e30, z[good]).astype(np.float64)
     p_want = np.stack([ref.sparsemax(row)[0] for row in finite])
@@ -133,7 +142,7 @@ def test_newton_search_with_its_unrolled_start_matches_the_reference(
         out, (g,) = value_and_grad(ops.sparsemax, z, mode=mode)
         loss = kops.convert_to_numpy(ops.sparsemax_loss(q, z))
         if keras.backend.backend() != "torch":  # PyTorch: its own rounds (_newton_rounds)
-            assert _sparsemax._GPU_NEWTON_STEPS in starts, f"{mode}: no unrolled start"
+            assert steps in starts, f"{mode}: no unrolled start of {steps} steps ({starts})"
         np.testing.assert_allclose(out[good], p_want, atol=2e-6, err_msg=mode)
         np.testing.assert_allclose(loss[good], loss_want, rtol=1e-5, atol=1e-5, err_msg=mode)
         np.testing.assert_allclose(g[good], g_want, atol=1e-5, err_msg=mode)
