@@ -74,8 +74,9 @@ OUTCOMES: collections.Counter = collections.Counter()
 def examples(n: int) -> int:
     """How many hypothesis examples a valid-input contract test that asks for ``n`` runs
     here: ``n`` on TensorFlow and PyTorch; on JAX a fifth (at least 2). On JAX an eager call
-    of a kernel with loops (``ops.while_loop`` / ``ops.cond``) compiles its loops again at
-    every call (seconds each on a 2-core machine), and the suite must stay within minutes a
+    of a kernel with loops runs as one cached ``jax.jit`` program per input shape
+    (``losszoo._backend.jit_on_jax``), and each example brings a new shape, hence a new
+    compile (seconds each on a 2-core machine); the suite must stay within minutes a
     backend. Bad-input tests keep their counts: eager raises before the kernel runs and the
     compiled mode reuses one program per signature."""
     return n if BACKEND != "jax" else max(2, round(n / 5))
