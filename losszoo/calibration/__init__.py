@@ -5,22 +5,11 @@ sections 5-6."""
 from losszoo.calibration.fit import fit_calibrator, make_calibrator
 from losszoo.calibration.metrics import accuracy, adaptive_ece, brier_score, classwise_ece, ece, nll
 from losszoo.calibration.plot import reliability_curve, reliability_diagram
-from losszoo.calibration.streaming import (
-    Accuracy,
-    AdaptiveECE,
-    BrierScore,
-    ClasswiseECE,
-    ExpectedCalibrationError,
-    NegativeLogLikelihood,
-)
+from losszoo.metrics.calibration import *  # noqa: F403 - the streaming metrics
+from losszoo.metrics.calibration import __all__ as _streaming
 
 __all__ = [
-    "Accuracy",
-    "AdaptiveECE",
-    "BrierScore",
-    "ClasswiseECE",
-    "ExpectedCalibrationError",
-    "NegativeLogLikelihood",
+    *_streaming,
     "accuracy",
     "adaptive_ece",
     "brier_score",

@@ -3,20 +3,5 @@
 registered names (``losszoo>ExpectedCalibrationError``, ...) did not change, so saved models
 load either way."""
 
-from losszoo.metrics.calibration import (
-    Accuracy,
-    AdaptiveECE,
-    BrierScore,
-    ClasswiseECE,
-    ExpectedCalibrationError,
-    NegativeLogLikelihood,
-)
-
-__all__ = [
-    "Accuracy",
-    "AdaptiveECE",
-    "BrierScore",
-    "ClasswiseECE",
-    "ExpectedCalibrationError",
-    "NegativeLogLikelihood",
-]
+from losszoo.metrics.calibration import *  # noqa: F403
+from losszoo.metrics.calibration import __all__  # noqa: F401 - the same public names

@@ -4,22 +4,8 @@ The streaming calibration metrics (:mod:`losszoo.metrics.calibration`) are also 
 :mod:`losszoo.calibration`, beside the array functions they agree with.
 """
 
-from losszoo.metrics.calibration import (
-    Accuracy,
-    AdaptiveECE,
-    BrierScore,
-    ClasswiseECE,
-    ExpectedCalibrationError,
-    NegativeLogLikelihood,
-)
+from losszoo.metrics import calibration
+from losszoo.metrics.calibration import *  # noqa: F403
 from losszoo.metrics.dro import ExactKLDRORisk
 
-__all__ = [
-    "Accuracy",
-    "AdaptiveECE",
-    "BrierScore",
-    "ClasswiseECE",
-    "ExactKLDRORisk",
-    "ExpectedCalibrationError",
-    "NegativeLogLikelihood",
-]
+__all__ = sorted([*calibration.__all__, "ExactKLDRORisk"])
