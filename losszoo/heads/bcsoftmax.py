@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import keras
 import numpy as np
 from keras import ops as kops
 
@@ -56,6 +55,16 @@ class BCSoftmax(ScoresLayer):
       array([[0.1076, 0.6   , 0.2924]], dtype=float32)
     """
 
+    _config_keys = (
+        "lower",
+        "upper",
+        "temperature",
+        "learn_bounds",
+        "learn_temperature",
+        "axis",
+        "method",
+    )
+
     def __init__(
         self,
         lower=None,
@@ -102,27 +111,11 @@ class BCSoftmax(ScoresLayer):
             hi = np.broadcast_to(0.5 if self.upper is None else self.upper, (k,))
             if np.any(lo * k >= 1) or np.any(hi * k <= 1) or k == 1:
                 raise ValueError("Learned bounds need initial values lower < 1/K < upper.")
-            self.lower_logit = self.add_weight(
-                name="lower_logit",
-                shape=(k,),
-                initializer=keras.initializers.Constant(_inverse_sigmoid(lo * k)),
-                dtype="float32",
-            )
-            self.upper_logit = self.add_weight(
-                name="upper_logit",
-                shape=(k,),
-                initializer=keras.initializers.Constant(
-                    _inverse_sigmoid((hi - 1 / k) / (1 - 1 / k))
-                ),
-                dtype="float32",
-            )
+            self.lower_logit = self.constant_weight("lower_logit", _inverse_sigmoid(lo * k), (k,))
+            upper = _inverse_sigmoid((hi - 1 / k) / (1 - 1 / k))
+            self.upper_logit = self.constant_weight("upper_logit", upper, (k,))
         if self.learn_temperature:
-            self.log_temperature = self.add_weight(
-                name="log_temperature",
-                shape=(),
-                initializer=keras.initializers.Constant(np.log(self.temperature)),
-                dtype="float32",
-            )
+            self.log_temperature = self.constant_weight("log_temperature", np.log(self.temperature))
 
     def bounds(self):
         """The current ``(lower, upper)`` tensors or None (configured or learned)."""
@@ -143,21 +136,6 @@ class BCSoftmax(ScoresLayer):
         hi = hi if upper is None else upper
         tau = kops.exp(self.log_temperature) if self.learn_temperature else self.temperature
         return ops.bcsoftmax(x, lo, hi, tau, axis=self.axis, method=self.method)
-
-    def compute_output_shape(self, input_shape):
-        return input_shape
-
-    def get_config(self):
-        return {
-            **super().get_config(),
-            "lower": self.lower,
-            "upper": self.upper,
-            "temperature": self.temperature,
-            "learn_bounds": self.learn_bounds,
-            "learn_temperature": self.learn_temperature,
-            "axis": self.axis,
-            "method": self.method,
-        }
 
 
 def _to_config(v, name):

@@ -18,7 +18,6 @@ norm is over the unmasked logits).
 
 from __future__ import annotations
 
-import keras
 import numpy as np
 from keras import ops as kops
 
@@ -64,6 +63,8 @@ def _shapes(input_shape):
 
 
 class _Calibrator(ScoresLayer):
+    _config_keys = ("temperature", "fit_temperature")
+
     def __init__(self, temperature=1.5, fit_temperature=True, **kwargs):
         kwargs.setdefault("dtype", "float32")
         super().__init__(**kwargs)
@@ -72,12 +73,8 @@ class _Calibrator(ScoresLayer):
 
     def build(self, input_shape):
         _shapes(input_shape)
-        self.log_temperature = self.add_weight(
-            name="log_temperature",
-            shape=(),
-            initializer=keras.initializers.Constant(np.log(self.temperature)),
-            trainable=self.fit_temperature,
-            dtype="float32",
+        self.log_temperature = self.constant_weight(
+            "log_temperature", np.log(self.temperature), trainable=self.fit_temperature
         )
 
     def tau(self):
@@ -85,13 +82,6 @@ class _Calibrator(ScoresLayer):
 
     def compute_output_shape(self, input_shape):
         return _shapes(input_shape)[0]
-
-    def get_config(self):
-        return {
-            **super().get_config(),
-            "temperature": self.temperature,
-            "fit_temperature": self.fit_temperature,
-        }
 
 
 @register(
@@ -124,6 +114,8 @@ class _Bounded(_Calibrator):
     """A calibrator with lower and upper bounds: constants or linear in the features (the
     defaults are :class:`LogitBounding`'s)."""
 
+    _config_keys = (*_Calibrator._config_keys, "bound_fn", "init_lower", "init_upper")
+
     def __init__(
         self,
         bound_fn="constant",
@@ -141,9 +133,8 @@ class _Bounded(_Calibrator):
     def _bound(self, name, init, input_shape):
         """A bound's pre-activation ``(bias, kernel or None)``: a constant (``bound_fn``
         ``"constant"``) or linear in the features, kernel initialised to 0."""
-        bias = {"shape": (), "initializer": keras.initializers.Constant(init), "dtype": "float32"}
         if self.bound_fn == "constant":
-            return self.add_weight(name=name, **bias), None
+            return self.constant_weight(name, init), None
         feat_shape = _shapes(input_shape)[1]
         if feat_shape is None or feat_shape[-1] is None:
             raise ValueError(
@@ -153,7 +144,7 @@ class _Bounded(_Calibrator):
         w = self.add_weight(
             name=name + "_kernel", shape=kernel_shape, initializer="zeros", dtype="float32"
         )
-        return self.add_weight(name=name + "_bias", **bias), w
+        return self.constant_weight(name + "_bias", init), w
 
     @staticmethod
     def _eval(param, feats):
@@ -165,14 +156,6 @@ class _Bounded(_Calibrator):
                 "The linear variant needs the features: call it on [logits, features]."
             )
         return kops.matmul(feats, w)[:, None] + bias
-
-    def get_config(self):
-        return {
-            **super().get_config(),
-            "bound_fn": self.bound_fn,
-            "init_lower": self.init_lower,
-            "init_upper": self.init_upper,
-        }
 
 
 @register(
@@ -210,6 +193,7 @@ class ProbabilityBounding(_Bounded):
       array([[0.167, 0.167, 0.667]], dtype=float32)
     """
 
+    _config_keys = (*_Bounded._config_keys, "bounds", "method")
     _SHORT = "PB"
 
     def __init__(
@@ -263,9 +247,6 @@ class ProbabilityBounding(_Bounded):
         # The bounds are feasible by construction; under XLA, rows with NaN / +inf / all -inf
         # logits come back NaN (bcsoftmax's bad-row test).
         return ops.bcsoftmax(logits, a, b, self.tau(), method=self.method)
-
-    def get_config(self):
-        return {**super().get_config(), "bounds": self.bounds, "method": self.method}
 
 
 @register(

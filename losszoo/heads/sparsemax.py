@@ -40,6 +40,8 @@ class Sparsemax(ScoresLayer):
       array([[0.  , 0.25, 0.75]], dtype=float32)
     """
 
+    _config_keys = ("axis",)
+
     def __init__(self, axis: int = -1, **kwargs):
         axis = check_number(axis, "axis", integer=True)
         kwargs.setdefault("dtype", "float32")
@@ -49,9 +51,3 @@ class Sparsemax(ScoresLayer):
 
     def call(self, inputs):
         return attach_logits(ops.sparsemax(inputs, axis=self.axis), inputs)
-
-    def compute_output_shape(self, input_shape):
-        return input_shape
-
-    def get_config(self):
-        return {**super().get_config(), "axis": self.axis}
