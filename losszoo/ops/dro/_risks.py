@@ -27,7 +27,7 @@ input preparation and invalid-input flags that every module of :mod:`losszoo.ops
   of the weighted empirical law. Computed exactly by a sort; gradient ``q_i/rho`` where
   ``q_i`` is the mass of example i inside the tail.
 
-The pieces of the baselines (``batch_lse_*``, ``cvar_tail_mass``) and of the safe-KL risk
+The pieces of the baselines (``batch_lse_terms``, ``cvar_tail_mass``) and of the safe-KL risk
 (``risk_and_stats``) are shared with the global-batch versions in
 :mod:`losszoo.ops.dro.distribute`.
 """
@@ -429,34 +429,31 @@ if _backend.TENSORFLOW:  # eager TensorFlow runs the loop as one graph (inlined 
 
 
 # ----------------------------------------------------------------------------- baselines
-def batch_lse_parts(l, s, lam):
-    """Shift-free pieces of ``log sum s exp(l/lam)``: ``a_i = l_i/lam + log s_i`` (-inf where
-    ``s_i = 0``) and the maximum ``m`` of ``a``."""
+def batch_lse_terms(l, s, lam, top=lambda m: m, sums=lambda xs: xs):
+    """``(V, e, T)`` of the batch LogSumExp ``V = lam log(sum_i s_i exp(l_i/lam) / sum_i s_i)``:
+    ``e_i = s_i exp(l_i/lam - m)`` with ``m`` the maximum of ``l_i/lam + log s_i`` over
+    ``s_i > 0`` made finite, and ``T = sum_i e_i``; ``V`` is 0 when the weights sum to 0. At
+    ``m = +inf`` the limit: ``e_i = s_i`` on the ``+inf`` entries, 0 elsewhere (the softmax of
+    an infinite logit), and ``V = +inf``. ``top`` (the maximum) and ``sums`` (the list
+    ``[T, sum_i s_i]``) combine them across replicas (:mod:`~losszoo.ops.dro.distribute`);
+    the defaults keep this batch's."""
     dt = dtype_name(l)
     live = s > 0
     ninf = ops.full_like(l, -np.inf)
     a = ops.where(
         live, l * const(1.0 / lam, dt) + ops.log(ops.where(live, s, ops.ones_like(s))), ninf
     )
-    return a, max_or_minus_inf(a)
-
-
-def batch_lse_exp(a, s, m):
-    """``exp(a - m)`` with ``m`` made finite; at ``m = +inf`` the limit weights: ``s_i`` on the
-    ``+inf`` entries, 0 elsewhere (the softmax of an infinite logit)."""
+    m = top(max_or_minus_inf(a))
     m_inf = ops.isinf(m) & (m > 0)
     m_safe = ops.where(ops.isfinite(m), m, ops.zeros_like(m))
     ex = ops.where(
         m_inf, ops.where(ops.isinf(a) & (a > 0), s, ops.zeros_like(a)), ops.exp(a - m_safe)
     )
-    return ops.where(s > 0, ex, ops.zeros_like(ex)), m_safe, m_inf
-
-
-def batch_lse_value(lam, m_safe, m_inf, tot, s_sum):
-    dt = dtype_name(tot)
+    ex = ops.where(live, ex, ops.zeros_like(ex))
+    tot, s_sum = sums([ops.sum(ex), ops.sum(s)])
     val = const(lam, dt) * (m_safe + ops.log(tot) - ops.log(s_sum))
     val = ops.where(m_inf, const(np.inf, dt), val)
-    return ops.where(s_sum > 0, val, ops.zeros_like(val))
+    return ops.where(s_sum > 0, val, ops.zeros_like(val)), ex, tot
 
 
 def kl_dro_batch_lse(losses, lam, sample_weight=None):
@@ -487,17 +484,28 @@ def kl_dro_batch_lse(losses, lam, sample_weight=None):
 
     @custom_gradient
     def core(l, s, bad):
-        a, m = batch_lse_parts(l, s, lam)
-        ex, m_safe, m_inf = batch_lse_exp(a, s, m)
-        tot = ops.sum(ex)
-        val = nan_where(bad, batch_lse_value(lam, m_safe, m_inf, tot, ops.sum(s)))
+        val, ex, tot = batch_lse_terms(l, s, lam)
 
         def grad(dv):
             return nan_where(bad, dv * divide_no_nan(ex, tot)), ops.zeros_like(s), None
 
-        return val, grad
+        return nan_where(bad, val), grad
 
     return ops.cast(core(l, s, any_flag(bad, live_nan(l, s))), original)
+
+
+def sumexp_terms(l, s, inv_lam, bad, sums=lambda xs: xs):
+    """``(V, pi, e, unusable)`` of the sum-of-exp objective ``V = sum_i pi_i e_i``,
+    ``e_i = exp(l_i/lam)`` (``inv_lam = 1/lam`` a tensor), NaN where the flag ``bad`` is set;
+    ``unusable``: ``V`` is not finite (overflow, ``+inf`` or NaN), so no entry gets a
+    gradient. ``sums`` (of a list) adds up over the replicas (default: this batch only)."""
+    live = s > 0
+    (s_sum,) = sums([ops.sum(s)])
+    pi = ops.where(live, divide_no_nan(s, s_sum), ops.zeros_like(s))
+    ex = ops.where(live, ops.exp(l * inv_lam), ops.zeros_like(l))
+    (val,) = sums([ops.sum(pi * ex)])
+    val = poison(bad, val)
+    return val, pi, ex, ops.logical_not(ops.isfinite(val))
 
 
 def kl_dro_sumexp(losses, lam, sample_weight=None):
@@ -527,19 +535,14 @@ def kl_dro_sumexp(losses, lam, sample_weight=None):
     """
     lam = check_lam(lam)
     l, s, original, bad = prepare(losses, sample_weight)
-    inv_lam = 1.0 / lam
 
     @custom_gradient
     def core(l, s, *bad):
-        dt = dtype_name(l)
-        live = s > 0
-        pi = ops.where(live, divide_no_nan(s, ops.sum(s)), ops.zeros_like(s))
-        ex = ops.where(live, ops.exp(l * const(inv_lam, dt)), ops.zeros_like(l))
-        val = poison(bad[0] if bad else None, ops.sum(pi * ex))
-        unusable = ops.logical_not(ops.isfinite(val))  # overflow, +inf or NaN: no gradient
+        inv_lam = const(1.0 / lam, dtype_name(l))
+        val, pi, ex, unusable = sumexp_terms(l, s, inv_lam, bad[0] if bad else None)
 
         def grad(dv):
-            g = nan_where(unusable, dv * pi * ex * const(inv_lam, dt))
+            g = nan_where(unusable, dv * pi * ex * inv_lam)
             return (g, ops.zeros_like(s)) + (None,) * len(bad)
 
         return val, grad

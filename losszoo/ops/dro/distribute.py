@@ -171,10 +171,7 @@ def kl_dro_batch_lse_global(losses, lam, sample_weight=None):
     bad = _replica_any(risks.any_flag(bad, risks.live_nan(l, s)), dtype_name(l))
 
     def fn(l):
-        a, m = risks.batch_lse_parts(l, s, lam)
-        ex, m_safe, m_inf = risks.batch_lse_exp(a, s, replica_max(m))
-        tot, s_sum = replica_sum([ops.sum(ex), ops.sum(s)])
-        val = risks.batch_lse_value(lam, m_safe, m_inf, tot, s_sum)
+        val, ex, tot = risks.batch_lse_terms(l, s, lam, replica_max, replica_sum)
         return risks.poison(bad, val), risks.poison(bad, ops.divide_no_nan(ex, tot))
 
     return ops.cast(_global_share(fn, l), original)
@@ -207,14 +204,8 @@ def kl_dro_sumexp_global(losses, lam, sample_weight=None):
     inv_lam = ops.convert_to_tensor(1.0 / lam, dtype_name(l))
 
     def fn(l):
-        (s_sum,) = replica_sum([ops.sum(s)])
-        live = s > 0
-        pi = ops.where(live, ops.divide_no_nan(s, s_sum), ops.zeros_like(s))
-        ex = ops.where(live, ops.exp(l * inv_lam), ops.zeros_like(l))
-        (val,) = replica_sum([ops.sum(pi * ex)])
-        val = risks.poison(bad, val)
         # as on one device: overflow, +inf or NaN anywhere in the global batch: no gradient
-        unusable = ops.logical_not(ops.isfinite(val))
+        val, pi, ex, unusable = risks.sumexp_terms(l, s, inv_lam, bad, replica_sum)
         return val, risks.poison(unusable, pi * ex * inv_lam)
 
     return ops.cast(_global_share(fn, l), original)
