@@ -55,10 +55,23 @@ _state = threading.local()
 _HOOK = {"warned": False}
 
 
-def _stack(name):
+def thread_stack(name):
+    """This thread's list ``name`` (empty at first): the hooks' stacks, and the override stack
+    of :func:`losszoo.losses.dro.alpha_updates`."""
     if not hasattr(_state, name):
         setattr(_state, name, [])
     return getattr(_state, name)
+
+
+@contextlib.contextmanager
+def pushed(name, value):
+    """``value`` on top of :func:`thread_stack` ``name`` inside the block."""
+    stack = thread_stack(name)
+    stack.append(value)
+    try:
+        yield
+    finally:
+        stack.pop()
 
 
 def _publish_during_call(cls, name, stack, entry):
@@ -70,11 +83,8 @@ def _publish_during_call(cls, name, stack, entry):
 
     @functools.wraps(original)
     def wrapper(self, *args, **kwargs):
-        _stack(stack).append(entry(self, *args, **kwargs))
-        try:
+        with pushed(stack, entry(self, *args, **kwargs)):
             return original(self, *args, **kwargs)
-        finally:
-            _stack(stack).pop()
 
     wrapper._losszoo_dro_hook = True
     setattr(cls, name, wrapper)
@@ -125,7 +135,7 @@ def install_trainer_hook():
 
 def current_trainer():
     """``(model, training)`` of the innermost Keras 3 loss computation, or ``(None, None)``."""
-    st = _stack("trainer")
+    st = thread_stack("trainer")
     return st[-1][:2] if st else (None, None)
 
 
@@ -133,7 +143,7 @@ def current_predictions():
     """The model's whole output (``y_pred``, every output of a multi-output model) in the
     innermost Keras 3 loss or metrics computation, or None: the losses find which output
     they were given by identity in it."""
-    st = _stack("trainer")
+    st = thread_stack("trainer")
     return st[-1][2] if st else None
 
 
@@ -141,7 +151,7 @@ def optimizer_scope(optimizer):
     """A ``keras.StatelessScope`` holding ``optimizer``'s variables as the JAX train step
     passed them (reading ``optimizer.learning_rate`` then works, schedules included); a
     no-op elsewhere."""
-    published = _stack("optimizer")
+    published = thread_stack("optimizer")
     if published and published[-1][0] is optimizer and published[-1][1] is not None:
         mapping = list(zip(optimizer.variables, published[-1][1]))
         return keras.StatelessScope(state_mapping=mapping)

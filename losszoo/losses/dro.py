@@ -8,7 +8,6 @@ the logs, saving, where the code is) is ``docs/design/dro.md``; the maths is in
 from __future__ import annotations
 
 import contextlib
-import threading
 
 import keras
 from keras import ops
@@ -30,27 +29,13 @@ __all__ = [
 
 
 # ----------------------------------------------------------------------------- helpers
-_state = threading.local()
-
-
-def _overrides():
-    if not hasattr(_state, "override"):
-        _state.override = []
-    return _state.override
-
-
-@contextlib.contextmanager
 def alpha_updates(enabled: bool):
     """Force (``True``) or forbid (``False``) alpha updates of safe-KL losses in this block.
 
     The decision is taken when a step is traced, so use it around the first call of a
     ``tf.function`` (or around eager code).
     """
-    _overrides().append(bool(enabled))
-    try:
-        yield
-    finally:
-        _overrides().pop()
+    return _keras_hooks.pushed("alpha_override", bool(enabled))
 
 
 def _training_flag(update_alpha, losses=None):
@@ -61,7 +46,7 @@ def _training_flag(update_alpha, losses=None):
     :func:`losszoo._keras_hooks.recording_gradients` of ``losses``), ``True`` or ``False``;
     :func:`alpha_updates` overrides all three.
     """
-    override = _overrides()
+    override = _keras_hooks.thread_stack("alpha_override")
     if override:
         return override[-1], None
     trainer, training = _keras_hooks.current_trainer()
