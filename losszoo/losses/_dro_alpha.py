@@ -17,8 +17,9 @@ from losszoo import _keras_hooks
 RULES = ("newton", "auto", "sgd", "adam")
 
 
-def newton_step(mean_w, curvature, nonempty, lam, rho, damping):
-    """Damped Newton step on ``log(sum pi w) = 0`` with the exact curvature.
+def newton_step(mean_w, curvature, nonempty, options):
+    """Damped Newton step on ``log(sum pi w) = 0`` with the exact curvature (``lam``, ``rho``
+    and the ``damping``: ``options.alpha_damping``, of the loss ``options``).
 
     ``f(alpha) = log mean_w`` is decreasing with ``f' = -curvature / (lam mean_w)``, so the
     Newton step is ``lam log(mean_w) mean_w / curvature``: exactly ``lam log mean_w`` in
@@ -29,8 +30,9 @@ def newton_step(mean_w, curvature, nonempty, lam, rho, damping):
     batch.
     """
     tiny = ops.convert_to_tensor(1e-30, "float32")
-    ratio = ops.clip(ops.divide_no_nan(mean_w, ops.maximum(curvature, tiny)), 1.0, 1.0 / rho)
-    step = (damping * lam) * ops.log(ops.maximum(mean_w, tiny)) * ratio
+    ratio = ops.divide_no_nan(mean_w, ops.maximum(curvature, tiny))
+    step = (options.alpha_damping * options.lam) * ops.log(ops.maximum(mean_w, tiny))
+    step = step * ops.clip(ratio, 1.0, 1.0 / options.rho)
     return ops.where(nonempty, step, ops.zeros_like(step))
 
 
@@ -72,15 +74,12 @@ def next_state(state, alpha, mean_w, curvature, nonempty, options, optimizer):
     trainer). Adam uses beta 0.9 / 0.999 and epsilon 1e-7; the flag is set to 1.
     """
     one = ops.ones([], "float32")
+    m, v, t = state[2], state[3], state[4]
     if options.alpha_optimizer == "newton":
-        step = newton_step(
-            mean_w, curvature, nonempty, options.lam, options.rho, options.alpha_damping
-        )
-        return ops.stack([alpha + step, one, state[2], state[3], state[4]])
+        return ops.stack([alpha + newton_step(mean_w, curvature, nonempty, options), one, m, v, t])
     lr = step_size(options.alpha_learning_rate, options.alpha_lr_multiplier, optimizer)
     grad = ops.where(nonempty, 1.0 - mean_w, ops.zeros_like(mean_w))
     kind, momentum, nesterov = gradient_rule(options.alpha_optimizer, optimizer)
-    m, v, t = state[2], state[3], state[4]
     if kind == "sgd":
         if momentum > 0.0:
             m = momentum * m - lr * grad
