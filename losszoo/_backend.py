@@ -223,6 +223,17 @@ LOOPS_READ_HOST = NAME == "torch"
 them in Python, one sync with the device per trip (TensorFlow and JAX compile them)."""
 
 
+def read_flags(*flags) -> tuple[bool, ...]:
+    """Several scalar bool tensors with values (eager) read on the host in ONE read: packed
+    as the bits of one int32 on the device, then ``int()`` (one sync, 4 bytes; reading them
+    one by one is a sync each on a GPU). At most 31 flags."""
+    if len(flags) > 31:
+        raise ValueError(f"read_flags packs at most 31 flags, got {len(flags)}.")
+    bits = [keras.ops.cast(f, "int32") * (1 << i) for i, f in enumerate(flags)]
+    packed = int(keras.ops.sum(keras.ops.stack(bits)))
+    return tuple(bool(packed >> i & 1) for i in range(len(flags)))
+
+
 @functools.cache
 def compiles_for_gpu() -> bool:
     """Whether compiled programs run on a GPU here: JAX's default backend is a GPU, or

@@ -60,6 +60,7 @@ __all__ = [
     "VOTES",
     "Rule",
     "check_choice",
+    "check_rules",
     "check_number",
     "nan_where",
     "set_validation",
@@ -164,6 +165,32 @@ class Rule:
         return _backend.assert_all(
             ops.logical_not(ops.any(self.mask(ops, x, *others))), f"`{name}` {self.text}.", x
         )
+
+
+def check_rules(*checks):
+    """Several :meth:`Rule.check` calls at once: ``checks`` are tuples
+    ``(rule, x, name, *others)``; returns the checked ``x`` of each, in order.
+
+    Where each check would read one flag (PyTorch tensors with values) the rules' flags are
+    stacked on the device and read in ONE host read; only when one is set do the checks run
+    one by one, so the first broken rule raises its own message, as in sequence. Elsewhere
+    (NumPy, TensorFlow, JAX, traced code) exactly the checks in sequence.
+
+    Example:
+      >>> from losszoo import contract
+      >>> x, t = contract.check_rules(
+      ...     (contract.LOGITS, np.zeros((2, 3)), "logits"),
+      ...     (contract.POSITIVE, np.array([0.5, -1.0]), "temperature"),
+      ... )
+      Traceback (most recent call last):
+      ...
+      ValueError: `temperature` must be finite and > 0; rows [1] are not.
+    """
+    if validation_enabled() and all(_reads_one_flag(c[1], *c[3:]) for c in checks):
+        flags = [ops.any(rule.mask(ops, x, *others)) for rule, x, _, *others in checks]
+        if not _any_on_device(ops.stack(flags)):
+            return tuple(c[1] for c in checks)
+    return tuple(rule.check(x, name, *others) for rule, x, name, *others in checks)
 
 
 def _reads_one_flag(*values) -> bool:

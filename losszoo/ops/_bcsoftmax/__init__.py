@@ -56,6 +56,7 @@ from losszoo.contract import (
     check_choice,
     check_number,
     check_real,
+    check_rules,
     check_static_rank,
     dtype_name,
     move_axis_last,
@@ -370,12 +371,15 @@ def bcsoftmax(
     x, undo = move_axis_last(x, ax)
     a, b, tau = (_class_last(t, rank, ax) for t in (a, b, tau))
     tol = 10.0 * float(_info(x).eps) * k
-    x = LOGITS.check(x, "logits")
-    tau = TEMPERATURE.check(tau, "temperature")
+    # one host read for all four rules on PyTorch (contract.check_rules)
+    checks = [(LOGITS, x, "logits"), (TEMPERATURE, tau, "temperature")]
     if a is not None:
-        a = PROBABILITY_BOUNDS.check(a, "lower", 1.0 if b is None else b, tol, k, True)
+        checks.append((PROBABILITY_BOUNDS, a, "lower", 1.0 if b is None else b, tol, k, True))
     if b is not None:
-        b = PROBABILITY_BOUNDS.check(b, "upper", 0.0 if a is None else a, tol, k, False)
+        checks.append((PROBABILITY_BOUNDS, b, "upper", 0.0 if a is None else a, tol, k, False))
+    x, tau, *bounds = check_rules(*checks)
+    a = bounds.pop(0) if a is not None else None
+    b = bounds.pop(0) if b is not None else None
     n_upper = n_upper_candidates(upper, k)
     solver = None if method != "newton" or _use_candidates(temperature) else _solve_newton
     return ops.cast(

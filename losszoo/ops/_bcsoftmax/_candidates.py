@@ -16,7 +16,7 @@ from losszoo._backend import (
 )
 from losszoo.contract import dtype_name
 
-from ._common import _assemble, _comparison_bounds, _info, _pattern_at
+from ._common import _assemble, _comparison_bounds, _info, _pattern_at, _while_loop
 from ._newton import _solve_newton
 
 # upper bound. With bounds known only when the program runs, the solver takes _N_UPPER
@@ -24,6 +24,9 @@ from ._newton import _solve_newton
 _N_UPPER = 16
 _N_UPPER_MAX = 64
 _MAX_STEPS = 8
+# Trips run as straight-line code on PyTorch before each host read, with lower bounds (3 trips
+# for nearly every batch tried, 4 for a few); without them the loop has one trip.
+_ROUNDS = (3, _MAX_STEPS + 1 - 3)
 
 
 def n_upper_candidates(upper, k: int) -> int:
@@ -202,19 +205,30 @@ def _solve_candidates(x, a, b, n_upper=_N_UPPER, uniform_upper=False):
     zero1 = ops.zeros_like(c_lo)
     false1 = ops.zeros_like(c_lo, dtype="bool")
     state = (c_lo, zero1, e_others, zero1, zero1, false1, false1)
+
+    def unsolved(c, conv, left):
+        """The rows :func:`_solve_newton` takes over ([N, 1])."""
+        bad = ops.logical_or(ops.logical_not(conv), left)
+        bad = ops.logical_or(bad, ops.logical_not(ops.isfinite(c)))
+        if m:
+            # a candidate whose exp was capped is only exact at its upper bound
+            capped = ops.logical_and(valid, take_along_axis(x, idx, axis=-1) - sigma >= cap)
+            capped = ops.logical_and(capped, ops.logical_not(cand_pattern(c)[0]))
+            bad = ops.logical_or(bad, ops.any(capped, -1, keepdims=True))
+        return bad
+
     trips = 1 if a is None else _MAX_STEPS + 1
-    c, _, _, s, ef, conv, left = ops.while_loop(cond, body, state, maximum_iterations=trips)
-    bad = ops.logical_or(ops.logical_not(conv), left)
-    bad = ops.logical_or(bad, ops.logical_not(ops.isfinite(c)))
-    if m:
-        # a candidate whose exp was capped is only exact at its upper bound
-        capped = ops.logical_and(valid, take_along_axis(x, idx, axis=-1) - sigma >= cap)
-        capped = ops.logical_and(capped, ops.logical_not(cand_pattern(c)[0]))
-        bad = ops.logical_or(bad, ops.any(capped, -1, keepdims=True))
+    # PyTorch: straight-line rounds, one read each of "all stopped" and "any unsolved" (a
+    # stopped row's trip is a no-op: the body keeps its old values).
+    rounds = (1,) if a is None else _ROUNDS
+    (c, _, _, s, ef, conv, left), known = _while_loop(
+        cond, body, state, trips, rounds, lambda c, *v: (ops.any(unsolved(c, v[-2], v[-1])),)
+    )
+    bad = unsolved(c, conv, left)
     y, state = _assemble(e, a, b, *_pattern_at(e, a_cmp, b_cmp, c), s, ef)
 
     def fallback():
         y2, state2 = _solve_newton(x, a, b)
         return ops.where(bad, y2, y), ops.where(bad, state2, state)
 
-    return ops.cond(ops.any(bad), fallback, lambda: (y, state))
+    return ops.cond(ops.any(bad) if known is None else known[0], fallback, lambda: (y, state))

@@ -11,15 +11,46 @@ import numpy as np
 from keras import ops
 
 from losszoo._backend import (
+    LOOPS_READ_HOST,
     divide_no_nan,
+    is_concrete,
     maximum,
     minimum,
+    read_flags,
     reduce_max,
     reduce_min,
 )
 from losszoo.contract import dtype_name
 
 FREE, LOWER, UPPER = 0, 1, 2
+
+
+def _while_loop(cond, body, loop_vars, maximum_iterations, rounds=(), flags=None):
+    """``keras.ops.while_loop`` whose first trips run as straight-line rounds on PyTorch.
+
+    Returns ``(loop_vars, known)``. Where loops read the host at every trip (PyTorch, values
+    known), the trips run in ``rounds`` of straight-line code with ONE host read after each
+    (:func:`losszoo._backend.read_flags`) of whether ``cond`` is false, together with the
+    scalar bool tensors ``flags(*loop_vars)``; ``known`` is then those flags read as bools
+    (the caller needs no further read for them). Past the rounds (and everywhere else) the
+    loop goes on as ``ops.while_loop`` and ``known`` is None. The result is the loop's only
+    when ``body`` leaves every row whose work is done unchanged (a no-op trip once ``cond``
+    is false): the rounds may run past the trip where the loop would stop.
+    """
+    if not (LOOPS_READ_HOST and is_concrete(loop_vars[0])):
+        out = ops.while_loop(cond, body, loop_vars, maximum_iterations=maximum_iterations)
+        return tuple(out), None
+    trips = 0
+    for steps in rounds:
+        for _ in range(min(steps, maximum_iterations - trips)):
+            loop_vars = tuple(body(*loop_vars))
+        trips += steps
+        extra = () if flags is None else tuple(flags(*loop_vars))
+        bits = read_flags(ops.logical_not(cond(*loop_vars)), *extra)
+        if bits[0] or trips >= maximum_iterations:
+            return loop_vars, bits[1:]
+    rest = maximum_iterations - trips
+    return tuple(ops.while_loop(cond, body, loop_vars, maximum_iterations=rest)), None
 
 
 def _info(x):
