@@ -443,7 +443,8 @@ def _rankmax_loss_one_hot_or_dense(z, w, k, eta):
     cond would make the taken branch materialise zero-filled copies of the other branch's
     [N, 2n] intermediates. Every [N, n] intermediate is formed inline from the inputs (no
     captured masks): a mask materialised as an operand of the cond costs a full extra
-    write and read.
+    write and read. On PyTorch (eager) ``fits`` is read on the host once, for the forward
+    and the backward pass.
     """
     ids = _one_hot_ids(w)
     weight = take_along_axis(w, ids, axis=-1)  # [N, 1]; 0 for a row without positives
@@ -454,6 +455,8 @@ def _rankmax_loss_one_hot_or_dense(z, w, k, eta):
         consistent = ops.where(at_y, (w >= 0) & (w < np.inf), w == 0)
         fast, D, fast_grad = _positives_forward(z, weight, ids, k, eta, consistent)
         fits = ~ops.any(ops.isnan(D))
+        if _backend.LOOPS_READ_HOST and _backend.is_concrete(D):
+            fits = bool(fits)  # PyTorch: one host read for the forward and the backward
 
         def slow():
             bad = ops.any(NON_NEGATIVE.invalid(w), axis=-1)
