@@ -12,6 +12,9 @@ From it come all three forms of the check:
 * traced under XLA / ``jax.jit``: the mask of invalid entries or rows, which the kernel
   turns into NaN (:meth:`Rule.invalid` and :func:`nan_where`).
 
+An op checking several inputs in a row calls :func:`check_rules`: the same checks, with one
+host read for all of them on PyTorch.
+
 The rules: :data:`LOGITS`, :data:`CLASS_IDS`, :data:`PADDED_CLASS_IDS`, :data:`ONE_HOT`,
 :data:`TARGETS`, :data:`PROBABILITIES`, :data:`PROBABILITY_BOUNDS`, :data:`POSITIVE`,
 :data:`NON_NEGATIVE`, :data:`NON_NEGATIVE_OR_NAN`, :data:`POSSIBILITY`,

@@ -21,7 +21,11 @@ hand-derived (paper eqs. 23-25, erratum E5 fixed), O(K) per row. The solver, the
 Modules: this one (the public op, the kernel and its gradient, the input rules, the solver
 choice), ``_common`` (clamp patterns, their sums, the closed form), ``_candidates``,
 ``_newton`` (the safeguarded Newton searches), ``_sort`` (Algorithms A and B) and ``_limit``
-(the ``tau -> 0`` limit). Every iteration is a loop trip, compiled once.
+(the ``tau -> 0`` limit). Every iteration is a loop trip, compiled once. On PyTorch, whose
+loops read their condition on the host at every trip, the first trips of the Newton and
+candidate loops run as straight-line rounds with one host read each (``_common._while_loop``)
+and the four input rules are read as one flag (``contract.check_rules``): 3-4 host reads per
+call in the cases measured (``benchmarks/torch_host_syncs.py``).
 
 A ``-inf`` logit masks its class (``y_k = max(lower_k, 0)``); ``a_k = b_k = 0`` masks it too.
 Bounds outside ``[0, 1]`` by at most 1e-5 are clamped; half precision is computed in float32.
