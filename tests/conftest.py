@@ -146,17 +146,51 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=f"TensorFlow-only: {reason}"))
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _release_compiled_programs():
-    """After each module: collect garbage and, on JAX, drop the compiled programs
-    (``jax.clear_caches()``), so the process does not keep every module's XLA executables.
-    Per test this would recompile every eager op: about 4 s a test on the 2-core machine."""
-    yield
+#: Resident size (MiB) above which a JAX worker drops its compiled programs after a test,
+#: not only after a module: some modules compile more than a gigabyte of executables. After a
+#: release the bar is at least ``JAX_RELEASE_STEP_MIB`` above what is left, so that memory
+#: the release cannot free never makes every test recompile.
+JAX_RELEASE_MIB = 1200
+JAX_RELEASE_STEP_MIB = 500
+_release_above = JAX_RELEASE_MIB
+
+
+def _resident_mib() -> float:
+    """This process' resident memory in MiB (Linux ``/proc``; 0 where there is none)."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError):
+        return 0.0
+
+
+def _release_memory():
+    """Collect garbage, drop JAX's compiled programs (``jax.clear_caches()``) and hand the
+    freed heap back to the system (glibc's ``malloc_trim``; elsewhere nothing). TensorFlow
+    keeps every XLA program it compiled: its device compilation cache has no eviction."""
+    global _release_above
     if BACKEND == "jax":
         import jax
 
         jax.clear_caches()
     gc.collect()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    _release_above = max(JAX_RELEASE_MIB, _resident_mib() + JAX_RELEASE_STEP_MIB)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """After each module, :func:`_release_memory`, so the process does not keep every
+    module's XLA executables and freed heap. Per test, clearing JAX's caches would recompile
+    every eager op (about 4 s a test on the 2-core machine): a JAX worker does that only once
+    it holds more than ``JAX_RELEASE_MIB`` (see there)."""
+    yield
+    _release_memory()
 
 
 @pytest.fixture(autouse=True)
@@ -169,6 +203,8 @@ def _fresh_keras_state():
     keras.utils.set_random_seed(0)
     yield
     keras.mixed_precision.set_global_policy("float32")
+    if BACKEND == "jax" and _resident_mib() > _release_above:
+        _release_memory()
 
 
 #: Contract outcomes the pytest-xdist workers sent back (on the controlling process).
