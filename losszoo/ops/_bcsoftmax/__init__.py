@@ -109,6 +109,18 @@ def _use_candidates(temperature) -> bool:
     return False
 
 
+def _known_positive(bound) -> bool:
+    """Whether ``bound`` is given as Python numbers or a numpy array whose values are all > 0
+    (read when the program is built, never from a device)."""
+    if isinstance(bound, (int, float, list, tuple, np.ndarray, np.generic)):
+        try:
+            t = np.asarray(bound, np.float64)
+        except (TypeError, ValueError):
+            return False
+        return bool(t.size) and bool(np.all(t > 0))
+    return False
+
+
 _SOLVERS = {"newton": _solve_candidates, "sort": _solve_sort, "bisect": _solve_bisect}
 
 
@@ -152,16 +164,23 @@ def _reduce_to(g, target):
     return ops.reshape(g, ops.shape(target))
 
 
-@functools.partial(jit_on_jax, static_argnames=("method", "clip", "solver", "n_upper"))
-def _kernel(x, a, b, tau, method: str, clip: bool, solver=None, n_upper: int = _N_UPPER):
+@functools.partial(jit_on_jax, static_argnames=("method", "clip", "solver", "n_upper", "positive"))
+def _kernel(
+    x, a, b, tau, method: str, clip: bool, solver=None, n_upper: int = _N_UPPER, positive=False
+):
     """BCSoftmax of compute-dtype tensors with the class axis last (``a``, ``b`` may be None),
     with its hand-derived gradient to every tensor input. ``solver(x, a, b) -> (y, state)``
     replaces ``method``'s (the benchmarks' floor rows pass one with ``nu`` given);
-    ``n_upper``: the upper-set candidates of ``method="newton"``."""
+    ``n_upper``: the upper-set candidates of ``method="newton"``; ``positive``: every value
+    of the given bounds is known to be > 0 (they then stay compact in the solvers' tests)."""
     k = x.shape[-1]
     if solver is None and method == "newton":
         uniform = b is not None and (static_rank(b) == 0 or b.shape[-1] == 1)
-        solver = functools.partial(_solve_candidates, n_upper=n_upper, uniform_upper=uniform)
+        solver = functools.partial(
+            _solve_candidates, n_upper=n_upper, uniform_upper=uniform, positive=positive
+        )
+    elif solver is _solve_newton:
+        solver = functools.partial(_solve_newton, positive=positive)
     solver = solver or _SOLVERS[method]
     eps = float(_info(x).eps)
     # whether bad input was stopped before the kernel (an error or a graph assertion)
@@ -187,17 +206,31 @@ def _kernel(x, a, b, tau, method: str, clip: bool, solver=None, n_upper: int = _
         def flat(t):
             return None if t is None else ops.reshape(ops.broadcast_to(t, shape), (-1, k))
 
-        a2, b2 = flat(a), flat(b)
+        def compact(t):
+            """A bound as [N or 1, K or 1]: not broadcast to [N, K] (``_common``)."""
+            r = None if t is None else static_rank(t)
+            if r is None or (r and t.shape[-1] is None):
+                return flat(t)
+            d = t.shape[-1] if r else 1
+            if all(s == 1 for s in t.shape[:-1]):
+                return ops.reshape(t, (1, d))
+            return ops.reshape(ops.broadcast_to(t, tuple(shape[:-1]) + (d,)), (-1, d))
+
+        a2, b2 = compact(a), compact(b)
         ac = None if a2 is None else maximum(a2, 0.0)
         bc = None if b2 is None else ops.clip(b2, 0.0, 1.0)
         y, state = solver(xs, ac, bc)
         if method != "newton":
             y, state = _repair(xs, ac, bc, y, state)
+        bad = _bad_rows(xs, m_raw, t2, flat(a), flat(b), 10.0 * eps * k, checked)
+
+        def finish(y):
+            return nan_where(bad, _clip(y, ac, bc) if clip else y)
+
         if ac is not None or bc is not None:
-            y, state = _limit_repair(xs, ac, bc, y, state)
-        if clip:
-            y = _clip(y, ac, bc)
-        y = nan_where(_bad_rows(xs, m_raw, t2, a2, b2, 10.0 * eps * k, checked), y)
+            y, state = _limit_repair(xs, ac, bc, y, state, finish)
+        else:
+            y = finish(y)
 
         def grad(v):
             v2 = ops.reshape(ops.cast(v, y.dtype), (-1, k))
@@ -386,6 +419,6 @@ def bcsoftmax(
     b = bounds.pop(0) if b is not None else None
     n_upper = n_upper_candidates(upper, k)
     solver = None if method != "newton" or _use_candidates(temperature) else _solve_newton
-    return ops.cast(
-        undo(_kernel(x, a, b, tau, method, clip, solver=solver, n_upper=n_upper)), dtype
-    )
+    positive = all(_known_positive(t) for t in (lower, upper) if t is not None)
+    y = _kernel(x, a, b, tau, method, clip, solver=solver, n_upper=n_upper, positive=positive)
+    return ops.cast(undo(y), dtype)

@@ -16,7 +16,7 @@ from losszoo._backend import (
 )
 from losszoo.contract import dtype_name
 
-from ._common import _assemble, _comparison_bounds, _info, _pattern_at, _while_loop
+from ._common import _assemble, _bound_take, _comparison_bounds, _info, _pattern_at, _while_loop
 from ._newton import _solve_newton
 
 # upper bound. With bounds known only when the program runs, the solver takes _N_UPPER
@@ -43,7 +43,7 @@ def n_upper_candidates(upper, k: int) -> int:
     return max(1, min(m, _N_UPPER_MAX, k))
 
 
-def _solve_candidates(x, a, b, n_upper=_N_UPPER, uniform_upper=False):
+def _solve_candidates(x, a, b, n_upper=_N_UPPER, uniform_upper=False, positive=False):
     """Exact BCSoftmax whose work does not grow with the temperature (docs/design/bcsoftmax.md).
 
     With ``c = exp(nu)``, ``phi(c) = sum_k clip(e_k / c, a_k, b_k)`` (``e = exp(x - sigma)``) is
@@ -73,7 +73,7 @@ def _solve_candidates(x, a, b, n_upper=_N_UPPER, uniform_upper=False):
         return e / ops.sum(e, -1, keepdims=True), ops.zeros_like(x, dtype="int8")
     eps = float(_info(x).eps)
     cap = 80.0 if dtype_name(x) == "float32" else 700.0  # exp(cap) is finite
-    a_cmp, b_cmp = _comparison_bounds(x, a, b)
+    a_cmp, b_cmp = _comparison_bounds(x, a, b, positive)
     zero = ops.zeros_like(x)
     neg_inf = ops.full_like(x[:, :1], -np.inf)
     m = 0 if b is None else min(n_upper, k)
@@ -102,10 +102,11 @@ def _solve_candidates(x, a, b, n_upper=_N_UPPER, uniform_upper=False):
         if uniform_upper:
             c_lo = c_lo / b[:, :1]
         e = ops.exp(minimum(x - sigma, cap))
-        ec, bv, bcm = (take_along_axis(t, idx, axis=-1) for t in (e, b, b_cmp))
+        ec = take_along_axis(e, idx, axis=-1)
+        bv, bcm = (_bound_take(t, idx, x) for t in (b, b_cmp))
         av = acm = None
         if a is not None:
-            av, acm = (take_along_axis(t, idx, axis=-1) for t in (a, a_cmp))
+            av, acm = (_bound_take(t, idx, x) for t in (a, a_cmp))
         others = ops.logical_and(others, b_cmp >= 0)  # b = 0: at the bound, mass 0
     else:
         others = ops.ones_like(x, dtype="bool")
@@ -144,8 +145,9 @@ def _solve_candidates(x, a, b, n_upper=_N_UPPER, uniform_upper=False):
             return ops.zeros_like(c), e_others
         low = ops.logical_and(others, e <= a_cmp * c)
         free = ops.logical_and(others, ops.logical_not(low))
-        mass_a = ops.sum(ops.where(low, a, zero), -1, keepdims=True)
-        return mass_a, ops.sum(ops.where(free, e, zero), -1, keepdims=True)
+        # scalar zeros: a [N, K] zero made outside the loop would be written to memory
+        mass_a = ops.sum(ops.where(low, a, 0.0), -1, keepdims=True)
+        return mass_a, ops.sum(ops.where(free, e, 0.0), -1, keepdims=True)
 
     def model_root(mass_a, mass_e, c0):
         """The root ``c >= c0`` of ``A + E / c + sum_cand clip(e_j / c, a_j, b_j) = 1``: the
@@ -225,10 +227,14 @@ def _solve_candidates(x, a, b, n_upper=_N_UPPER, uniform_upper=False):
         cond, body, state, trips, rounds, lambda c, *v: (ops.any(unsolved(c, v[-2], v[-1])),)
     )
     bad = unsolved(c, conv, left)
-    y, state = _assemble(e, a, b, *_pattern_at(e, a_cmp, b_cmp, c), s, ef)
+
+    def solution():
+        return _assemble(e, a, b, *_pattern_at(e, a_cmp, b_cmp, c), s, ef)
 
     def fallback():
-        y2, state2 = _solve_newton(x, a, b)
+        y, state = solution()
+        y2, state2 = _solve_newton(x, a, b, positive)
         return ops.where(bad, y2, y), ops.where(bad, state2, state)
 
-    return ops.cond(ops.any(bad) if known is None else known[0], fallback, lambda: (y, state))
+    # the closed form in both branches: a branch returning its operands makes XLA copy them
+    return ops.cond(ops.any(bad) if known is None else known[0], fallback, solution)

@@ -19,10 +19,31 @@ from losszoo._backend import (
     read_flags,
     reduce_max,
     reduce_min,
+    take,
+    take_along_axis,
 )
 from losszoo.contract import dtype_name
 
 FREE, LOWER, UPPER = 0, 1, 2
+
+# Bounds ``a``, ``b`` are kept in the compact shape they were given ([N or 1, K or 1]) and
+# broadcast by the elementwise ops that read them: a bound of one value per row or per class
+# broadcast to [N, K] is written to memory by XLA wherever it enters a loop or a `cond` (three
+# extra passes over [N, K] per call at 1024x4096). Only their row sums and gathers need more.
+
+
+def _bound_sum(t, x):
+    """``sum_k t_k`` per row ([N, 1]) of a bound ``t`` that broadcasts to ``x`` ([N, K])."""
+    return ops.sum(ops.broadcast_to(t, ops.shape(x)), -1, keepdims=True)
+
+
+def _bound_take(t, idx, x):
+    """``t`` (broadcastable to ``x``, [N, K]) at the column indices ``idx`` ([N, m])."""
+    if t.shape[-1] == 1:
+        return ops.broadcast_to(t, ops.shape(idx))
+    if t.shape[0] == 1 and x.shape[0] != 1:
+        return take(ops.reshape(t, (-1,)), idx, axis=0)
+    return take_along_axis(t, idx, axis=-1)
 
 
 def _while_loop(cond, body, loop_vars, maximum_iterations, rounds=(), flags=None):
@@ -142,7 +163,7 @@ def _closed_form(x, a, b, upper, lower):
     return _assemble(z, a, b, upper, lower, s, ops.ones_like(s))
 
 
-def _comparison_bounds(x, a, b):
+def _comparison_bounds(x, a, b, positive=False):
     """The bounds the log-free pattern test compares ``exp(x)`` with.
 
     At ``nu`` (``c = exp(nu)``) a coordinate is U iff ``exp(x) > b c`` and L iff
@@ -150,7 +171,11 @@ def _comparison_bounds(x, a, b):
     bound would make an underflowed ``exp(x) = 0`` look clamped, so it is replaced by -1 (U for
     ``b = 0``: always; L for ``a = 0``: never), except for a ``-inf`` logit, which is never U
     and always L, as the log-domain tests say.
+    ``positive``: every
+    value of the given bounds is known to be > 0; they are returned as they are (compact).
     """
+    if positive:  # every given bound > 0 (known when built): the bounds themselves
+        return a, b
     dead = ops.equal(x, -np.inf)
 
     def replace_zero(t):

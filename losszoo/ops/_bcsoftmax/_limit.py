@@ -15,7 +15,7 @@ from losszoo._backend import (
 )
 from losszoo.contract import dtype_name
 
-from ._common import FREE, LOWER, UPPER, _clip, _info, _repeat
+from ._common import FREE, LOWER, UPPER, _bound_sum, _clip, _info, _repeat
 
 
 def _solve_limit(x, a, b):
@@ -35,7 +35,7 @@ def _solve_limit(x, a, b):
     up_b = ops.ones_like(x) if b is None else b
     alive = ops.isfinite(x)
     cap = ops.where(alive, up_b - lo_b, zero)
-    rem = 1.0 - ops.sum(lo_b, -1, keepdims=True)
+    rem = 1.0 - _bound_sum(lo_b, x)
     k = x.shape[-1]
     xs = -ops.sort(-ops.where(alive, x, -np.inf), axis=-1)  # descending
 
@@ -89,22 +89,25 @@ def _not_solved(xs, ac, bc, y):
     tol = 16.0 * eps * np.sqrt(k) + 4.0 * eps
     off = ops.abs(ops.sum(_clip(y, ac, bc), -1, keepdims=True) - 1.0) > tol
     if ac is not None:
-        off = ops.logical_and(off, ops.sum(ac, -1, keepdims=True) <= 1.0)
+        off = ops.logical_and(off, _bound_sum(ac, xs) <= 1.0)
     if bc is not None:
-        off = ops.logical_and(off, ops.sum(bc, -1, keepdims=True) >= 1.0)
+        off = ops.logical_and(off, _bound_sum(bc, xs) >= 1.0)
     return off
 
 
-def _limit_repair(xs, ac, bc, y, state):
+def _limit_repair(xs, ac, bc, y, state, finish=None):
     """Rows the solver left unsolved (their sum is off) take the ``tau -> 0`` limit
     (:func:`_solve_limit`). It happens only where the scaled logit gaps exceed what the
     float type resolves (e.g. tied logits below an upper bound at ``tau = 1e-10``, where every
     ``exp`` but the row max's underflows); there the limit is the solution up to rounding.
-    One row sum; the limit runs only when needed."""
+    One row sum; the limit runs only when needed. ``finish(y)`` (e.g. the final clip) is
+    applied in both branches of the ``cond``: a branch that returned ``y`` as it came would
+    make XLA copy it (one more pass over [N, K])."""
     off = _not_solved(xs, ac, bc, y)
+    finish = finish or (lambda t: t)
 
     def fix():
         y2, state2 = _solve_limit(xs, ac, bc)
-        return ops.where(off, y2, y), ops.where(off, state2, state)
+        return finish(ops.where(off, y2, y)), ops.where(off, state2, state)
 
-    return ops.cond(ops.any(off), fix, lambda: (y, state))
+    return ops.cond(ops.any(off), fix, lambda: (finish(y), state))

@@ -14,6 +14,7 @@ from losszoo.contract import dtype_name
 
 from ._common import (
     _assemble,
+    _bound_sum,
     _clamp_sets,
     _closed_form,
     _comparison_bounds,
@@ -42,7 +43,7 @@ def _bracket(x, a, b, nu0):
         lo = _finite_min(x - ops.log(b))
         lo = ops.where(ops.isfinite(lo), lo, nu0)
     if a is not None:
-        rest = maximum(1.0 - ops.sum(a, -1, keepdims=True), float(_info(x).tiny))
+        rest = maximum(1.0 - _bound_sum(a, x), float(_info(x).tiny))
         hi = nu0 - ops.log(rest)
     return minimum(lo, hi), hi
 
@@ -145,7 +146,7 @@ def _solve_newton_robust(x, a, b):
     return ops.cond(ops.all(converged), lambda: (y, state), fallback)
 
 
-def _newton_root(x, a, b):
+def _newton_root(x, a, b, positive=False):
     """Safeguarded Newton for ``nu`` on log-free passes (docs/design/bcsoftmax.md).
 
     Returns ``(nu, s, E, e, a_cmp, b_cmp, converged)``: the root of each row with the two sums
@@ -158,7 +159,7 @@ def _newton_root(x, a, b):
     e_min = float(info.tiny) * k / float(info.eps)
     max_iter = 100 if dtype_name(x) == "float32" else 200
     e = ops.exp(x)  # row max 0, so e <= 1 and sum e >= 1
-    a_cmp, b_cmp = _comparison_bounds(x, a, b)
+    a_cmp, b_cmp = _comparison_bounds(x, a, b, positive)
     nu0 = ops.log(ops.sum(e, -1, keepdims=True))
     lo, hi = _bracket(x, a, b, nu0)
 
@@ -217,14 +218,14 @@ def _solution_at(e, a, b, a_cmp, b_cmp, nu, s, big_e):
     return _assemble(e, a, b, up, low, s, big_e)
 
 
-def _solve_newton(x, a, b):
+def _solve_newton(x, a, b, positive=False):
     """Safeguarded Newton on log-free passes (docs/design/bcsoftmax.md); rows that stall, hit
     the cap or keep a free mass below ``K * tiny / eps`` (logit gaps near the float range) make
     the whole batch rerun in :func:`_solve_newton_robust` (exp per step; rare)."""
     if a is None and b is None:
         e = ops.exp(x)
         return e / ops.sum(e, -1, keepdims=True), ops.zeros_like(x, dtype="int8")
-    nu, s, big_e, e, a_cmp, b_cmp, converged = _newton_root(x, a, b)
+    nu, s, big_e, e, a_cmp, b_cmp, converged = _newton_root(x, a, b, positive)
     return ops.cond(
         converged,
         lambda: _solution_at(e, a, b, a_cmp, b_cmp, nu, s, big_e),

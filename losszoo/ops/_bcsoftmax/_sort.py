@@ -12,7 +12,16 @@ from losszoo._backend import (
 )
 from losszoo.contract import dtype_name
 
-from ._common import _clamp_sets, _clip, _closed_form, _finite_max, _finite_min, _info, _repeat
+from ._common import (
+    _bound_sum,
+    _clamp_sets,
+    _clip,
+    _closed_form,
+    _finite_max,
+    _finite_min,
+    _info,
+    _repeat,
+)
 from ._limit import _not_solved
 from ._newton import _solve_newton_robust
 
@@ -40,7 +49,7 @@ def _solve_sort(x, a, b):
         return _finalize_at(x, a, b, u, lk, ops.full_like(x[:, :1], -np.inf))
     e = ops.sort(ops.concatenate([t for t in (u, lk) if t is not None], -1), axis=-1)
     n = e.shape[-1]
-    sum_a = ops.sum(a, -1, keepdims=True) if a is not None else ops.zeros_like(x[:, :1])
+    sum_a = _bound_sum(a, x) if a is not None else ops.zeros_like(x[:, :1])
 
     def search(lo, hi):  # one step of the binary search (a loop trip: one copy compiled)
         mid = (lo + hi + 1) // 2
@@ -70,7 +79,7 @@ def _solve_bisect(x, a, b):
     if lk is not None:
         cands += [
             _finite_max(lk),
-            np.log(k) - ops.log(maximum(1.0 - ops.sum(a, -1, keepdims=True), tiny)),
+            np.log(k) - ops.log(maximum(1.0 - _bound_sum(a, x), tiny)),
         ]
     if u is not None:
         cands.append(_finite_max(u))
