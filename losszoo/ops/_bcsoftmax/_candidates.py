@@ -202,11 +202,14 @@ def _solve_candidates(x, a, b, n_upper=_N_UPPER, uniform_upper=False, positive=F
         old = (c, mass_a, mass_e, s, ef, conv, left)
         return tuple(ops.where(active, n, o) for n, o in zip(new, old))
 
-    # The first trip linearises at c = 0: the other classes all free (E / c is below their
-    # part of phi). Without lower bounds that step is exact: one trip.
+    # The first trip linearises at c_lo (<= the root, so the model is below phi from there
+    # on): one trip fewer at low temperatures than from c = 0 with every other class free
+    # (1024x4096, T = 0.1: 3 trips instead of 4), for one more sum before the loop. Without
+    # lower bounds the other classes are all free and that step is exact: one trip.
     zero1 = ops.zeros_like(c_lo)
     false1 = ops.zeros_like(c_lo, dtype="bool")
-    state = (c_lo, zero1, e_others, zero1, zero1, false1, false1)
+    a0, e0 = (zero1, e_others) if a is None else others_at(c_lo)
+    state = (c_lo, a0, e0, zero1, zero1, false1, false1)
 
     def unsolved(c, conv, left):
         """The rows :func:`_solve_newton` takes over ([N, 1])."""
