@@ -170,9 +170,9 @@ def _comparison_bounds(x, a, b, positive=False):
     ``exp(x) <= a c``: the tests ``x - log b > nu`` and ``x - log a <= nu`` without logs. A zero
     bound would make an underflowed ``exp(x) = 0`` look clamped, so it is replaced by -1 (U for
     ``b = 0``: always; L for ``a = 0``: never), except for a ``-inf`` logit, which is never U
-    and always L, as the log-domain tests say.
-    ``positive``: every
-    value of the given bounds is known to be > 0; they are returned as they are (compact).
+    and always L, as the log-domain tests say. With ``positive`` (every value of the given
+    bounds is known to be > 0 when the program is built) that replacement changes nothing and
+    the bounds are returned as they are, in their compact shape.
     """
     if positive:  # every given bound > 0 (known when built): the bounds themselves
         return a, b

@@ -9,6 +9,7 @@ from keras import ops
 from losszoo._backend import (
     maximum,
     minimum,
+    reduce_min,
 )
 from losszoo.contract import dtype_name
 
@@ -160,7 +161,8 @@ def _newton_root(x, a, b, positive=False):
     max_iter = 100 if dtype_name(x) == "float32" else 200
     e = ops.exp(x)  # row max 0, so e <= 1 and sum e >= 1
     a_cmp, b_cmp = _comparison_bounds(x, a, b, positive)
-    nu0 = ops.log(ops.sum(e, -1, keepdims=True))
+    sum_e = ops.sum(e, -1, keepdims=True)
+    nu0 = ops.log(sum_e)
     lo, hi = _bracket(x, a, b, nu0)
 
     def newton_candidate(s, big_e):
@@ -168,9 +170,27 @@ def _newton_root(x, a, b, positive=False):
         one = ops.ones_like(s)
         return ok, ops.log(ops.where(ok, big_e, one)) - ops.log(ops.where(ok, s, one))
 
-    up, low, s, big_e = _masses_at(e, a, b, a_cmp, b_cmp, ops.exp(nu0))
-    # nu0 is the exact root when nothing is clamped (the softmax satisfies the box)
-    none_clamped = ops.all(_free_mask(e, up, low), -1, keepdims=True)
+    c0 = ops.exp(nu0)
+
+    def at_nu0():
+        up, low, s, big_e = _masses_at(e, a, b, a_cmp, b_cmp, c0)
+        # nu0 is the exact root when nothing is clamped (the softmax satisfies the box)
+        return s, big_e, ops.all(_free_mask(e, up, low), -1, keepdims=True)
+
+    if positive and all(t is None or t.shape[-1] == 1 for t in (a, b)):
+        # One bound per row: nothing is clamped at nu0 iff max e = 1 (the row max of x is 0)
+        # is not above b c0 and min e is above a c0 (the per-class tests of `_masses_at`).
+        # Where that holds in every row (high temperatures), the pattern pass is skipped.
+        free = ops.ones_like(c0, dtype="bool")
+        if b is not None:
+            free = ops.logical_and(free, 1.0 <= b * c0)
+        if a is not None:
+            free = ops.logical_and(free, reduce_min(e, -1, keepdims=True) > a * c0)
+        s, big_e, none_clamped = ops.cond(
+            ops.all(free), lambda: (ops.ones_like(c0), sum_e, free), at_nu0
+        )
+    else:
+        s, big_e, none_clamped = at_nu0()
     pinned = ops.logical_and(ops.equal(big_e, 0.0), ops.abs(s) <= tol)
     done = ops.logical_or(none_clamped, pinned)
 
