@@ -7,6 +7,7 @@ from __future__ import annotations
 from keras import ops
 
 from losszoo._backend import (
+    LOOPS_READ_HOST,
     maximum,
     minimum,
     reduce_min,
@@ -177,10 +178,11 @@ def _newton_root(x, a, b, positive=False):
         # nu0 is the exact root when nothing is clamped (the softmax satisfies the box)
         return s, big_e, ops.all(_free_mask(e, up, low), -1, keepdims=True)
 
-    if positive and all(t is None or t.shape[-1] == 1 for t in (a, b)):
+    if positive and not LOOPS_READ_HOST and all(t is None or t.shape[-1] == 1 for t in (a, b)):
         # One bound per row: nothing is clamped at nu0 iff max e = 1 (the row max of x is 0)
         # is not above b c0 and min e is above a c0 (the per-class tests of `_masses_at`).
-        # Where that holds in every row (high temperatures), the pattern pass is skipped.
+        # Where that holds in every row (high temperatures), the pattern pass is skipped
+        # (compiled programs only: on PyTorch the cond would be one more host read).
         free = ops.ones_like(c0, dtype="bool")
         if b is not None:
             free = ops.logical_and(free, 1.0 <= b * c0)
