@@ -153,18 +153,24 @@ def _sorts(shape) -> bool:
     small problems of known size compiled for a GPU, else never (XLA on a CPU: the Newton
     search is faster at every size; PyTorch: :func:`_top_threshold`). A size that is not a
     Python int (``None``, or a symbolic size of a shape-polymorphic JAX export) is unknown."""
-    if not compiles_for_gpu() or not all(isinstance(d, (int, np.integer)) for d in shape):
-        return False
-    return shape[-1] <= _SORT_MAX_CLASSES and int(np.prod(shape)) <= _SORT_MAX_ENTRIES
+    entries = _gpu_entries(shape)
+    return entries is not None and shape[-1] <= _SORT_MAX_CLASSES and entries <= _SORT_MAX_ENTRIES
 
 
 def _whole_rows(shape) -> bool:
     """Whether the Newton search runs on whole rows of static ``shape`` rather than on
     candidate chunks: compiled for a GPU, at most ``_WHOLE_ROW_MAX_ENTRIES`` scores of known
     size (as :func:`_sorts`, which is asked first)."""
+    entries = _gpu_entries(shape)
+    return entries is not None and entries <= _WHOLE_ROW_MAX_ENTRIES
+
+
+def _gpu_entries(shape):
+    """The number of scores of static ``shape`` when compiling for a GPU; None elsewhere or
+    when a size is not a Python int (``None``, or a symbolic size of a JAX export)."""
     if not compiles_for_gpu() or not all(isinstance(d, (int, np.integer)) for d in shape):
-        return False
-    return int(np.prod(shape)) <= _WHOLE_ROW_MAX_ENTRIES
+        return None
+    return int(np.prod(shape))
 
 
 def _chunks(z, chunk):
@@ -218,7 +224,7 @@ def _michelot(z, tau0, gpu_steps=None):
         new_count = support_size(new_tau)
         return new_tau, new_count, ops.any(ops.not_equal(new_count, count))
 
-    unrolled = (gpu_steps or _GPU_NEWTON_STEPS) if compiles_for_gpu() else 0
+    unrolled = (_GPU_NEWTON_STEPS if gpu_steps is None else gpu_steps) if compiles_for_gpu() else 0
     if unrolled:
         tau, converged, count = _newton_unrolled(z, tau0, unrolled)
         start = (tau, count, ops.logical_not(ops.all(converged)))
